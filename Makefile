@@ -1,0 +1,56 @@
+# Every target bootstraps what it needs from nothing: Python 3.11+ is the only prerequisite
+# (Java 17 and Node 20 as well for the local stack).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+SAM_VENV := .venv-sam
+SAM := $(SAM_VENV)/bin/sam
+SAM_CLI_VERSION := 1.170.0
+REGION ?= us-east-1
+# sam build needs the function's runtime on PATH; pyenv, when present, provides it.
+LAMBDA_PYTHON := $(shell command -v pyenv >/dev/null 2>&1 && pyenv prefix 3.12.1 2>/dev/null || pyenv prefix 3.12 2>/dev/null)
+BUILD_PATH := $(if $(LAMBDA_PYTHON),$(LAMBDA_PYTHON)/bin:,)$(PATH)
+
+.PHONY: help
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements-dev.txt src/requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+$(SAM_VENV)/.installed:
+	$(PYTHON) -m venv $(SAM_VENV)
+	$(SAM_VENV)/bin/pip install --quiet --upgrade pip
+	$(SAM_VENV)/bin/pip install --quiet aws-sam-cli==$(SAM_CLI_VERSION)
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## create the virtual environment with every tool
+
+.PHONY: lint
+lint: venv ## ruff (lint and format check)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+.PHONY: validate
+validate: venv $(SAM_VENV)/.installed ## cfn-lint on template.yaml and its transformed form, sam validate --lint
+	$(VENV)/bin/cfn-lint template.yaml
+	$(SAM) validate --lint --region $(REGION) --template-file template.yaml
+
+.PHONY: test
+test: lint validate ## everything CI runs: lint, template checks, unit, infrastructure and integration tests
+	$(PY) -m pytest
+
+.PHONY: build
+build: $(SAM_VENV)/.installed ## sam build (the deployable artifact in .aws-sam/)
+	PATH="$(BUILD_PATH)" $(SAM) build --template-file template.yaml
+
+.PHONY: deploy
+deploy: build ## sam deploy (uses samconfig.toml; add --guided the first time: make deploy ARGS=--guided)
+	$(SAM) deploy $(ARGS)

@@ -1,0 +1,1 @@
+"""Exactly-once SQS consumer for AWS Lambda."""

@@ -1,0 +1,57 @@
+"""What a business handler is: a payload model, a mode, and one method.
+
+Write your own in one file: subclass ``MessageHandler``, set ``event_type``,
+``mode`` and ``payload_model``, implement ``handle``, and register it in
+``consumer.handlers.build_handlers``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel
+
+from consumer.idempotency.writes import Write
+
+
+class Mode(StrEnum):
+    # Claim, run, commit: 2 round trips; for side effects outside DynamoDB.
+    LOCK = "lock"
+    # Run, then one transaction that claims and writes: 1 round trip; the handler
+    # must be pure, because it also runs for duplicates before they are recognised.
+    OPTIMISTIC = "optimistic"
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What a handler did or wants done: a small JSON result and the DynamoDB writes."""
+
+    result: Any = None
+    writes: Sequence[Write] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class MessageContext:
+    message_id: str
+    # The raw key (not namespaced): pass it downstream as the ``Idempotency-Key``.
+    idempotency_key: str
+    receive_count: int
+    # Milliseconds left before the lease (lock mode) or the invocation runs out.
+    remaining_ms: Callable[[], int]
+
+
+PayloadT = TypeVar("PayloadT", bound=BaseModel)
+
+
+class MessageHandler(ABC, Generic[PayloadT]):
+    event_type: ClassVar[str]
+    mode: ClassVar[Mode]
+    payload_model: ClassVar[type[BaseModel]]
+
+    @abstractmethod
+    def handle(self, payload: PayloadT, context: MessageContext) -> Effect:
+        """Apply the message. Raise ``PoisonMessage`` or ``TransientError`` to fail it."""

@@ -1,0 +1,61 @@
+"""PaymentReceived (optimistic): credit an account in the ledger table.
+
+Pure: it only returns writes, so the credit and the idempotency record land in one
+transaction. The ledger keeps the balance at ``(accountId, "BALANCE")`` and one
+entry per applied payment at ``(accountId, "PAYMENT#" + paymentId)``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
+from consumer.idempotency.writes import Put, Update
+
+_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
+
+
+class PaymentReceived(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    paymentId: str = Field(pattern=_ID)
+    accountId: str = Field(pattern=_ID)
+    amountCents: StrictInt = Field(gt=0, le=10**12)
+    currency: str = Field(pattern=r"^[A-Z]{3}$")
+
+
+class PaymentReceivedHandler(MessageHandler[PaymentReceived]):
+    event_type: ClassVar[str] = "PaymentReceived"
+    mode: ClassVar[Mode] = Mode.OPTIMISTIC
+    payload_model: ClassVar[type[BaseModel]] = PaymentReceived
+
+    def __init__(self, ledger_table: str) -> None:
+        self._table = ledger_table
+
+    def handle(self, payload: PaymentReceived, context: MessageContext) -> Effect:
+        credit = Update(
+            table=self._table,
+            key={"accountId": payload.accountId, "entryId": "BALANCE"},
+            expression="ADD balanceCents :amount SET #currency = if_not_exists(#currency, :currency)",
+            # An account holds one currency; crediting another is refused, not converted.
+            condition="attribute_not_exists(#currency) OR #currency = :currency",
+            names={"#currency": "currency"},
+            values={":amount": payload.amountCents, ":currency": payload.currency},
+        )
+        entry = Put(
+            table=self._table,
+            item={
+                "accountId": payload.accountId,
+                "entryId": f"PAYMENT#{payload.paymentId}",
+                "amountCents": payload.amountCents,
+                "currency": payload.currency,
+                "idempotencyKey": context.idempotency_key,
+                "messageId": context.message_id,
+            },
+            # The same payment under another idempotency key must not credit twice.
+            condition="attribute_not_exists(entryId)",
+        )
+        result = {"accountId": payload.accountId, "paymentId": payload.paymentId, "creditedCents": payload.amountCents}
+        return Effect(result=result, writes=(credit, entry))

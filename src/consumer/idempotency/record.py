@@ -1,0 +1,57 @@
+"""The idempotency record: one DynamoDB item per namespaced key."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class Status(StrEnum):
+    IN_PROGRESS = "IN_PROGRESS"
+    COMPLETED = "COMPLETED"
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord:
+    id: str
+    status: Status
+    expires_at: int  # epoch seconds; the TTL attribute
+    lease_expires_at_ms: int | None  # epoch milliseconds; only while IN_PROGRESS
+    owner_token: str  # the fencing token of the claim that wrote this record
+    payload_hash: str
+    result: str | None  # JSON text
+    attempts: int
+
+    @classmethod
+    def from_item(cls, item: dict[str, dict[str, str]]) -> IdempotencyRecord:
+        """Build from a low-level DynamoDB item (``{"id": {"S": ...}, ...}``)."""
+        return cls(
+            id=item["id"]["S"],
+            status=Status(item["status"]["S"]),
+            expires_at=int(item["expiresAt"]["N"]),
+            lease_expires_at_ms=int(item["leaseExpiresAt"]["N"]) if "leaseExpiresAt" in item else None,
+            owner_token=item.get("ownerToken", {}).get("S", ""),
+            payload_hash=item.get("payloadHash", {}).get("S", ""),
+            result=item["result"]["S"] if "result" in item else None,
+            attempts=int(item.get("attempts", {}).get("N", "0")),
+        )
+
+    def result_value(self) -> Any:
+        return None if self.result is None else json.loads(self.result)
+
+
+def encode_result(result: Any, max_bytes: int) -> str:
+    """JSON text of a result, or a digest of it when it would bloat the item.
+
+    DynamoDB items stop at 400 KB and every KB costs a write unit: a large result is
+    replaced by its SHA-256 and size, so the record can still be committed.
+    """
+    text = json.dumps(result, separators=(",", ":"), sort_keys=True, default=str)
+    size = len(text.encode("utf-8"))
+    if size <= max_bytes:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return json.dumps({"resultDigest": f"sha256:{digest}", "resultBytes": size}, separators=(",", ":"))

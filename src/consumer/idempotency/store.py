@@ -1,0 +1,386 @@
+"""The idempotency state machine, one conditional write per transition.
+
+    (absent | expired) --claim--> IN_PROGRESS --commit--> COMPLETED
+                                      |  ^
+                          release     |  | claim after the lease ran out (takeover)
+                                      v  |
+                                   (absent)
+
+    (absent | expired) --apply_once--> COMPLETED        (optimistic mode)
+
+Every transition is a single conditional write, so DynamoDB, which applies each
+item's conditional writes one at a time, is the arbiter. Commit and release are
+fenced by the claim's ``ownerToken``: a worker whose lease ran out and was taken
+over (a zombie) fails its condition and cannot overwrite the newer owner.
+
+An expired record (``expiresAt`` in the past) counts as absent in the conditions
+themselves: TTL deletion is lazy and may lag by days.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotocoreConnectionError
+
+from consumer.errors import PoisonMessage, TransientError
+from consumer.idempotency.record import IdempotencyRecord, Status, encode_result
+from consumer.idempotency.writes import MAX_BUSINESS_WRITES, Write
+
+_NAMES = {
+    "#id": "id",
+    "#status": "status",
+    "#expires": "expiresAt",
+    "#lease": "leaseExpiresAt",
+    "#owner": "ownerToken",
+    "#hash": "payloadHash",
+    "#result": "result",
+    "#attempts": "attempts",
+}
+
+# Free to take: nothing there, an expired record, or an abandoned claim on the same payload.
+_CLAIMABLE = (
+    "attribute_not_exists(#id) OR #expires < :now_s OR (#status = :in_progress AND #lease < :now_ms AND #hash = :hash)"
+)
+_OWNED = "#owner = :owner AND #status = :in_progress"
+
+_TRANSIENT_CODES = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "InternalServerError",
+        "InternalFailure",
+        "ServiceUnavailable",
+        "TransactionInProgressException",
+        "TransactionConflictException",
+    }
+)
+
+_COMMIT_TOKEN_NAMESPACE = uuid.UUID("6f1c2f4e-4b0a-4a53-9a43-1c3c8e0e9d11")
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """This worker holds the key until ``lease_expires_at_ms`` or until it commits or releases."""
+
+    record_id: str
+    owner_token: str
+    lease_expires_at_ms: int
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Applied:
+    """Optimistic mode: the record and the business writes were applied together."""
+
+    record_id: str
+    owner_token: str
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """Already completed with the same payload: skip the business logic."""
+
+    record: IdempotencyRecord
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """Another worker holds an unexpired lease: retry this record later."""
+
+    record: IdempotencyRecord
+
+
+@dataclass(frozen=True)
+class PayloadMismatch:
+    """The key was used before with a different payload: the message is poison."""
+
+    record: IdempotencyRecord
+
+
+ClaimResult = Claimed | Duplicate | InFlight | PayloadMismatch
+ApplyResult = Applied | Duplicate | InFlight | PayloadMismatch
+
+
+class LeaseLost(TransientError):
+    """The claim was taken over before commit; the record belongs to someone else now."""
+
+    def __init__(self, record_id: str, current: IdempotencyRecord | None) -> None:
+        owner = "nobody" if current is None else f"{current.status.value} by another owner"
+        super().__init__(f"lease on {record_id} lost before commit; record is now held {owner}")
+        self.current = current
+
+
+class BusinessConditionFailed(PoisonMessage):
+    """A business write's own condition failed, so its transaction was cancelled."""
+
+    def __init__(self, write: Write) -> None:
+        super().__init__(
+            "BusinessConditionFailed",
+            f"condition of a {type(write).__name__} on {write.table} failed: {write.condition}",
+        )
+
+
+def _new_token() -> str:
+    return str(uuid.uuid4())
+
+
+class IdempotencyStore:
+    def __init__(
+        self,
+        client: Any,
+        table_name: str,
+        *,
+        ttl_seconds: int,
+        result_max_bytes: int = 64 * 1024,
+        clock: Callable[[], float] = time.time,
+        new_token: Callable[[], str] = _new_token,
+    ) -> None:
+        self._client = client
+        self._table = table_name
+        self._ttl_seconds = ttl_seconds
+        self._result_max_bytes = result_max_bytes
+        self._clock = clock
+        self._new_token = new_token
+
+    # -- transitions ---------------------------------------------------------------
+
+    def claim(self, record_id: str, payload_hash: str, lease_ms: int) -> ClaimResult:
+        """Lock mode, step 1: take the key for ``lease_ms`` (one round trip either way)."""
+        if lease_ms <= 0:
+            raise ValueError(f"lease must be positive, got {lease_ms} ms")
+        now_ms = self._now_ms()
+        token = self._new_token()
+        lease_end = now_ms + lease_ms
+        try:
+            response = self._call(
+                self._client.update_item,
+                TableName=self._table,
+                Key={"id": {"S": record_id}},
+                UpdateExpression=(
+                    "SET #status = :in_progress, #expires = :expires_at, #lease = :lease,"
+                    " #owner = :owner, #hash = :hash,"
+                    " #attempts = if_not_exists(#attempts, :zero) + :one"
+                    " REMOVE #result"
+                ),
+                ConditionExpression=_CLAIMABLE,
+                ExpressionAttributeNames=_NAMES,
+                ExpressionAttributeValues={
+                    ":in_progress": {"S": Status.IN_PROGRESS.value},
+                    ":expires_at": {"N": str(now_ms // 1000 + self._ttl_seconds)},
+                    ":lease": {"N": str(lease_end)},
+                    ":owner": {"S": token},
+                    ":hash": {"S": payload_hash},
+                    ":zero": {"N": "0"},
+                    ":one": {"N": "1"},
+                    ":now_s": {"N": str(now_ms // 1000)},
+                    ":now_ms": {"N": str(now_ms)},
+                },
+                ReturnValues="UPDATED_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as error:
+            current = self._failed_condition_item(error)
+            if current.owner_token == token:
+                # Ambiguous success: botocore retried a claim whose first attempt was
+                # applied but whose answer was lost. The item carries our token: ours.
+                return Claimed(record_id, token, current.lease_expires_at_ms or lease_end, current.attempts)
+            return self._conflict(current, payload_hash)
+        attempts = int(response.get("Attributes", {}).get("attempts", {}).get("N", "1"))
+        return Claimed(record_id, token, lease_end, attempts)
+
+    def commit(self, claim: Claimed, result: Any = None, writes: Sequence[Write] = ()) -> None:
+        """Lock mode, step 2: complete the record, with the business writes, if still ours.
+
+        Raises ``LeaseLost`` when the claim was taken over (fencing), and
+        ``BusinessConditionFailed`` when a business write's condition failed.
+        """
+        now_ms = self._now_ms()
+        completion = {
+            "TableName": self._table,
+            "Key": {"id": {"S": claim.record_id}},
+            "UpdateExpression": "SET #status = :completed, #result = :result, #expires = :expires_at REMOVE #lease",
+            "ConditionExpression": _OWNED,
+            "ExpressionAttributeNames": {k: _NAMES[k] for k in ("#status", "#result", "#expires", "#lease", "#owner")},
+            "ExpressionAttributeValues": {
+                ":completed": {"S": Status.COMPLETED.value},
+                ":in_progress": {"S": Status.IN_PROGRESS.value},
+                ":result": {"S": encode_result(result, self._result_max_bytes)},
+                ":expires_at": {"N": str(now_ms // 1000 + self._ttl_seconds)},
+                ":owner": {"S": claim.owner_token},
+            },
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        if not writes:
+            try:
+                self._call(self._client.update_item, **completion)
+            except ClientError as error:
+                self._raise_unless_committed_by(claim, self._failed_condition_item_or_none(error))
+            return
+        token = str(uuid.uuid5(_COMMIT_TOKEN_NAMESPACE, claim.owner_token))
+        current = self._transact(completion, writes, token)
+        if current is not None:
+            self._raise_unless_committed_by(claim, current)
+
+    def release(self, claim: Claimed) -> bool:
+        """Lock mode, on failure: delete the record if still ours, so a retry can claim at once.
+
+        Returns False when the claim was already taken over: the newer owner's record
+        is left alone.
+        """
+        try:
+            self._call(
+                self._client.delete_item,
+                TableName=self._table,
+                Key={"id": {"S": claim.record_id}},
+                ConditionExpression=_OWNED,
+                ExpressionAttributeNames={k: _NAMES[k] for k in ("#owner", "#status")},
+                ExpressionAttributeValues={
+                    ":owner": {"S": claim.owner_token},
+                    ":in_progress": {"S": Status.IN_PROGRESS.value},
+                },
+            )
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            return False
+        return True
+
+    def apply_once(
+        self, record_id: str, payload_hash: str, result: Any = None, writes: Sequence[Write] = ()
+    ) -> ApplyResult:
+        """Optimistic mode: claim, complete and apply the business writes in one round trip."""
+        now_ms = self._now_ms()
+        token = self._new_token()
+        record_write = {
+            "TableName": self._table,
+            "Key": {"id": {"S": record_id}},
+            "UpdateExpression": (
+                "SET #status = :completed, #expires = :expires_at, #owner = :owner, #hash = :hash,"
+                " #result = :result, #attempts = if_not_exists(#attempts, :zero) + :one"
+                " REMOVE #lease"
+            ),
+            "ConditionExpression": _CLAIMABLE,
+            "ExpressionAttributeNames": _NAMES,
+            "ExpressionAttributeValues": {
+                ":completed": {"S": Status.COMPLETED.value},
+                ":in_progress": {"S": Status.IN_PROGRESS.value},
+                ":expires_at": {"N": str(now_ms // 1000 + self._ttl_seconds)},
+                ":owner": {"S": token},
+                ":hash": {"S": payload_hash},
+                ":result": {"S": encode_result(result, self._result_max_bytes)},
+                ":zero": {"N": "0"},
+                ":one": {"N": "1"},
+                ":now_s": {"N": str(now_ms // 1000)},
+                ":now_ms": {"N": str(now_ms)},
+            },
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        if writes:
+            current = self._transact(record_write, writes, token)
+        else:
+            try:
+                self._call(self._client.update_item, **record_write)
+                current = None
+            except ClientError as error:
+                current = self._failed_condition_item(error)
+        if current is None or current.owner_token == token:
+            # The second case is ambiguous success: a retried write that found its own.
+            return Applied(record_id, token)
+        return self._conflict(current, payload_hash)
+
+    def get(self, record_id: str) -> IdempotencyRecord | None:
+        """Read a record (strongly consistent); for operators and tests, not the hot path."""
+        response = self._call(
+            self._client.get_item, TableName=self._table, Key={"id": {"S": record_id}}, ConsistentRead=True
+        )
+        item = response.get("Item")
+        return IdempotencyRecord.from_item(item) if item else None
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    @staticmethod
+    def _conflict(current: IdempotencyRecord, payload_hash: str) -> Duplicate | InFlight | PayloadMismatch:
+        if current.payload_hash != payload_hash:
+            return PayloadMismatch(current)
+        if current.status is Status.COMPLETED:
+            return Duplicate(current)
+        return InFlight(current)
+
+    @staticmethod
+    def _raise_unless_committed_by(claim: Claimed, current: IdempotencyRecord | None) -> None:
+        if current is not None and current.owner_token == claim.owner_token and current.status is Status.COMPLETED:
+            return  # ambiguous success: our own commit, retried after its answer was lost
+        raise LeaseLost(claim.record_id, current)
+
+    def _transact(self, record_write: dict[str, Any], writes: Sequence[Write], token: str) -> IdempotencyRecord | None:
+        """Apply the record write and the business writes together.
+
+        Returns None on success, or the current record when the record's own
+        condition failed. ``ClientRequestToken`` makes a retried transaction
+        idempotent for ten minutes, which settles most ambiguous successes at the
+        source.
+        """
+        if len(writes) > MAX_BUSINESS_WRITES:
+            raise ValueError(f"at most {MAX_BUSINESS_WRITES} business writes per message, got {len(writes)}")
+        try:
+            self._call(
+                self._client.transact_write_items,
+                TransactItems=[{"Update": record_write}, *(write.to_transact_item() for write in writes)],
+                ClientRequestToken=token,
+            )
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "TransactionCanceledException":
+                raise
+            reasons = error.response.get("CancellationReasons") or []
+            record_reason = reasons[0] if reasons else {}
+            if record_reason.get("Code") == "ConditionalCheckFailed":
+                item = record_reason.get("Item")
+                if not item:
+                    raise TransientError(f"condition on {record_write['Key']} failed and no item came back") from None
+                return IdempotencyRecord.from_item(item)
+            for write, reason in zip(writes, reasons[1:], strict=False):
+                if reason.get("Code") == "ConditionalCheckFailed":
+                    raise BusinessConditionFailed(write) from None
+            codes = sorted({str(reason.get("Code")) for reason in reasons} - {"None"})
+            raise TransientError(f"transaction cancelled: {', '.join(codes) or 'no reason given'}") from None
+        return None
+
+    @staticmethod
+    def _failed_condition_item_or_none(error: ClientError) -> IdempotencyRecord | None:
+        if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+            raise error
+        item = error.response.get("Item")
+        return IdempotencyRecord.from_item(item) if item else None
+
+    @classmethod
+    def _failed_condition_item(cls, error: ClientError) -> IdempotencyRecord:
+        current = cls._failed_condition_item_or_none(error)
+        if current is None:
+            raise TransientError("conditional write failed but DynamoDB returned no item") from None
+        return current
+
+    @staticmethod
+    def _call(operation: Callable[..., Any], **kwargs: Any) -> Any:
+        """Call DynamoDB; throttling and server errors become ``TransientError``."""
+        try:
+            return operation(**kwargs)
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            if code in _TRANSIENT_CODES or status >= 500:
+                raise TransientError(f"DynamoDB {code or status}: {error}") from error
+            raise
+        except (BotocoreConnectionError, HTTPClientError) as error:
+            # Timeouts and dropped connections: the write may or may not have been applied;
+            # the retry settles it through the conditions and the owner token.
+            raise TransientError(f"DynamoDB unreachable: {error}") from error

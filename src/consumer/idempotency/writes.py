@@ -1,0 +1,111 @@
+"""Business writes a handler asks for, applied in the same transaction as the record.
+
+Handlers never write DynamoDB themselves: they return these, and the store puts them
+into one ``TransactWriteItems`` with the idempotency record, so the record and the
+business effect are applied together or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from boto3.dynamodb.types import TypeSerializer
+
+_serializer = TypeSerializer()
+
+# TransactWriteItems takes at most 100 items; one of them is the idempotency record.
+MAX_BUSINESS_WRITES = 99
+
+
+def _serialize(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: _serializer.serialize(value) for name, value in values.items()}
+
+
+def _expression_fields(condition: str | None, names: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if condition:
+        fields["ConditionExpression"] = condition
+    if names:
+        fields["ExpressionAttributeNames"] = dict(names)
+    if values:
+        fields["ExpressionAttributeValues"] = _serialize(values)
+    return fields
+
+
+@dataclass(frozen=True)
+class Put:
+    table: str
+    item: Mapping[str, Any]
+    condition: str | None = None
+    names: Mapping[str, str] = field(default_factory=dict)
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_transact_item(self) -> dict[str, Any]:
+        return {
+            "Put": {
+                "TableName": self.table,
+                "Item": _serialize(self.item),
+                **_expression_fields(self.condition, self.names, self.values),
+            }
+        }
+
+
+@dataclass(frozen=True)
+class Update:
+    table: str
+    key: Mapping[str, Any]
+    expression: str
+    condition: str | None = None
+    names: Mapping[str, str] = field(default_factory=dict)
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_transact_item(self) -> dict[str, Any]:
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": _serialize(self.key),
+                "UpdateExpression": self.expression,
+                **_expression_fields(self.condition, self.names, self.values),
+            }
+        }
+
+
+@dataclass(frozen=True)
+class Delete:
+    table: str
+    key: Mapping[str, Any]
+    condition: str | None = None
+    names: Mapping[str, str] = field(default_factory=dict)
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_transact_item(self) -> dict[str, Any]:
+        return {
+            "Delete": {
+                "TableName": self.table,
+                "Key": _serialize(self.key),
+                **_expression_fields(self.condition, self.names, self.values),
+            }
+        }
+
+
+@dataclass(frozen=True)
+class ConditionCheck:
+    table: str
+    key: Mapping[str, Any]
+    condition: str
+    names: Mapping[str, str] = field(default_factory=dict)
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_transact_item(self) -> dict[str, Any]:
+        return {
+            "ConditionCheck": {
+                "TableName": self.table,
+                "Key": _serialize(self.key),
+                **_expression_fields(self.condition, self.names, self.values),
+            }
+        }
+
+
+Write = Put | Update | Delete | ConditionCheck
