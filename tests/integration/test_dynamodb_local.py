@@ -1,0 +1,78 @@
+"""The DynamoDB Local launcher: loopback only, faithful conditional writes, nothing left running."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import pytest
+from botocore.exceptions import ClientError
+
+from local.dynamodb_local import DynamoDBLocal, JavaNotFound, java_runtime
+from local.processes import LOOPBACK
+
+pytestmark = pytest.mark.integration
+
+
+def _other_address() -> str | None:
+    """An address of this machine other than loopback, if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent for a UDP connect
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_listens_on_loopback_only(dynamodb_local: DynamoDBLocal) -> None:
+    assert dynamodb_local.endpoint_url == f"http://{LOOPBACK}:{dynamodb_local.port}"
+    other = _other_address()
+    if other is None:
+        pytest.skip("this machine has no address besides loopback")
+    with socket.socket() as attempt:
+        attempt.settimeout(2)
+        assert attempt.connect_ex((other, dynamodb_local.port)) != 0
+
+
+def test_failed_condition_returns_the_old_item(dynamodb_local: DynamoDBLocal) -> None:
+    client = dynamodb_local.client()
+    table = f"t-{uuid.uuid4().hex[:8]}"
+    client.create_table(
+        TableName=table,
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    client.put_item(TableName=table, Item={"id": {"S": "k"}, "owner": {"S": "first"}})
+    with pytest.raises(ClientError) as failed:
+        client.put_item(
+            TableName=table,
+            Item={"id": {"S": "k"}, "owner": {"S": "second"}},
+            ConditionExpression="attribute_not_exists(id)",
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
+    assert failed.value.response["Error"]["Code"] == "ConditionalCheckFailedException"
+    assert failed.value.response["Item"]["owner"] == {"S": "first"}
+
+
+def test_stop_ends_the_process() -> None:
+    server = DynamoDBLocal().start()
+    pid = server.pid
+    assert pid is not None
+    server.stop()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert server.pid is None
+
+
+def test_missing_java_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
+    java_runtime.cache_clear()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    try:
+        with pytest.raises(JavaNotFound, match="openjdk-17-jre-headless"):
+            DynamoDBLocal().start()
+    finally:
+        monkeypatch.undo()
+        java_runtime.cache_clear()
