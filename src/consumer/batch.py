@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from consumer.errors import PoisonMessage
 from consumer.processor import Outcome, Prepared, RecordProcessor, RecordResult, Rejected
 
 
@@ -141,19 +140,6 @@ class BatchProcessor:
                 result = self._processor.execute(item, remaining_ms)
                 first_runs[key] = result
                 return result
-            return self._follow(item, first)
+            return self._processor.reuse(item, first)
         except Exception as error:  # never let one record fail the whole batch
             return RecordResult(message_id, Outcome.RETRIED, f"{type(error).__name__}: {error}")
-
-    def _follow(self, item: Prepared, first: RecordResult) -> RecordResult:
-        """A duplicate inside the batch takes the first execution's outcome, with no round trip."""
-        message_id = item.message.message_id
-        if first.outcome in (Outcome.APPLIED, Outcome.DUPLICATE):
-            return RecordResult(message_id, Outcome.DUPLICATE, f"duplicate of {first.message_id} in this batch")
-        if first.outcome is Outcome.POISON:
-            # Each copy must reach the DLQ itself: a message is applied or dead-lettered.
-            error_type, _, text = (first.reason or "Poison: ").partition(": ")
-            return self._processor.dead_letter(
-                item.record, PoisonMessage(error_type, text), item.message.idempotency_key
-            )
-        return RecordResult(message_id, first.outcome, first.reason, first.retry_at_ms)

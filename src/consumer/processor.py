@@ -127,6 +127,18 @@ class RecordProcessor:
             self._logger.exception("unexpected error", extra=self._log_keys(item))
             return self._retry(item, f"{type(error).__name__}: {error}")
 
+    def reuse(self, item: Prepared, first: RecordResult) -> RecordResult:
+        """A duplicate inside the batch takes the first copy's outcome, with no round trip."""
+        if first.outcome in (Outcome.APPLIED, Outcome.DUPLICATE):
+            self._logger.info("duplicate in batch", extra={**self._log_keys(item), "first": first.message_id})
+            return RecordResult(item.message.message_id, Outcome.DUPLICATE, f"duplicate of {first.message_id}")
+        if first.outcome is Outcome.POISON:
+            # Every copy must reach the DLQ itself: a message is applied or dead-lettered.
+            error_type, _, text = (first.reason or "Poison: ").partition(": ")
+            return self.dead_letter(item.record, PoisonMessage(error_type, text), item.message.idempotency_key)
+        self._logger.info("retry with the first copy", extra={**self._log_keys(item), "first": first.message_id})
+        return RecordResult(item.message.message_id, first.outcome, first.reason, first.retry_at_ms)
+
     def dead_letter(self, record: dict[str, Any], poison: PoisonMessage, idempotency_key: str = "") -> RecordResult:
         keys = {"message_id": record["messageId"], "idempotency_key": idempotency_key}
         try:

@@ -1,0 +1,103 @@
+"""The Lambda entry point as Lambda calls it: environment, logs and metrics."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from consumer import app
+from tests.unit.conftest import IDEMPOTENCY_TABLE, LEDGER_TABLE, balance, payment_body, sqs_record
+
+
+@dataclass
+class LambdaContext:
+    function_name: str = "ConsumerFunction"
+    memory_limit_in_mb: int = 512
+    invoked_function_arn: str = "arn:aws:lambda:us-east-1:123456789012:function:ConsumerFunction"
+    aws_request_id: str = "req-1"
+    remaining_ms: int = 30_000
+
+    def get_remaining_time_in_millis(self) -> int:
+        return self.remaining_ms
+
+
+@pytest.fixture
+def function_env(dynamodb: Any, sqs: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    dlq_url = sqs.create_queue(QueueName="consumer-dlq")["QueueUrl"]
+    monkeypatch.setenv("IDEMPOTENCY_TABLE_NAME", IDEMPOTENCY_TABLE)
+    monkeypatch.setenv("LEDGER_TABLE_NAME", LEDGER_TABLE)
+    monkeypatch.setenv("DEAD_LETTER_QUEUE_URL", dlq_url)
+    monkeypatch.setenv("MAX_WORKERS", "1")  # moto in process is not thread-safe
+    app.build_consumer.cache_clear()
+    yield dlq_url
+    app.build_consumer.cache_clear()
+
+
+def run(event: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Invoke; return the response and every JSON line: log records and the metrics blob."""
+    # The logger's handler holds the stdout of import time; point it at a buffer.
+    logs = io.StringIO()
+    previous = app.logger.registered_handler.setStream(logs)  # type: ignore[attr-defined]
+    try:
+        response = app.handler(event, LambdaContext())
+    finally:
+        app.logger.registered_handler.setStream(previous)  # type: ignore[attr-defined]
+    output = logs.getvalue() + capsys.readouterr().out
+    return response, [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+def test_the_handler_returns_the_partial_batch_response(
+    function_env: str, dynamodb: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    event = {"Records": [sqs_record("good", payment_body("p-1")), sqs_record("bad", "{oops")]}
+
+    response, _ = run(event, capsys)
+
+    assert response == {"batchItemFailures": []}
+    assert balance(dynamodb, "acc-1") == 1250
+
+
+def test_every_record_log_line_carries_its_message_id_and_key_but_never_the_body(
+    function_env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = payment_body("p-secret-777", key="key-42")
+
+    _, lines = run({"Records": [sqs_record("m-42", body)]}, capsys)
+
+    record_lines = [line for line in lines if line.get("message_id") == "m-42"]
+    assert record_lines
+    assert all(line["idempotency_key"] == "key-42" for line in record_lines)
+    assert all("p-secret-777" not in json.dumps(line) for line in lines)
+
+
+def test_one_metric_per_outcome_is_emitted(function_env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    event = {
+        "Records": [
+            sqs_record("a", payment_body("p-1")),
+            sqs_record("b", payment_body("p-1")),
+            sqs_record("c", "{oops"),
+        ]
+    }
+
+    _, lines = run(event, capsys)
+
+    (emf,) = [line for line in lines if "_aws" in line]
+    assert emf["_aws"]["CloudWatchMetrics"][0]["Namespace"]
+    counts = {name: emf[name] for name in ("applied", "duplicate", "poison", "in_flight", "retried")}
+    # Powertools writes each metric as a list of the values added in this invocation.
+    assert counts == {"applied": [1.0], "duplicate": [1.0], "poison": [1.0], "in_flight": [0.0], "retried": [0.0]}
+
+
+def test_a_missing_setting_fails_the_invocation_with_its_name(
+    function_env: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("LEDGER_TABLE_NAME")
+    app.build_consumer.cache_clear()
+
+    with pytest.raises(Exception, match="LEDGER_TABLE_NAME"):
+        app.handler({"Records": [sqs_record("a", payment_body("p-1"))]}, LambdaContext())

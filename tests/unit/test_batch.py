@@ -1,0 +1,378 @@
+"""Whole batches through the consumer: the exact batchItemFailures, the DLQ, the ledger."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+from pydantic import BaseModel
+
+from consumer.envelope import payload_hash
+from consumer.errors import TransientError
+from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
+from consumer.idempotency.store import Claimed
+from consumer.idempotency.writes import Put
+from tests.unit.conftest import (
+    LEDGER_TABLE,
+    Clock,
+    Consumer,
+    Remaining,
+    balance,
+    ledger_entries,
+    make_consumer,
+    payment_body,
+    receipt_body,
+    sqs_record,
+)
+from tests.unit.webhook import Webhook, running_webhook
+
+
+@pytest.fixture
+def webhook() -> Iterator[Webhook]:
+    with running_webhook() as hook:
+        yield hook
+
+
+@pytest.fixture
+def receipts(dynamodb: Any, sqs: Any, clock: Clock, webhook: Webhook) -> Consumer:
+    return make_consumer(dynamodb, sqs, clock, webhook_url=webhook.url, webhook_timeout_ms=500)
+
+
+def reasons(dead_letters: list[dict[str, Any]]) -> dict[str, str]:
+    """OriginalMessageId -> ErrorType of every dead-lettered message."""
+    return {
+        message["MessageAttributes"]["OriginalMessageId"]["StringValue"]: message["MessageAttributes"]["ErrorType"][
+            "StringValue"
+        ]
+        for message in dead_letters
+    }
+
+
+# -- mixed batches -------------------------------------------------------------------------
+
+
+def test_a_mixed_batch_reports_exactly_the_records_to_retry(consumer: Consumer, clock: Clock) -> None:
+    consumer.process([sqs_record("earlier", payment_body("p-0", amount=100))])
+    busy = consumer.store.claim("PaymentReceived#pay-p-9", _hash_of(payment_body("p-9")), 60_000)
+    assert isinstance(busy, Claimed)
+    batch = [
+        sqs_record("new", payment_body("p-1", amount=1250)),
+        sqs_record("redelivered", payment_body("p-0", amount=100)),
+        sqs_record("in-flight", payment_body("p-9")),
+        sqs_record("bad-json", "{oops"),
+        sqs_record("unknown", json.dumps({"eventType": "RefundIssued", "payload": {}})),
+        sqs_record("schema", json.dumps({"eventType": "PaymentReceived", "payload": {"paymentId": "x"}})),
+        sqs_record("new-2", payment_body("p-2", account_id="acc-2", amount=99)),
+    ]
+
+    failed = consumer.failed_ids(batch)
+
+    assert failed == ["in-flight"]
+    assert reasons(consumer.dead_letters()) == {
+        "bad-json": "InvalidJson",
+        "unknown": "UnknownEventType",
+        "schema": "SchemaViolation",
+    }
+    assert balance(consumer.dynamodb, "acc-1") == 1350
+    assert balance(consumer.dynamodb, "acc-2") == 99
+
+
+def test_a_batch_delivered_twice_applies_nothing_the_second_time(consumer: Consumer) -> None:
+    batch = [sqs_record(f"m-{i}", payment_body(f"p-{i}", amount=10 * i)) for i in range(1, 8)]
+
+    assert consumer.failed_ids(batch) == []
+    assert consumer.failed_ids(batch) == []
+
+    assert balance(consumer.dynamodb, "acc-1") == sum(10 * i for i in range(1, 8))
+    assert len(ledger_entries(consumer.dynamodb, "acc-1")) == 8  # 7 payments + the balance
+
+
+def test_a_producer_resend_with_a_new_message_id_is_a_duplicate(consumer: Consumer) -> None:
+    consumer.process([sqs_record("first", payment_body("p-1", amount=500))])
+
+    assert consumer.failed_ids([sqs_record("resent", payment_body("p-1", amount=500))]) == []
+    assert balance(consumer.dynamodb, "acc-1") == 500
+
+
+def test_duplicates_inside_one_batch_are_applied_once(consumer: Consumer) -> None:
+    batch = [sqs_record(f"copy-{i}", payment_body("p-1", amount=500)) for i in range(5)]
+
+    assert consumer.failed_ids(batch) == []
+    assert balance(consumer.dynamodb, "acc-1") == 500
+
+
+def test_a_key_reused_for_another_payload_goes_to_the_dlq(consumer: Consumer) -> None:
+    consumer.process([sqs_record("original", payment_body("p-1", amount=500, key="shared-key"))])
+
+    failed = consumer.failed_ids([sqs_record("reuse", payment_body("p-2", amount=900, key="shared-key"))])
+
+    assert failed == []
+    dead = consumer.dead_letters()
+    assert reasons(dead) == {"reuse": "IdempotencyKeyReused"}
+    assert "shared-key" in dead[0]["MessageAttributes"]["ErrorMessage"]["StringValue"]
+    assert balance(consumer.dynamodb, "acc-1") == 500
+
+
+def test_the_same_payment_under_another_key_is_refused_by_the_ledger(consumer: Consumer) -> None:
+    consumer.process([sqs_record("a", payment_body("p-1", amount=500, key="key-a"))])
+
+    assert consumer.failed_ids([sqs_record("b", payment_body("p-1", amount=500, key="key-b"))]) == []
+
+    assert reasons(consumer.dead_letters()) == {"b": "BusinessConditionFailed"}
+    assert balance(consumer.dynamodb, "acc-1") == 500
+
+
+def test_a_payment_in_another_currency_than_the_account_is_refused(consumer: Consumer) -> None:
+    consumer.process([sqs_record("eur", payment_body("p-1", amount=500))])
+    usd = json.loads(payment_body("p-2", amount=700))
+    usd["payload"]["currency"] = "USD"
+
+    assert consumer.failed_ids([sqs_record("usd", json.dumps(usd))]) == []
+
+    assert reasons(consumer.dead_letters()) == {"usd": "BusinessConditionFailed"}
+    assert balance(consumer.dynamodb, "acc-1") == 500
+
+
+@pytest.mark.parametrize(
+    ("payload_change", "field"),
+    [
+        ({"amountCents": -5}, "payload.amountCents"),
+        ({"amountCents": "12.50"}, "payload.amountCents"),
+        ({"currency": "euro"}, "payload.currency"),
+        ({"extra": 1}, "payload.extra"),
+    ],
+)
+def test_a_payload_that_breaks_its_handlers_schema_is_poison(
+    consumer: Consumer, payload_change: dict[str, Any], field: str
+) -> None:
+    body = json.loads(payment_body("p-1"))
+    body["payload"].update(payload_change)
+
+    assert consumer.failed_ids([sqs_record("bad", json.dumps(body))]) == []
+
+    dead = consumer.dead_letters()
+    assert reasons(dead) == {"bad": "SchemaViolation"}
+    assert dead[0]["MessageAttributes"]["ErrorMessage"]["StringValue"].startswith(field)
+    assert dead[0]["Body"] == json.dumps(body)
+
+
+def test_a_failed_dead_letter_send_keeps_the_record_for_retry(dynamodb: Any, sqs: Any, clock: Clock) -> None:
+    missing_queue = "https://sqs.us-east-1.amazonaws.com/123456789012/no-such-queue"
+    consumer = make_consumer(dynamodb, sqs, clock, dlq_url=missing_queue)
+
+    failed = consumer.failed_ids([sqs_record("bad", "{oops"), sqs_record("good", payment_body("p-1"))])
+
+    assert failed == ["bad"]
+    assert balance(dynamodb, "acc-1") == 1250
+
+
+def test_the_original_message_attributes_travel_to_the_dlq(consumer: Consumer) -> None:
+    attributes = {"TraceId": {"stringValue": "t-1", "dataType": "String"}}
+
+    consumer.process([sqs_record("bad", "{oops", message_attributes=attributes)])
+
+    (dead,) = consumer.dead_letters()
+    assert dead["MessageAttributes"]["TraceId"]["StringValue"] == "t-1"
+    assert "not JSON" in dead["MessageAttributes"]["ErrorMessage"]["StringValue"]
+
+
+# -- FIFO and deadline ---------------------------------------------------------------------
+
+
+def test_fifo_stops_a_group_at_its_first_failure_and_runs_other_groups(consumer: Consumer) -> None:
+    busy = consumer.store.claim("PaymentReceived#pay-a2", _hash_of(payment_body("a2", amount=2)), 60_000)
+    assert isinstance(busy, Claimed)
+    batch = [
+        sqs_record("a1", payment_body("a1", amount=1), group_id="A"),
+        sqs_record("b1", payment_body("b1", account_id="acc-b", amount=10), group_id="B"),
+        sqs_record("a2", payment_body("a2", amount=2), group_id="A"),
+        sqs_record("b2", payment_body("b2", account_id="acc-b", amount=20), group_id="B"),
+        sqs_record("a3", payment_body("a3", amount=4), group_id="A"),
+    ]
+
+    failed = consumer.failed_ids(batch)
+
+    assert failed == ["a2", "a3"]
+    assert balance(consumer.dynamodb, "acc-1") == 1  # a3 was not started
+    assert balance(consumer.dynamodb, "acc-b") == 30
+
+
+def test_fifo_poison_is_handled_and_does_not_stop_its_group(consumer: Consumer) -> None:
+    batch = [
+        sqs_record("a1", "{oops", group_id="A"),
+        sqs_record("a2", payment_body("a2", amount=2), group_id="A"),
+    ]
+
+    assert consumer.failed_ids(batch) == []
+    assert balance(consumer.dynamodb, "acc-1") == 2
+
+
+def test_no_record_starts_when_the_invocation_is_about_to_time_out(consumer: Consumer) -> None:
+    consumer.remaining.ms = consumer.settings.deadline_margin_ms - 1
+    batch = [sqs_record(f"m-{i}", payment_body(f"p-{i}")) for i in range(3)]
+
+    assert consumer.failed_ids(batch) == ["m-0", "m-1", "m-2"]
+    assert balance(consumer.dynamodb, "acc-1") == 0
+
+
+def test_records_left_when_the_deadline_nears_mid_batch_are_reported(dynamodb: Any, sqs: Any, clock: Clock) -> None:
+    consumer = make_consumer(dynamodb, sqs, clock)
+    # Two records start with time to spare; then the clock is within the margin.
+    consumer.remaining = Remaining(30_000, then=[30_000, 30_000, consumer.settings.deadline_margin_ms - 1])
+    batch = [sqs_record(f"m-{i}", payment_body(f"p-{i}", account_id=f"acc-{i}")) for i in range(4)]
+
+    failed = consumer.failed_ids(batch)
+
+    assert failed == ["m-2", "m-3"]
+    assert [balance(dynamodb, f"acc-{i}") for i in range(4)] == [1250, 1250, 0, 0]
+
+
+def test_an_event_that_is_not_from_sqs_fails_loudly(consumer: Consumer) -> None:
+    with pytest.raises(ValueError, match="SQS events only"):
+        consumer.batch.process(None, consumer.remaining)
+    with pytest.raises(ValueError, match="no messageId"):
+        consumer.batch.process([{"body": "{}"}], consumer.remaining)
+
+
+# -- lock mode: the receipt webhook --------------------------------------------------------
+
+
+def test_a_receipt_is_posted_once_with_the_idempotency_key(receipts: Consumer, webhook: Webhook) -> None:
+    batch = [sqs_record("r1", receipt_body("1")), sqs_record("r1-copy", receipt_body("1"))]
+
+    assert receipts.failed_ids(batch) == []
+    assert receipts.failed_ids([sqs_record("r1-redelivered", receipt_body("1"))]) == []
+
+    assert webhook.keys() == ["receipt-1"]
+    assert webhook.calls[0].body["receiptId"] == "1"
+    assert "RECEIPT#1" in ledger_entries(receipts.dynamodb, "acc-1")
+
+
+def test_a_webhook_4xx_is_poison_and_frees_the_key(receipts: Consumer, webhook: Webhook) -> None:
+    webhook.statuses = [422]
+
+    assert receipts.failed_ids([sqs_record("r1", receipt_body("1"))]) == []
+
+    assert reasons(receipts.dead_letters()) == {"r1": "WebhookRejected"}
+    assert receipts.store.get("ReceiptRequested#receipt-1") is None
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_a_webhook_5xx_or_429_is_retried_and_the_claim_released(
+    receipts: Consumer, webhook: Webhook, status: int
+) -> None:
+    webhook.statuses = [status]
+
+    assert receipts.failed_ids([sqs_record("r1", receipt_body("1"))]) == ["r1"]
+    assert receipts.store.get("ReceiptRequested#receipt-1") is None  # the retry can claim at once
+
+    assert receipts.failed_ids([sqs_record("r1", receipt_body("1"))]) == []
+    assert webhook.keys() == ["receipt-1", "receipt-1"]
+
+
+def test_a_webhook_timeout_is_retried(receipts: Consumer, webhook: Webhook) -> None:
+    webhook.delay_s = 1.0  # the consumer waits 500 ms
+
+    assert receipts.failed_ids([sqs_record("r1", receipt_body("1"))]) == ["r1"]
+    assert receipts.store.get("ReceiptRequested#receipt-1") is None
+
+
+def test_receipts_wait_in_the_queue_while_no_webhook_is_configured(consumer: Consumer) -> None:
+    assert consumer.failed_ids([sqs_record("r1", receipt_body("1"))]) == ["r1"]
+    assert consumer.dead_letters() == []
+
+
+def test_copies_of_a_rejected_receipt_in_one_batch_all_reach_the_dlq(receipts: Consumer, webhook: Webhook) -> None:
+    webhook.statuses = [400]
+
+    assert receipts.failed_ids([sqs_record("r1", receipt_body("1")), sqs_record("r1-copy", receipt_body("1"))]) == []
+
+    assert reasons(receipts.dead_letters()) == {"r1": "WebhookRejected", "r1-copy": "WebhookRejected"}
+    assert len(webhook.calls) == 1
+
+
+# -- lock mode: failures inside the handler -------------------------------------------------
+
+
+class Empty(BaseModel):
+    pass
+
+
+class ExplodingHandler(MessageHandler[Empty]):
+    event_type: ClassVar[str] = "Explode"
+    mode: ClassVar[Mode] = Mode.LOCK
+    payload_model: ClassVar[type[BaseModel]] = Empty
+
+    def handle(self, payload: Empty, context: MessageContext) -> Effect:
+        raise RuntimeError("bug in business code")
+
+
+class TakenOverHandler(MessageHandler[Empty]):
+    """Runs so long that its lease runs out and another worker takes the key over."""
+
+    event_type: ClassVar[str] = "Slow"
+    mode: ClassVar[Mode] = Mode.LOCK
+    payload_model: ClassVar[type[BaseModel]] = Empty
+
+    def __init__(self, clock: Clock, take_over: Any) -> None:
+        self.clock = clock
+        self.take_over = take_over
+        self.usurper: Claimed | None = None
+
+    def handle(self, payload: Empty, context: MessageContext) -> Effect:
+        self.clock.advance(120)  # past the lease, well before the record's TTL
+        self.usurper = self.take_over()
+        return Effect("zombie", (Put(LEDGER_TABLE, {"accountId": "zombie", "entryId": "WRITE"}),))
+
+
+def empty_body(event_type: str, key: str) -> str:
+    return json.dumps({"eventType": event_type, "metadata": {"idempotencyKey": key}, "payload": {}})
+
+
+def test_an_unexpected_handler_error_is_retried_and_the_others_applied(dynamodb: Any, sqs: Any, clock: Clock) -> None:
+    consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={"Explode": ExplodingHandler()})
+
+    failed = consumer.failed_ids([sqs_record("boom", empty_body("Explode", "k")), sqs_record("ok", payment_body("p"))])
+
+    assert failed == ["boom"]
+    assert consumer.store.get("Explode#k") is None
+    assert balance(dynamodb, "acc-1") == 1250
+
+
+def test_a_worker_whose_lease_was_taken_over_commits_nothing(dynamodb: Any, sqs: Any, clock: Clock) -> None:
+    consumer: Consumer | None = None
+
+    def take_over() -> Any:
+        assert consumer is not None
+        return consumer.store.claim("Slow#k", _hash_of(empty_body("Slow", "k")), 60_000)
+
+    handler = TakenOverHandler(clock, take_over)
+    consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={"Slow": handler}, lease_max_ms=30_000)
+
+    failed = consumer.failed_ids([sqs_record("slow", empty_body("Slow", "k"))])
+
+    assert failed == ["slow"]
+    assert isinstance(handler.usurper, Claimed)
+    record = consumer.store.get("Slow#k")
+    assert record is not None
+    assert record.owner_token == handler.usurper.owner_token  # the newer owner's claim stands
+    assert ledger_entries(dynamodb, "zombie") == []
+
+
+def _hash_of(body: str) -> str:
+    return payload_hash(json.loads(body)["payload"])
+
+
+def test_transient_errors_raised_by_a_handler_are_retried(dynamodb: Any, sqs: Any, clock: Clock) -> None:
+    class Flaky(ExplodingHandler):
+        event_type: ClassVar[str] = "Flaky"
+
+        def handle(self, payload: Empty, context: MessageContext) -> Effect:
+            raise TransientError("downstream busy")
+
+    consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={"Flaky": Flaky()})
+
+    assert consumer.failed_ids([sqs_record("f", empty_body("Flaky", "k"))]) == ["f"]
+    assert consumer.store.get("Flaky#k") is None

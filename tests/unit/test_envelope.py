@@ -1,0 +1,97 @@
+"""The message contract: which key wins, what is poison, and why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from consumer.envelope import KeySource, parse_message, payload_hash
+from consumer.errors import PoisonMessage
+from tests.unit.conftest import sqs_record
+
+PAYLOAD = {"paymentId": "p-1", "accountId": "acc-1", "amountCents": 1250, "currency": "EUR"}
+ATTRIBUTE_KEY = {"IdempotencyKey": {"stringValue": "attr-key", "dataType": "String"}}
+
+
+def body(**overrides: object) -> str:
+    envelope: dict[str, object] = {"eventType": "PaymentReceived", "metadata": {"idempotencyKey": "body-key"}}
+    envelope["payload"] = PAYLOAD
+    envelope.update(overrides)
+    return json.dumps(envelope)
+
+
+def test_the_body_key_wins_over_the_attribute_and_the_message_id() -> None:
+    message = parse_message(sqs_record("m-1", body(), message_attributes=ATTRIBUTE_KEY))
+
+    assert message.idempotency_key == "body-key"
+    assert message.key_source is KeySource.BODY
+    assert message.record_id == "PaymentReceived#body-key"
+
+
+def test_the_attribute_key_is_used_when_the_body_has_none() -> None:
+    message = parse_message(sqs_record("m-1", body(metadata={}), message_attributes=ATTRIBUTE_KEY))
+
+    assert message.idempotency_key == "attr-key"
+    assert message.key_source is KeySource.ATTRIBUTE
+
+
+def test_without_any_key_the_message_id_protects_against_redelivery() -> None:
+    message = parse_message(sqs_record("m-1", body(metadata={})))
+
+    assert message.idempotency_key == "m-1"
+    assert message.key_source is KeySource.MESSAGE_ID
+
+
+def test_a_non_string_attribute_is_not_a_key() -> None:
+    attributes = {"IdempotencyKey": {"binaryValue": "AAE=", "dataType": "Binary"}}
+
+    assert parse_message(sqs_record("m-1", body(metadata={}), message_attributes=attributes)).idempotency_key == "m-1"
+
+
+def test_the_payload_hash_ignores_key_order_and_whitespace() -> None:
+    reordered = dict(reversed(list(PAYLOAD.items())))
+
+    assert payload_hash(PAYLOAD) == payload_hash(reordered)
+    assert payload_hash(PAYLOAD) != payload_hash({**PAYLOAD, "amountCents": 1251})
+
+
+def test_fifo_group_and_receive_count_are_read_from_the_attributes() -> None:
+    message = parse_message(sqs_record("m-1", body(), group_id="acc-1", receive_count=3))
+
+    assert message.message_group_id == "acc-1"
+    assert message.receive_count == 3
+
+
+@pytest.mark.parametrize(
+    ("raw", "error_type", "detail"),
+    [
+        ("{not json", "InvalidJson", "body is not JSON"),
+        ("", "InvalidJson", "body is not JSON"),
+        ("[1, 2]", "SchemaViolation", "must be a JSON object, got list"),
+        (json.dumps({"metadata": {}, "payload": {}}), "SchemaViolation", "eventType: Field required"),
+        (json.dumps({"eventType": "PaymentReceived"}), "SchemaViolation", "payload: Field required"),
+        (json.dumps({"eventType": "Bad Type!", "payload": {}}), "SchemaViolation", "eventType: String should match"),
+        (
+            json.dumps({"eventType": "PaymentReceived", "metadata": {"idempotencyKey": ""}, "payload": {}}),
+            "SchemaViolation",
+            "metadata.idempotencyKey",
+        ),
+        (json.dumps({"eventType": "PaymentReceived", "payload": [1]}), "SchemaViolation", "payload: Input should be"),
+    ],
+)
+def test_bodies_that_break_the_contract_are_poison_with_a_specific_reason(
+    raw: str, error_type: str, detail: str
+) -> None:
+    with pytest.raises(PoisonMessage) as poison:
+        parse_message(sqs_record("m-1", raw))
+
+    assert poison.value.error_type == error_type
+    assert detail in poison.value.message
+
+
+def test_an_overlong_key_is_poison() -> None:
+    attributes = {"IdempotencyKey": {"stringValue": "k" * 513, "dataType": "String"}}
+
+    with pytest.raises(PoisonMessage, match="longer than 512"):
+        parse_message(sqs_record("m-1", body(metadata={}), message_attributes=attributes))

@@ -1,0 +1,61 @@
+"""Settings from the environment, and the lease they produce."""
+
+from __future__ import annotations
+
+import pytest
+
+from consumer.config import Settings
+from consumer.errors import ConfigurationError
+from consumer.idempotency.lease import lease_duration
+
+REQUIRED = {"IDEMPOTENCY_TABLE_NAME": "i", "LEDGER_TABLE_NAME": "l", "DEAD_LETTER_QUEUE_URL": "https://q"}
+
+
+def test_defaults_apply_when_only_the_required_variables_are_set() -> None:
+    settings = Settings.from_env(REQUIRED)
+
+    assert settings.idempotency_table_name == "i"
+    assert settings.idempotency_ttl_seconds == 7 * 24 * 3600
+    assert settings.receipt_webhook_url == ""
+
+
+def test_tuning_variables_override_the_defaults() -> None:
+    settings = Settings.from_env({**REQUIRED, "IDEMPOTENCY_TTL_SECONDS": "60", "MAX_WORKERS": "4"})
+
+    assert settings.idempotency_ttl_seconds == 60
+    assert settings.max_workers == 4
+
+
+@pytest.mark.parametrize("missing", sorted(REQUIRED))
+def test_a_missing_required_variable_is_named_in_the_error(missing: str) -> None:
+    env = {name: value for name, value in REQUIRED.items() if name != missing}
+
+    with pytest.raises(ConfigurationError, match=missing):
+        Settings.from_env(env)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"), [("ten", "must be an integer"), ("0", "greater than 0"), ("-5", "greater")]
+)
+def test_an_invalid_number_is_refused_with_its_name(raw: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"IDEMPOTENCY_TTL_SECONDS {message}|{message}"):
+        Settings.from_env({**REQUIRED, "IDEMPOTENCY_TTL_SECONDS": raw})
+
+
+@pytest.mark.parametrize(
+    ("remaining_ms", "expected"),
+    [
+        (30_000, 28_000),  # remaining time less the margin
+        (0, 1_000),  # no time left is never "no lease"
+        (-50, 1_000),
+        (2_500, 1_000),  # margin would leave 500 ms: the floor wins
+        (3_600_000, 900_000),  # capped
+    ],
+)
+def test_the_lease_follows_the_remaining_time_within_bounds(remaining_ms: int, expected: int) -> None:
+    assert lease_duration(remaining_ms, margin_ms=2_000, min_ms=1_000, max_ms=900_000) == expected
+
+
+def test_a_lease_floor_of_zero_is_refused() -> None:
+    with pytest.raises(ValueError, match="min_ms"):
+        lease_duration(30_000, margin_ms=0, min_ms=0, max_ms=1_000)
