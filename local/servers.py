@@ -1,0 +1,92 @@
+"""The two servers of the local stack together, and deploying the template onto them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from local.aws import DUMMY_CREDENTIALS_ENV, REGION
+from local.dynamodb_local import DynamoDBLocal
+from local.moto_server import MotoServer
+from local.resources import FunctionSpec, LocalResources, create_resources
+from local.template import TEMPLATE_PATH, Template
+
+
+class LocalServers:
+    """DynamoDB Local and moto's SQS on loopback. Pass a running ``dynamodb`` to share it."""
+
+    def __init__(self, dynamodb: DynamoDBLocal | None = None) -> None:
+        self._owns_dynamodb = dynamodb is None
+        self.dynamodb = dynamodb or DynamoDBLocal()
+        self.sqs = MotoServer()
+
+    @property
+    def dynamodb_endpoint_url(self) -> str:
+        return self.dynamodb.endpoint_url
+
+    @property
+    def sqs_endpoint_url(self) -> str:
+        return self.sqs.endpoint_url
+
+    def start(self) -> LocalServers:
+        try:
+            if self._owns_dynamodb:
+                self.dynamodb.start()
+            self.sqs.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self.sqs.stop()
+        if self._owns_dynamodb:
+            self.dynamodb.stop()
+
+    def __enter__(self) -> LocalServers:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def client(self, service: str, **options: Any) -> Any:
+        """A boto3 client for ``dynamodb`` or ``sqs`` on these servers (dummy credentials)."""
+        if service == "dynamodb":
+            return self.dynamodb.client(**options)
+        if service == "sqs":
+            return self.sqs.client("sqs", **options)
+        raise ValueError(f"the local stack has no {service}")
+
+    def deploy(
+        self,
+        template_path: Path = TEMPLATE_PATH,
+        *,
+        stack_name: str | None = None,
+        parameter_overrides: Mapping[str, Any] | None = None,
+    ) -> LocalResources:
+        """Create the template's queues and tables; a fresh stack name each call unless given."""
+        template = Template.from_file(
+            template_path,
+            stack_name=stack_name or f"local-{uuid.uuid4().hex[:8]}",
+            region=REGION,
+            parameter_overrides=dict(parameter_overrides or {}),
+        )
+        return create_resources(template, self.client("sqs"), self.client("dynamodb"))
+
+    def function_environment(self, function: FunctionSpec) -> dict[str, str]:
+        """The function's environment as Lambda would set it, its clients pointed at these servers.
+
+        The endpoints reach the code through boto3's own ``AWS_ENDPOINT_URL_*`` variables:
+        the function has no local code path.
+        """
+        return {
+            **DUMMY_CREDENTIALS_ENV,
+            "AWS_LAMBDA_FUNCTION_NAME": function.name,
+            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(function.memory_mb),
+            "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
+            **function.environment,
+            "AWS_ENDPOINT_URL_DYNAMODB": self.dynamodb_endpoint_url,
+            "AWS_ENDPOINT_URL_SQS": self.sqs_endpoint_url,
+        }

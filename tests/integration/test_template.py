@@ -1,0 +1,152 @@
+"""Resources come from template.yaml itself: a changed value in the template changes the local stack."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from local.servers import LocalServers
+from local.template import TEMPLATE_PATH, Template, TemplateError, load_template
+
+
+def _write(path: Path, document: dict) -> Path:
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_short_tags_become_intrinsic_functions(tmp_path: Path) -> None:
+    source = tmp_path / "t.yaml"
+    source.write_text(
+        textwrap.dedent(
+            """
+            Parameters:
+              Env: {Type: String, Default: dev, AllowedValues: [dev, prod]}
+            Conditions:
+              IsProd: !Equals [!Ref Env, prod]
+            Mappings:
+              Sizes: {dev: {Memory: 128}, prod: {Memory: 1024}}
+            Resources:
+              Thing:
+                Type: AWS::SQS::Queue
+                Properties:
+                  Name: !Sub "${AWS::StackName}-${Env}-${!Literal}"
+                  Memory: !FindInMap [Sizes, !Ref Env, Memory]
+                  Alarm: !If [IsProd, "on", !Ref AWS::NoValue]
+                  Joined: !Join ["/", [a, !Select [1, !Split [",", "x,y,z"]]]]
+                  Either: !Or [!Condition IsProd, !Not [!Equals [1, 2]]]
+            """
+        )
+    )
+
+    dev = Template.from_file(source, stack_name="s")
+    assert dev.properties("Thing", ids=None) == {
+        "Name": "s-dev-${Literal}",
+        "Memory": 128,
+        "Joined": "a/y",
+        "Either": True,
+    }
+    prod = Template.from_file(source, stack_name="s", parameter_overrides={"Env": "prod"})
+    assert prod.properties("Thing", ids=None)["Alarm"] == "on"
+    assert prod.properties("Thing", ids=None)["Memory"] == 1024
+    with pytest.raises(TemplateError, match="not one of"):
+        Template.from_file(source, parameter_overrides={"Env": "staging"})
+    with pytest.raises(TemplateError, match="unknown parameter"):
+        Template.from_file(source, parameter_overrides={"Nope": "1"})
+
+
+def test_parameter_bounds_of_the_real_template_are_enforced() -> None:
+    with pytest.raises(TemplateError, match="below its MinValue"):
+        Template.from_file(TEMPLATE_PATH, parameter_overrides={"MaxReceiveCount": 1})
+    with pytest.raises(TemplateError, match="not one of"):
+        Template.from_file(TEMPLATE_PATH, parameter_overrides={"FunctionTimeoutSeconds": 31})
+
+
+def test_template_defaults_are_applied(local_stack: LocalServers) -> None:
+    resources = local_stack.deploy()
+    template = load_template()
+    parameters = template["Parameters"]
+    sqs = local_stack.client("sqs")
+
+    queue = resources.queues["ConsumerQueue"]
+    dead_letter = resources.queues["ConsumerDeadLetterQueue"]
+    attributes = sqs.get_queue_attributes(QueueUrl=queue.url, AttributeNames=["All"])["Attributes"]
+    redrive = json.loads(attributes["RedrivePolicy"])
+    assert redrive["deadLetterTargetArn"] == dead_letter.arn
+    assert int(redrive["maxReceiveCount"]) == parameters["MaxReceiveCount"]["Default"]
+    timeout = str(parameters["FunctionTimeoutSeconds"]["Default"])
+    expected_visibility = template["Mappings"]["QueueVisibilityByFunctionTimeout"][timeout]["VisibilityTimeout"]
+    assert int(attributes["VisibilityTimeout"]) == expected_visibility
+
+    dynamodb = local_stack.client("dynamodb")
+    idempotency = dynamodb.describe_table(TableName=resources.tables["IdempotencyTable"].name)["Table"]
+    assert idempotency["KeySchema"] == [{"AttributeName": "id", "KeyType": "HASH"}]
+    ttl = dynamodb.describe_time_to_live(TableName=resources.tables["IdempotencyTable"].name)
+    assert ttl["TimeToLiveDescription"] == {"TimeToLiveStatus": "ENABLED", "AttributeName": "expiresAt"}
+    ledger = dynamodb.describe_table(TableName=resources.tables["LedgerTable"].name)["Table"]
+    assert {(k["AttributeName"], k["KeyType"]) for k in ledger["KeySchema"]} == {
+        ("accountId", "HASH"),
+        ("entryId", "RANGE"),
+    }
+
+    function = resources.function("ConsumerFunction")
+    assert function.handler == "consumer.app.handler"
+    assert function.timeout_s == int(timeout)
+    assert function.environment["IDEMPOTENCY_TABLE_NAME"] == resources.tables["IdempotencyTable"].name
+    assert function.environment["LEDGER_TABLE_NAME"] == resources.tables["LedgerTable"].name
+    assert function.environment["DEAD_LETTER_QUEUE_URL"] == dead_letter.url
+    (trigger,) = function.triggers
+    assert trigger.queue_arn == queue.arn
+    assert trigger.batch_size == parameters["BatchSize"]["Default"]
+    assert trigger.report_batch_item_failures
+
+
+def test_a_changed_copy_of_the_template_is_applied(local_stack: LocalServers, tmp_path: Path) -> None:
+    # The copy is written back with long-form intrinsics ({"Ref": ...}), which must resolve too.
+    document = load_template()
+    queue = document["Resources"]["ConsumerQueue"]["Properties"]
+    queue["RedrivePolicy"]["maxReceiveCount"] = 7
+    queue["VisibilityTimeout"] = 45
+    event = document["Resources"]["ConsumerFunction"]["Properties"]["Events"]["Queue"]["Properties"]
+    event["BatchSize"] = 4
+    event["MaximumBatchingWindowInSeconds"] = 2
+    document["Resources"]["ConsumerFunction"]["Properties"]["Timeout"] = 12
+    copy = _write(tmp_path / "template.yaml", document)
+    (tmp_path / "src").mkdir()
+
+    resources = local_stack.deploy(copy)
+
+    sqs = local_stack.client("sqs")
+    attributes = sqs.get_queue_attributes(QueueUrl=resources.queues["ConsumerQueue"].url, AttributeNames=["All"])[
+        "Attributes"
+    ]
+    assert json.loads(attributes["RedrivePolicy"])["maxReceiveCount"] == 7
+    assert attributes["VisibilityTimeout"] == "45"
+    function = resources.function()
+    assert (function.triggers[0].batch_size, function.triggers[0].batching_window_s) == (4, 2)
+    assert function.timeout_s == 12
+    assert function.code_dir == (tmp_path / "src").resolve()
+
+
+def test_parameter_overrides_flow_into_queue_function_and_environment(local_stack: LocalServers) -> None:
+    resources = local_stack.deploy(
+        parameter_overrides={
+            "FunctionTimeoutSeconds": 60,
+            "BatchSize": 3,
+            "MaxReceiveCount": 9,
+            "ReceiptWebhookUrl": "http://127.0.0.1:1/receipts",
+        }
+    )
+    sqs = local_stack.client("sqs")
+    attributes = sqs.get_queue_attributes(QueueUrl=resources.queues["ConsumerQueue"].url, AttributeNames=["All"])[
+        "Attributes"
+    ]
+    assert attributes["VisibilityTimeout"] == "380"  # the template's mapping for a 60 s function
+    assert json.loads(attributes["RedrivePolicy"])["maxReceiveCount"] == 9
+    function = resources.function()
+    assert function.timeout_s == 60
+    assert function.triggers[0].batch_size == 3
+    assert function.environment["RECEIPT_WEBHOOK_URL"] == "http://127.0.0.1:1/receipts"
