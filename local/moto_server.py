@@ -21,60 +21,27 @@ from pathlib import Path
 from typing import Any
 
 from local.aws import client
-from local.processes import LOOPBACK, ChildServer, ServerStartError, free_port
+from local.processes import LOOPBACK, LoopbackServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-_START_ATTEMPTS = 3
 
 
-class MotoServer:
+class MotoServer(LoopbackServer):
     """moto's server on 127.0.0.1 in a child process; ``.endpoint_url``, ``.client(service)``."""
 
-    def __init__(self, *, start_timeout_s: float = 30.0) -> None:
-        self._start_timeout_s = start_timeout_s
-        self._server: ChildServer | None = None
-        self.port: int | None = None
-
-    @property
-    def endpoint_url(self) -> str:
-        if self.port is None:
-            raise RuntimeError("the moto server is not running")
-        return f"http://{LOOPBACK}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._server.pid if self._server else None
+    name = "moto-server"
 
     def client(self, service: str = "sqs", **options: Any) -> Any:
         return client(service, self.endpoint_url, **options)
 
-    def start(self) -> MotoServer:
-        for attempt in range(1, _START_ATTEMPTS + 1):
-            port = free_port()
-            command = [sys.executable, "-m", "local.moto_server", "--port", str(port)]
-            server = ChildServer("moto-server", command, cwd=REPO_ROOT)
-            server.start()
-            self._server, self.port = server, port
-            try:
-                probe = self.client(timeout_s=2.0)
-                server.wait_until(lambda probe=probe: probe.list_queues() is not None, self._start_timeout_s)
-                return self
-            except ServerStartError:
-                self.stop()
-                if attempt == _START_ATTEMPTS:
-                    raise
-        raise AssertionError("unreachable")
+    def _command(self, port: int) -> list[str]:
+        return [sys.executable, "-m", "local.moto_server", "--port", str(port)]
 
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-        self._server, self.port = None, None
+    def _answers(self) -> bool:
+        return self.client(timeout_s=2.0).list_queues() is not None
 
-    def __enter__(self) -> MotoServer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+    def _working_directory(self) -> Path:
+        return REPO_ROOT
 
 
 def _serve(port: int) -> None:

@@ -15,8 +15,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Self
 
 LOOPBACK = "127.0.0.1"
 
@@ -111,3 +113,63 @@ class ChildServer:
         if self._log_path is not None:
             with contextlib.suppress(OSError):
                 self._log_path.unlink()
+
+
+class LoopbackServer(ABC):
+    """A server on 127.0.0.1 in a child process: free port, start, wait until it answers, stop."""
+
+    name: str
+    start_attempts = 3
+
+    def __init__(self, *, start_timeout_s: float = 60.0) -> None:
+        self._start_timeout_s = start_timeout_s
+        self._server: ChildServer | None = None
+        self.port: int | None = None
+
+    @abstractmethod
+    def _command(self, port: int) -> list[str]:
+        """The command line that serves on ``port``."""
+
+    @abstractmethod
+    def _answers(self) -> bool:
+        """One request that succeeds once the server is ready."""
+
+    def _working_directory(self) -> Path | None:
+        return None
+
+    @property
+    def endpoint_url(self) -> str:
+        if self.port is None:
+            raise RuntimeError(f"{self.name} is not running")
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._server.pid if self._server else None
+
+    def start(self) -> Self:
+        # The port is free when picked but may be taken before the child binds it: try again.
+        for attempt in range(1, self.start_attempts + 1):
+            port = free_port()
+            server = ChildServer(self.name, self._command(port), cwd=self._working_directory())
+            server.start()
+            self._server, self.port = server, port
+            try:
+                server.wait_until(self._answers, self._start_timeout_s)
+                return self
+            except ServerStartError:
+                self.stop()
+                if attempt == self.start_attempts:
+                    raise
+        raise AssertionError("unreachable")
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+        self._server, self.port = None, None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
