@@ -9,6 +9,8 @@ code path.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -29,10 +31,12 @@ logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "idempotent-co
 metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "IdempotentConsumer"))
 
 
-@lru_cache(maxsize=1)
-def build_consumer() -> BatchProcessor:
-    """Wire settings, clients and handlers; cached for the container's lifetime."""
-    settings = Settings.from_env()
+def wire(settings: Settings, session: boto3.session.Session, clock: Callable[[], float] = time.time) -> BatchProcessor:
+    """Build the consumer from settings, a boto3 session and a clock.
+
+    Tests and the fault-injection harness pass their own session (to hook its events)
+    and clock (to skew it); the function itself always uses the defaults.
+    """
     client_config = Config(
         # One connection per worker thread, or threads queue for a socket.
         max_pool_connections=settings.max_workers + 2,
@@ -40,16 +44,22 @@ def build_consumer() -> BatchProcessor:
         read_timeout=5,
         retries={"mode": "standard", "max_attempts": 3},
     )
-    session = boto3.session.Session()
     store = IdempotencyStore(
         session.client("dynamodb", config=client_config),
         settings.idempotency_table_name,
         ttl_seconds=settings.idempotency_ttl_seconds,
         result_max_bytes=settings.result_max_bytes,
+        clock=clock,
     )
     dead_letters = DeadLetterQueue(session.client("sqs", config=client_config), settings.dead_letter_queue_url)
-    processor = RecordProcessor(store, build_handlers(settings), dead_letters, settings, logger)
+    processor = RecordProcessor(store, build_handlers(settings), dead_letters, settings, logger, clock=clock)
     return BatchProcessor(processor, max_workers=settings.max_workers, deadline_margin_ms=settings.deadline_margin_ms)
+
+
+@lru_cache(maxsize=1)
+def build_consumer() -> BatchProcessor:
+    """The consumer of this container, built on first use and kept while the container lives."""
+    return wire(Settings.from_env(), boto3.session.Session())
 
 
 @metrics.log_metrics

@@ -182,8 +182,9 @@ class RecordProcessor:
         except LeaseLost as lost:
             # Fenced out: whoever took the key over owns the outcome now.
             return self._retry(item, str(lost))
-        except BaseException:
+        except Exception:
             # Safe even when the commit was in fact applied: release is fenced on IN_PROGRESS.
+            # (A process that dies releases nothing; its lease runs out instead.)
             self._release_quietly(item, claim)
             raise
         return self._done(item, Outcome.APPLIED)
