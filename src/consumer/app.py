@@ -20,6 +20,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.config import Config
 
+from consumer.backoff import VisibilityBackoff
 from consumer.batch import BatchProcessor
 from consumer.config import Settings
 from consumer.dead_letter import DeadLetterQueue
@@ -51,9 +52,19 @@ def wire(settings: Settings, session: boto3.session.Session, clock: Callable[[],
         result_max_bytes=settings.result_max_bytes,
         clock=clock,
     )
-    dead_letters = DeadLetterQueue(session.client("sqs", config=client_config), settings.dead_letter_queue_url)
+    sqs = session.client("sqs", config=client_config)
+    dead_letters = DeadLetterQueue(sqs, settings.dead_letter_queue_url)
     processor = RecordProcessor(store, build_handlers(settings), dead_letters, settings, logger, clock=clock)
-    return BatchProcessor(processor, max_workers=settings.max_workers, deadline_margin_ms=settings.deadline_margin_ms)
+    backoff = VisibilityBackoff(
+        sqs,
+        base_seconds=settings.retry_backoff_base_seconds,
+        max_seconds=settings.retry_backoff_max_seconds,
+        logger=logger,
+        clock=clock,
+    )
+    return BatchProcessor(
+        processor, max_workers=settings.max_workers, deadline_margin_ms=settings.deadline_margin_ms, backoff=backoff
+    )
 
 
 @lru_cache(maxsize=1)

@@ -12,12 +12,14 @@ reported as failures, so SQS delivers them again.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from consumer.backoff import VisibilityBackoff
 from consumer.processor import Outcome, Prepared, RecordProcessor, RecordResult, Rejected
 
 
@@ -49,13 +51,25 @@ def _validate(records: Any) -> list[dict[str, Any]]:
     return records
 
 
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 def _is_fifo(records: Iterable[dict[str, Any]]) -> bool:
     return any((record.get("attributes") or {}).get("MessageGroupId") for record in records)
 
 
 class BatchProcessor:
-    def __init__(self, processor: RecordProcessor, *, max_workers: int, deadline_margin_ms: int) -> None:
+    def __init__(
+        self,
+        processor: RecordProcessor,
+        *,
+        max_workers: int,
+        deadline_margin_ms: int,
+        backoff: VisibilityBackoff | None = None,
+    ) -> None:
         self._processor = processor
+        self._backoff = backoff
         self._max_workers = max_workers
         self._deadline_margin_ms = deadline_margin_ms
         # One pool per container: threads are reused across warm invocations.
@@ -84,8 +98,11 @@ class BatchProcessor:
             pool = self._executor()
             for future in [pool.submit(run, indexes) for indexes in lanes.values()]:
                 future.result()
-        assert all(result is not None for result in results)
-        return BatchResult(tuple(result for result in results if result is not None))
+        done = tuple(result for result in results if result is not None)
+        assert len(done) == len(records), "every record ends with exactly one result"
+        if self._backoff is not None:
+            self._backoff.schedule(records, done)
+        return BatchResult(done)
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -110,11 +127,11 @@ class BatchProcessor:
         for item in items:
             message_id = item.record["messageId"]
             if stopped_by is not None:
-                results.append(RecordResult(message_id, Outcome.RETRIED, stopped_by))
+                results.append(RecordResult(message_id, Outcome.RETRIED, stopped_by, retry_at_ms=_now_ms()))
                 continue
             if remaining_ms() < self._deadline_margin_ms:
                 reason = "not started: the invocation is about to time out"
-                results.append(RecordResult(message_id, Outcome.RETRIED, reason))
+                results.append(RecordResult(message_id, Outcome.RETRIED, reason, retry_at_ms=_now_ms()))
                 stopped_by = reason
                 continue
             result = self._run_one(item, first_runs, remaining_ms)

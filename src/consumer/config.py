@@ -50,6 +50,9 @@ class Settings:
     # Results bigger than this are stored as a digest to stay far below the 400 KB item limit.
     result_max_bytes: int = 64 * 1024
     webhook_timeout_ms: int = 5_000
+    # A transiently failed record comes back after base x 2^(receives - 1) seconds, capped.
+    retry_backoff_base_seconds: int = 2
+    retry_backoff_max_seconds: int = 300
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -67,4 +70,6 @@ class Settings:
             max_workers=_positive_int(env, "MAX_WORKERS", cls.max_workers),
             result_max_bytes=_positive_int(env, "RESULT_MAX_BYTES", cls.result_max_bytes),
             webhook_timeout_ms=_positive_int(env, "WEBHOOK_TIMEOUT_MS", cls.webhook_timeout_ms),
+            retry_backoff_base_seconds=_positive_int(env, "RETRY_BACKOFF_BASE_SECONDS", cls.retry_backoff_base_seconds),
+            retry_backoff_max_seconds=_positive_int(env, "RETRY_BACKOFF_MAX_SECONDS", cls.retry_backoff_max_seconds),
         )

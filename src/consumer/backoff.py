@@ -1,0 +1,84 @@
+"""Back off instead of hammering: set when each retried record comes back.
+
+Without this, a record reported in ``batchItemFailures`` returns only after the
+queue's full visibility timeout (6 x the function timeout), whatever the reason.
+With it, a record in flight elsewhere returns when that lease ends, an unstarted one
+at once, and a transient failure after an exponential delay by receive count.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from consumer.processor import RecordResult
+
+# SQS caps a visibility timeout at 12 hours.
+MAX_VISIBILITY_SECONDS = 12 * 3600
+_BATCH_LIMIT = 10
+
+
+def queue_url_from_arn(arn: str) -> str:
+    """``arn:aws:sqs:eu-west-1:123456789012:orders`` -> the queue's URL."""
+    parts = arn.split(":")
+    if len(parts) != 6 or parts[2] != "sqs":
+        raise ValueError(f"not an SQS queue ARN: {arn!r}")
+    _, partition, _, region, account, name = parts
+    domain = "amazonaws.com.cn" if partition == "aws-cn" else "amazonaws.com"
+    return f"https://sqs.{region}.{domain}/{account}/{name}"
+
+
+class VisibilityBackoff:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        base_seconds: int,
+        max_seconds: int,
+        logger: Any,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._client = client
+        self._base = base_seconds
+        self._max = min(max_seconds, MAX_VISIBILITY_SECONDS)
+        self._logger = logger
+        self._clock = clock
+
+    def delay_seconds(self, result: RecordResult, receive_count: int) -> int:
+        if result.retry_at_ms is not None:
+            wait_ms = result.retry_at_ms - self._clock() * 1000
+            return max(0, min(self._max, math.ceil(wait_ms / 1000)))
+        return min(self._max, self._base * 2 ** max(0, receive_count - 1))
+
+    def schedule(self, records: Sequence[dict[str, Any]], results: Sequence[RecordResult]) -> None:
+        """Change the visibility of every failed record; never raises (a miss only costs time)."""
+        by_queue: dict[str, list[dict[str, Any]]] = {}
+        for record, result in zip(records, results, strict=True):
+            if not result.outcome.is_failure:
+                continue
+            receive_count = int((record.get("attributes") or {}).get("ApproximateReceiveCount", "1"))
+            try:
+                url = queue_url_from_arn(record.get("eventSourceARN", ""))
+            except ValueError:
+                continue
+            by_queue.setdefault(url, []).append(
+                {
+                    "Id": str(len(by_queue.get(url, []))),
+                    "ReceiptHandle": record["receiptHandle"],
+                    "VisibilityTimeout": self.delay_seconds(result, receive_count),
+                }
+            )
+        for url, entries in by_queue.items():
+            for start in range(0, len(entries), _BATCH_LIMIT):
+                self._change(url, entries[start : start + _BATCH_LIMIT])
+
+    def _change(self, url: str, entries: list[dict[str, Any]]) -> None:
+        try:
+            response = self._client.change_message_visibility_batch(QueueUrl=url, Entries=entries)
+        except Exception as error:
+            self._logger.warning("visibility backoff not applied", extra={"queue": url, "error": str(error)})
+            return
+        for failed in response.get("Failed", []):
+            self._logger.warning("visibility backoff refused", extra={"queue": url, "reason": failed.get("Message")})

@@ -1,0 +1,124 @@
+"""Retried records come back when a retry can succeed, not after the full visibility timeout."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import pytest
+
+from consumer.backoff import VisibilityBackoff, queue_url_from_arn
+from consumer.batch import BatchProcessor
+from consumer.envelope import payload_hash
+from consumer.idempotency.store import Claimed
+from consumer.processor import Outcome, RecordResult
+from tests.unit.conftest import Clock, Consumer, Remaining, make_consumer, payment_body, sqs_record
+
+QUEUE = "consumer-queue"
+
+
+@pytest.fixture
+def backoff(sqs: Any, clock: Clock) -> VisibilityBackoff:
+    return VisibilityBackoff(sqs, base_seconds=2, max_seconds=300, logger=logging.getLogger("test"), clock=clock)
+
+
+@pytest.mark.parametrize(("receive_count", "expected"), [(1, 2), (2, 4), (4, 16), (9, 300), (40, 300)])
+def test_transient_failures_back_off_exponentially_by_receive_count(
+    backoff: VisibilityBackoff, receive_count: int, expected: int
+) -> None:
+    result = RecordResult("m", Outcome.RETRIED, "throttled")
+
+    assert backoff.delay_seconds(result, receive_count) == expected
+
+
+def test_a_record_in_flight_elsewhere_returns_when_that_lease_ends(backoff: VisibilityBackoff, clock: Clock) -> None:
+    lease_end_ms = int(clock.now * 1000) + 12_300
+
+    assert backoff.delay_seconds(RecordResult("m", Outcome.IN_FLIGHT, retry_at_ms=lease_end_ms), 1) == 13
+    assert backoff.delay_seconds(RecordResult("m", Outcome.IN_FLIGHT, retry_at_ms=lease_end_ms - 60_000), 1) == 0
+
+
+def test_queue_urls_are_derived_from_the_event_source_arn() -> None:
+    assert (
+        queue_url_from_arn("arn:aws:sqs:eu-west-1:123456789012:orders.fifo")
+        == "https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo"
+    )
+    with pytest.raises(ValueError, match="not an SQS queue ARN"):
+        queue_url_from_arn("arn:aws:sns:eu-west-1:123456789012:topic")
+
+
+def received(sqs: Any, count: int, visibility_timeout: int = 300) -> tuple[str, list[dict[str, Any]]]:
+    """Send ``count`` payments and receive them as Lambda would, with real receipt handles."""
+    attributes = {"VisibilityTimeout": str(visibility_timeout)}
+    url = sqs.create_queue(QueueName=QUEUE, Attributes=attributes)["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    for i in range(count):
+        sqs.send_message(QueueUrl=url, MessageBody=payment_body(f"p-{i}"))
+    messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    records = []
+    for message in messages:
+        record = sqs_record(message["MessageId"], message["Body"], queue_arn=arn)
+        record["receiptHandle"] = message["ReceiptHandle"]
+        records.append(record)
+    return url, records
+
+
+def visible(sqs: Any, url: str) -> set[str]:
+    messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0).get("Messages", [])
+    return {message["MessageId"] for message in messages}
+
+
+def with_backoff(consumer: Consumer, backoff: VisibilityBackoff) -> BatchProcessor:
+    return BatchProcessor(consumer.batch._processor, max_workers=1, deadline_margin_ms=3_000, backoff=backoff)
+
+
+def test_unstarted_records_are_made_visible_again_at_once(
+    dynamodb: Any, sqs: Any, clock: Clock, backoff: VisibilityBackoff
+) -> None:
+    url, records = received(sqs, 3)
+    batch = with_backoff(make_consumer(dynamodb, sqs, clock), backoff)
+
+    response = batch.process(records, Remaining(100)).response()
+
+    assert len(response["batchItemFailures"]) == 3
+    assert visible(sqs, url) == {record["messageId"] for record in records}
+
+
+def test_a_record_in_flight_elsewhere_stays_hidden_until_the_lease_ends(dynamodb: Any, sqs: Any) -> None:
+    # A queue whose visibility timeout is 0 would hand the record out again at once;
+    # the backoff hides it until the other worker's lease ends. The queue runs on real
+    # time, so the consumer does too here.
+    url, records = received(sqs, 1, visibility_timeout=0)
+    wall_clock = Clock(time.time())
+    consumer = make_consumer(dynamodb, sqs, wall_clock)
+    busy = consumer.store.claim("PaymentReceived#pay-p-0", _hash(records[0]["body"]), 120_000)
+    assert isinstance(busy, Claimed)
+    backoff = VisibilityBackoff(
+        sqs, base_seconds=2, max_seconds=300, logger=logging.getLogger("test"), clock=wall_clock
+    )
+    batch = with_backoff(consumer, backoff)
+
+    response = batch.process(records, Remaining()).response()
+
+    assert response["batchItemFailures"] == [{"itemIdentifier": records[0]["messageId"]}]
+    assert visible(sqs, url) == set()
+
+
+def test_a_failed_visibility_change_never_fails_the_batch(
+    dynamodb: Any, sqs: Any, clock: Clock, backoff: VisibilityBackoff, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, records = received(sqs, 1)
+    records[0]["eventSourceARN"] = "arn:aws:sqs:us-east-1:123456789012:deleted-queue"
+    batch = with_backoff(make_consumer(dynamodb, sqs, clock), backoff)
+
+    with caplog.at_level(logging.WARNING):
+        response = batch.process(records, Remaining(100)).response()
+
+    assert len(response["batchItemFailures"]) == 1
+    assert "visibility backoff not applied" in caplog.text
+
+
+def _hash(body: str) -> str:
+    return payload_hash(json.loads(body)["payload"])
