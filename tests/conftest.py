@@ -6,14 +6,17 @@ integration"`` runs without Java or the npm install.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from local.dynamodb_local import DynamoDBLocal
 from local.servers import LocalServers
+from local.stack import DeployedStack, deploy_stack
+from local.webhook import WebhookSink
 
-_STACK_FIXTURES = frozenset({"dynamodb_local", "local_stack"})
+_STACK_FIXTURES = frozenset({"dynamodb_local", "local_stack", "make_stack", "stack"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,3 +42,40 @@ def local_stack(dynamodb_local: DynamoDBLocal) -> Iterator[LocalServers]:
     """
     with LocalServers(dynamodb=dynamodb_local) as servers:
         yield servers
+
+
+@pytest.fixture(scope="session")
+def webhook_sink() -> Iterator[WebhookSink]:
+    """The receipt webhook sink on loopback; cleared before each test that deploys a stack."""
+    with WebhookSink() as sink:
+        yield sink
+
+
+@pytest.fixture
+def make_stack(local_stack: LocalServers, webhook_sink: WebhookSink) -> Iterator[Callable[..., DeployedStack]]:
+    """Deploy the template afresh (new names, empty tables and queues) with the function active.
+
+    ``make_stack(parameter_overrides={...}, template_path=...)``; ``.pollers(n)`` consumes
+    the queue as Lambda would. Pollers stop and the function's environment is restored at
+    teardown. One deployed stack's function is active at a time (the environment is
+    process-wide).
+    """
+    deployed: list[DeployedStack] = []
+    webhook_sink.clear()
+
+    def make(**options: Any) -> DeployedStack:
+        for previous in deployed:
+            previous.stop()
+        stack = deploy_stack(local_stack, webhook=webhook_sink, **options)
+        deployed.append(stack)
+        return stack
+
+    yield make
+    for stack in deployed:
+        stack.stop()
+
+
+@pytest.fixture
+def stack(make_stack: Callable[..., DeployedStack]) -> DeployedStack:
+    """The template with its defaults, deployed afresh for this test."""
+    return make_stack()

@@ -7,15 +7,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 
 from local.servers import LocalServers
 from local.template import TEMPLATE_PATH, Template, TemplateError, load_template
-
-
-def _write(path: Path, document: dict) -> Path:
-    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-    return path
+from tests.integration.template_copies import (
+    function_properties,
+    queue_properties,
+    sqs_event_properties,
+    template_copy,
+)
 
 
 def test_short_tags_become_intrinsic_functions(tmp_path: Path) -> None:
@@ -106,15 +106,13 @@ def test_template_defaults_are_applied(local_stack: LocalServers) -> None:
 
 def test_a_changed_copy_of_the_template_is_applied(local_stack: LocalServers, tmp_path: Path) -> None:
     # The copy is written back with long-form intrinsics ({"Ref": ...}), which must resolve too.
-    document = load_template()
-    queue = document["Resources"]["ConsumerQueue"]["Properties"]
-    queue["RedrivePolicy"]["maxReceiveCount"] = 7
-    queue["VisibilityTimeout"] = 45
-    event = document["Resources"]["ConsumerFunction"]["Properties"]["Events"]["Queue"]["Properties"]
-    event["BatchSize"] = 4
-    event["MaximumBatchingWindowInSeconds"] = 2
-    document["Resources"]["ConsumerFunction"]["Properties"]["Timeout"] = 12
-    copy = _write(tmp_path / "template.yaml", document)
+    def edit(document: dict) -> None:
+        queue_properties(document)["RedrivePolicy"]["maxReceiveCount"] = 7
+        queue_properties(document)["VisibilityTimeout"] = 45
+        sqs_event_properties(document).update(BatchSize=4, MaximumBatchingWindowInSeconds=2)
+        function_properties(document)["Timeout"] = 12
+
+    copy = template_copy(tmp_path, edit)
     (tmp_path / "src").mkdir()
 
     resources = local_stack.deploy(copy)

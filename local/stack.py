@@ -1,0 +1,85 @@
+"""The whole pipeline on one machine: servers, webhook sink, template resources, function, pollers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from local.function_runtime import FunctionRuntime
+from local.poller import BatchReport, Poller, PollerGroup, PollerStats
+from local.resources import LocalResources, QueueResource
+from local.servers import LocalServers
+from local.template import TEMPLATE_PATH
+from local.webhook import WebhookSink
+
+
+class DeployedStack:
+    """The template deployed on running servers, its function active in this process.
+
+    Build one with ``deploy_stack``; ``pollers(n)`` feeds the queue to the function the way
+    Lambda's event source mapping would.
+    """
+
+    def __init__(self, servers: LocalServers, resources: LocalResources, runtime: FunctionRuntime) -> None:
+        self.servers = servers
+        self.resources = resources
+        self.runtime = runtime
+        self.function = runtime.function
+        self.trigger = self.function.triggers[0]
+        self.queue: QueueResource = resources.queues[self.trigger.queue_logical_id]
+        self.stats = PollerStats()
+        self._sqs = servers.client("sqs", max_pool_connections=50, timeout_s=30.0)
+        self._groups: list[PollerGroup] = []
+
+    @property
+    def dead_letter_queue(self) -> QueueResource:
+        """The queue the redrive policy of the function's queue names."""
+        redrive = json.loads(self.queue.attributes["RedrivePolicy"])
+        return self.resources.queue_by_arn(redrive["deadLetterTargetArn"])
+
+    def table_name(self, logical_id: str) -> str:
+        return self.resources.tables[logical_id].name
+
+    def poller(self, on_batch: Callable[[BatchReport], None] | None = None) -> Poller:
+        def record(report: BatchReport) -> None:
+            self.stats.add(report)
+            if on_batch is not None:
+                on_batch(report)
+
+        return Poller(self._sqs, self.queue, self.trigger, self.runtime, on_batch=record)
+
+    def pollers(self, count: int, on_batch: Callable[[BatchReport], None] | None = None) -> PollerGroup:
+        """``count`` pollers running in threads; stopped with the stack, or by ``stop()`` on the group."""
+        group = PollerGroup([self.poller(on_batch) for _ in range(count)]).start()
+        self._groups.append(group)
+        return group
+
+    def stop(self) -> None:
+        for group in self._groups:
+            group.stop()
+        self._groups.clear()
+        self.runtime.deactivate()
+
+
+def deploy_stack(
+    servers: LocalServers,
+    *,
+    template_path: Path = TEMPLATE_PATH,
+    stack_name: str | None = None,
+    parameter_overrides: Mapping[str, Any] | None = None,
+    webhook: WebhookSink | None = None,
+    function_logical_id: str | None = None,
+) -> DeployedStack:
+    """Create the template's resources and activate its function against them.
+
+    With a ``webhook`` sink, ``ReceiptWebhookUrl`` points at it unless overridden.
+    """
+    overrides = dict(parameter_overrides or {})
+    if webhook is not None:
+        overrides.setdefault("ReceiptWebhookUrl", webhook.receipts_url)
+    resources = servers.deploy(template_path, stack_name=stack_name, parameter_overrides=overrides)
+    function = resources.function(function_logical_id)
+    runtime = FunctionRuntime(function, servers.function_environment(function)).activate()
+    return DeployedStack(servers, resources, runtime)

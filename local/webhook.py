@@ -1,0 +1,153 @@
+"""A receipt webhook sink on loopback: records every POST and answers as a test tells it to.
+
+``GET /requests`` returns what was received as JSON (for ``make run`` users and other
+processes); in-process, ``WebhookSink.received`` does the same. ``answer_next`` plans
+the next answers (status and delay), so tests can make the downstream fail, stall or
+reject; once the plan runs out every POST gets ``default_status``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from local.processes import LOOPBACK
+
+_MAX_BODY_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int = HTTPStatus.OK
+    delay_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ReceivedRequest:
+    path: str
+    idempotency_key: str | None
+    body: str
+    headers: dict[str, str]
+    status: int
+    received_at: float
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class WebhookSink:
+    """An HTTP server on 127.0.0.1 in a daemon thread of this process."""
+
+    def __init__(self, default_status: int = HTTPStatus.OK) -> None:
+        self.default_status = default_status
+        self._lock = threading.Lock()
+        self._received: list[ReceivedRequest] = []
+        self._plan: deque[Answer] = deque()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL; POST to any path under it."""
+        if self._server is None:
+            raise RuntimeError("the webhook sink is not running")
+        return f"http://{LOOPBACK}:{self._server.server_address[1]}"
+
+    @property
+    def receipts_url(self) -> str:
+        return f"{self.url}/receipts"
+
+    def received(self) -> list[ReceivedRequest]:
+        with self._lock:
+            return list(self._received)
+
+    def answer_next(self, *answers: Answer) -> None:
+        """Answer the next POSTs with these, in order, then with ``default_status`` again."""
+        with self._lock:
+            self._plan.extend(answers)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._received.clear()
+            self._plan.clear()
+
+    def start(self) -> WebhookSink:
+        self._server = ThreadingHTTPServer((LOOPBACK, 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="webhook-sink", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server, self._thread = None, None
+
+    def __enter__(self) -> WebhookSink:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _next_answer(self) -> Answer:
+        with self._lock:
+            return self._plan.popleft() if self._plan else Answer(self.default_status)
+
+    def _record(self, request: ReceivedRequest) -> None:
+        with self._lock:
+            self._received.append(request)
+
+
+def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            length = min(int(self.headers.get("Content-Length") or 0), _MAX_BODY_BYTES)
+            body = self.rfile.read(length).decode("utf-8", "replace")
+            answer = sink._next_answer()
+            sink._record(
+                ReceivedRequest(
+                    path=self.path,
+                    idempotency_key=self.headers.get("Idempotency-Key"),
+                    body=body,
+                    headers=dict(self.headers.items()),
+                    status=int(answer.status),
+                    received_at=time.time(),
+                )
+            )
+            if answer.delay_s:
+                time.sleep(answer.delay_s)
+            self._reply(answer.status, {"status": int(answer.status)})
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/") != "/requests":
+                self._reply(HTTPStatus.NOT_FOUND, {"error": "GET /requests lists what was received"})
+                return
+            self._reply(HTTPStatus.OK, [asdict(request) for request in sink.received()])
+
+        def _reply(self, status: int, document: Any) -> None:
+            payload = json.dumps(document).encode("utf-8")
+            # The caller may have given up (a delay past its timeout): nothing to tell it then.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            # Quiet: requests are recorded, not printed over the pollers' output.
+            return
+
+    return Handler
