@@ -1,0 +1,156 @@
+"""Several consumers on the same keys at once, against DynamoDB Local.
+
+Each consumer is wired exactly as the function is (``consumer.app.wire``), with its
+own boto3 session, as separate Lambda containers would be. They get the same
+messages under different message ids (SQS redelivery and producer resends) at the
+same time; failures are redelivered until none remain, as SQS would.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+
+from consumer.app import wire
+from consumer.batch import BatchProcessor
+from consumer.config import Settings
+from local.servers import LocalServers
+from tests.unit.conftest import Remaining, payment_body, receipt_body, sqs_record
+from tests.unit.webhook import Webhook, running_webhook
+
+CONSUMERS = 4
+BATCH_SIZE = 10
+MAX_REDELIVERIES = 15
+
+
+@pytest.fixture
+def settings(local_stack: LocalServers, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
+    resources = local_stack.deploy()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", local_stack.dynamodb_endpoint_url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", local_stack.sqs_endpoint_url)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "local")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "local")
+    yield Settings(
+        idempotency_table_name=resources.tables["IdempotencyTable"].name,
+        ledger_table_name=resources.tables["LedgerTable"].name,
+        dead_letter_queue_url=resources.queues["ConsumerDeadLetterQueue"].url,
+        receipt_webhook_url="",
+        max_workers=4,
+        lease_min_ms=1_000,
+    )
+
+
+def consumers(settings: Settings) -> list[BatchProcessor]:
+    return [wire(settings, boto3.session.Session()) for _ in range(CONSUMERS)]
+
+
+def deliver_until_done(consumer: BatchProcessor, records: list[dict[str, Any]], failures: Counter[str]) -> None:
+    """Process in batches; redeliver what was reported failed, as SQS would."""
+    pending = records
+    for delivery in range(MAX_REDELIVERIES):
+        retry: list[dict[str, Any]] = []
+        for start in range(0, len(pending), BATCH_SIZE):
+            batch = pending[start : start + BATCH_SIZE]
+            failed = [f["itemIdentifier"] for f in consumer.process(batch, Remaining()).response()["batchItemFailures"]]
+            ids = {record["messageId"] for record in batch}
+            assert set(failed) <= ids, "batchItemFailures named an id outside its batch"
+            failures.update(failed)
+            retry.extend(record for record in batch if record["messageId"] in failed)
+        if not retry:
+            return
+        pending = [
+            {**record, "attributes": {**record["attributes"], "ApproximateReceiveCount": str(delivery + 2)}}
+            for record in retry
+        ]
+    raise AssertionError(f"{len(pending)} records still failing after {MAX_REDELIVERIES} deliveries")
+
+
+def run_concurrently(settings: Settings, bodies: list[str]) -> Counter[str]:
+    failures: Counter[str] = Counter()
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(CONSUMERS)
+
+    def work(index: int, consumer: BatchProcessor) -> None:
+        # Every consumer gets every message, in its own order and under its own ids.
+        order = list(range(len(bodies)))
+        random.Random(index).shuffle(order)
+        records = [sqs_record(f"c{index}-m{i}", bodies[i]) for i in order]
+        barrier.wait()
+        try:
+            deliver_until_done(consumer, records, failures)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i, c)) for i, c in enumerate(consumers(settings))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    return failures
+
+
+def scan(client: Any, table: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
+    while True:
+        page = client.scan(**kwargs)
+        items.extend(page["Items"])
+        if "LastEvaluatedKey" not in page:
+            return items
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def test_concurrent_consumers_credit_each_payment_exactly_once(settings: Settings, local_stack: LocalServers) -> None:
+    rng = random.Random(7)
+    payments = [(f"p-{i}", f"acc-{i % 4}", rng.randint(1, 10_000)) for i in range(60)]
+    bodies = [payment_body(pid, account_id=acc, amount=amount) for pid, acc, amount in payments]
+
+    run_concurrently(settings, bodies)
+
+    dynamodb = local_stack.client("dynamodb")
+    ledger = scan(dynamodb, settings.ledger_table_name)
+    balances = {i["accountId"]["S"]: int(i["balanceCents"]["N"]) for i in ledger if i["entryId"]["S"] == "BALANCE"}
+    expected: Counter[str] = Counter()
+    for _, account, amount in payments:
+        expected[account] += amount
+    assert balances == dict(expected)
+    entries = sorted(i["entryId"]["S"] for i in ledger if i["entryId"]["S"].startswith("PAYMENT#"))
+    assert entries == sorted(f"PAYMENT#{pid}" for pid, _, _ in payments)
+    records = scan(dynamodb, settings.idempotency_table_name)
+    assert len(records) == len(payments)
+    assert {record["status"]["S"] for record in records} == {"COMPLETED"}
+
+
+@pytest.fixture
+def webhook() -> Iterator[Webhook]:
+    with running_webhook() as hook:
+        yield hook
+
+
+def test_concurrent_consumers_post_each_receipt_once(
+    settings: Settings, local_stack: LocalServers, webhook: Webhook
+) -> None:
+    settings = Settings(**{**settings.__dict__, "receipt_webhook_url": webhook.url})
+    webhook.delay_s = 0.02  # long enough for the others to find the claim in flight
+    bodies = [receipt_body(str(i)) for i in range(20)]
+
+    failures = run_concurrently(settings, bodies)
+
+    calls = Counter(webhook.keys())
+    assert calls == Counter({f"receipt-{i}": 1 for i in range(20)})
+    assert sum(failures.values()) > 0, "no consumer ever found a claim in flight: the test raced nothing"
+    dynamodb = local_stack.client("dynamodb")
+    receipts = [i for i in scan(dynamodb, settings.ledger_table_name) if i["entryId"]["S"].startswith("RECEIPT#")]
+    assert len(receipts) == 20
+    records = scan(dynamodb, settings.idempotency_table_name)
+    assert {record["status"]["S"] for record in records} == {"COMPLETED"}
+    assert all(json.loads(record["result"]["S"])["webhookStatus"] == 200 for record in records)
