@@ -47,7 +47,7 @@ lint: venv ## ruff (lint and format check)
 .PHONY: validate
 validate: venv $(SAM_VENV)/.installed ## cfn-lint on template.yaml and its transformed form, sam validate --lint
 	$(VENV)/bin/cfn-lint template.yaml
-	$(SAM) validate --lint --region $(REGION) --template-file template.yaml
+	SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --region $(REGION) --template-file template.yaml
 
 .PHONY: test
 test: lint validate node_modules/.installed ## everything CI runs: lint, template checks, unit, infrastructure and integration tests
@@ -55,7 +55,7 @@ test: lint validate node_modules/.installed ## everything CI runs: lint, templat
 
 .PHONY: build
 build: $(SAM_VENV)/.installed ## sam build (the deployable artifact in .aws-sam/)
-	PATH="$(BUILD_PATH)" $(SAM) build --template-file template.yaml
+	PATH="$(BUILD_PATH)" SAM_CLI_TELEMETRY=0 $(SAM) build --template-file template.yaml
 
 .PHONY: deploy
 deploy: build ## sam deploy (uses samconfig.toml; add --guided the first time: make deploy ARGS=--guided)

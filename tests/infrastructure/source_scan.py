@@ -1,0 +1,140 @@
+"""What the deployed code asks of AWS, read from its source (no import, no execution).
+
+The function's permissions are derived from this, so a new boto3 call or a new kind of
+business write shows up here before it shows up as AccessDenied in production.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import botocore.session
+from botocore import xform_name
+
+from tests.infrastructure.template import REPO_ROOT
+
+PACKAGE_ROOT = REPO_ROOT / "src" / "consumer"
+
+# A TransactWriteItems item kind -> the IAM action that authorizes it (IAM checks each item).
+TRANSACTION_ITEM_ACTIONS = {
+    "Put": "PutItem",
+    "Update": "UpdateItem",
+    "Delete": "DeleteItem",
+    "ConditionCheck": "ConditionCheckItem",
+}
+
+
+@dataclass(frozen=True)
+class OperationUse:
+    service: str  # botocore service name, e.g. "dynamodb"
+    operation: str  # API operation, e.g. "UpdateItem"
+    module: str  # path relative to src/, e.g. "consumer/idempotency/store.py"
+    function: str  # the enclosing function or method, e.g. "IdempotencyStore.claim"
+
+
+def package_modules(root: Path = PACKAGE_ROOT) -> dict[str, ast.Module]:
+    """Each module of the package at ``root``, by its path relative to src/ (``consumer/app.py``)."""
+    return {
+        path.relative_to(root.parent).as_posix(): ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for path in sorted(root.rglob("*.py"))
+    }
+
+
+def client_services(root: Path = PACKAGE_ROOT) -> set[str]:
+    """Services the code creates clients for: ``<session or boto3>.client("<service>", ...)``."""
+    services: set[str] = set()
+    for tree in package_modules(root).values():
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "client"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                services.add(node.args[0].value)
+    return services
+
+
+@cache
+def _operations_by_method_name(service: str) -> dict[str, str]:
+    model = botocore.session.get_session().get_service_model(service)
+    return {xform_name(operation): operation for operation in model.operation_names}
+
+
+def operation_uses(root: Path = PACKAGE_ROOT) -> list[OperationUse]:
+    """Every reference to a client operation (``client.update_item``, called or passed on)."""
+    services = sorted(client_services(root))
+    uses: list[OperationUse] = []
+    for module, tree in package_modules(root).items():
+        for function, node in _attributes_with_enclosing_function(tree):
+            for service in services:
+                operation = _operations_by_method_name(service).get(node.attr)
+                if operation is not None:
+                    uses.append(OperationUse(service, operation, module, function))
+    return uses
+
+
+def _attributes_with_enclosing_function(tree: ast.Module) -> list[tuple[str, ast.Attribute]]:
+    found: list[tuple[str, ast.Attribute]] = []
+
+    def visit(node: ast.AST, scope: tuple[str, ...]) -> None:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            scope = (*scope, node.name)
+        if isinstance(node, ast.Attribute):
+            found.append((".".join(scope) or "<module>", node))
+        for child in ast.iter_child_nodes(node):
+            visit(child, scope)
+
+    visit(tree, ())
+    return found
+
+
+def transaction_item_kinds(module: str, root: Path = PACKAGE_ROOT) -> set[str]:
+    """Item kinds a module writes into ``TransactItems=[{"Update": ...}, ...]`` literally."""
+    kinds: set[str] = set()
+    for node in ast.walk(package_modules(root)[module]):
+        if isinstance(node, ast.keyword) and node.arg == "TransactItems":
+            for inner in ast.walk(node.value):
+                if isinstance(inner, ast.Dict):
+                    kinds.update(
+                        key.value
+                        for key in inner.keys
+                        if isinstance(key, ast.Constant) and key.value in TRANSACTION_ITEM_ACTIONS
+                    )
+    return kinds
+
+
+def business_write_kinds(package: str, root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
+    """Write classes (Put, Update, ...) each module under ``package`` constructs, by module."""
+    kinds: dict[str, set[str]] = defaultdict(set)
+    for module, tree in package_modules(root).items():
+        if not module.startswith(package):
+            continue
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in TRANSACTION_ITEM_ACTIONS
+            ):
+                kinds[module].add(node.func.id)
+    return dict(kinds)
+
+
+def calls_on_names_containing(word: str, method: str, root: Path = PACKAGE_ROOT) -> list[str]:
+    """Places that call ``<something named *word*>.<method>(...)``, e.g. ``self._store.get(...)``."""
+    found: list[str] = []
+    for module, tree in package_modules(root).items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method):
+                continue
+            target = node.func.value
+            name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+            if word in name.lower():
+                found.append(f"{module}:{node.lineno}")
+    return found

@@ -1,0 +1,135 @@
+"""The function, its event source mapping, its environment and its logs."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import itertools
+import re
+from typing import Any
+
+from consumer.config import Settings
+from tests.infrastructure.source_scan import package_modules
+from tests.infrastructure.template import (
+    REPO_ROOT,
+    Resolver,
+    ResourceRef,
+    event_source_mapping,
+    parameter_candidates,
+    parameter_name,
+    properties,
+)
+
+# Lambda's SQS rule: more than 10 records per batch needs a batching window of at least 1 s.
+SQS_UNWINDOWED_MAX_BATCH = 10
+MAXIMUM_CONCURRENCY_RANGE = range(2, 1001)
+_VARIABLE_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
+# The variables the function is documented to take from its stack.
+STACK_PROVIDED_VARIABLES = {
+    "IDEMPOTENCY_TABLE_NAME",
+    "LEDGER_TABLE_NAME",
+    "DEAD_LETTER_QUEUE_URL",
+    "RECEIPT_WEBHOOK_URL",
+    "IDEMPOTENCY_TTL_SECONDS",
+    "POWERTOOLS_SERVICE_NAME",
+    "POWERTOOLS_METRICS_NAMESPACE",
+    "POWERTOOLS_LOG_LEVEL",
+}
+
+
+def _variables_the_code_reads() -> set[str]:
+    """Names passed to ``env.get``, ``os.environ.get``, ``_required`` or ``_positive_int`` in src/consumer."""
+    readers = {"get", "_required", "_positive_int"}
+    names: set[str] = set()
+    for tree in package_modules().values():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if called in readers:
+                names.update(
+                    arg.value
+                    for arg in node.args
+                    if isinstance(arg, ast.Constant)
+                    and isinstance(arg.value, str)
+                    and _VARIABLE_NAME.fullmatch(arg.value)
+                )
+    return names
+
+
+def _as_environment_value(value: Any) -> str:
+    """What Lambda would put in the variable, with a stand-in for values known only after deployment."""
+    if isinstance(value, ResourceRef):
+        return f"{value.logical_id}-after-deployment"
+    return str(value)
+
+
+def test_function_runs_the_handler_on_python_3_12_arm64(
+    source_template: dict[str, Any], transformed_template: dict[str, Any]
+) -> None:
+    function = properties(transformed_template, "ConsumerFunction")
+    assert function["Runtime"] == "python3.12"
+    assert function["Architectures"] == ["arm64"]
+    assert function["Role"] == {"Fn::GetAtt": ["ConsumerFunctionRole", "Arn"]}
+
+    code_uri = properties(source_template, "ConsumerFunction")["CodeUri"]
+    module_name, _, attribute = function["Handler"].rpartition(".")
+    assert (REPO_ROOT / code_uri / (module_name.replace(".", "/") + ".py")).is_file()
+    assert callable(getattr(importlib.import_module(module_name), attribute))
+
+
+def test_queue_drives_the_function_with_partial_batch_responses(
+    transformed_template: dict[str, Any], resolver: Resolver
+) -> None:
+    mapping = resolver.resolve(event_source_mapping(transformed_template))
+    assert mapping["EventSourceArn"] == ResourceRef("ConsumerQueue", "Arn")
+    assert mapping["FunctionName"] == ResourceRef("ConsumerFunction")
+    assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert mapping["BatchSize"] == 10
+    assert mapping["MaximumBatchingWindowInSeconds"] in {0, 1}
+    assert mapping["ScalingConfig"] == {"MaximumConcurrency": 5}
+
+
+def test_every_allowed_batching_setting_is_one_lambda_accepts(transformed_template: dict[str, Any]) -> None:
+    mapping = event_source_mapping(transformed_template)
+    batch_sizes = parameter_candidates(transformed_template, parameter_name(mapping["BatchSize"]))
+    windows = parameter_candidates(transformed_template, parameter_name(mapping["MaximumBatchingWindowInSeconds"]))
+    for batch_size, window in itertools.product(batch_sizes, windows):
+        assert batch_size <= SQS_UNWINDOWED_MAX_BATCH or window >= 1, (batch_size, window)
+    for concurrency in parameter_candidates(
+        transformed_template, parameter_name(mapping["ScalingConfig"]["MaximumConcurrency"])
+    ):
+        assert concurrency in MAXIMUM_CONCURRENCY_RANGE
+
+
+def test_environment_provides_what_the_function_reads_and_nothing_it_does_not(
+    transformed_template: dict[str, Any],
+) -> None:
+    variables = set(properties(transformed_template, "ConsumerFunction")["Environment"]["Variables"])
+    assert variables >= STACK_PROVIDED_VARIABLES
+    # A misspelt name is silently ignored by the code; here it is an error.
+    unread = {name for name in variables - _variables_the_code_reads() if not name.startswith("POWERTOOLS_")}
+    assert unread == set()
+
+
+def test_environment_at_the_defaults_is_accepted_by_the_settings(
+    transformed_template: dict[str, Any], resolver: Resolver
+) -> None:
+    variables = resolver.resolve(properties(transformed_template, "ConsumerFunction")["Environment"]["Variables"])
+    settings = Settings.from_env({name: _as_environment_value(value) for name, value in variables.items()})
+    assert settings.idempotency_table_name == "IdempotencyTable-after-deployment"
+    assert settings.ledger_table_name == "LedgerTable-after-deployment"
+    assert settings.dead_letter_queue_url == "ConsumerDeadLetterQueue-after-deployment"
+    assert settings.idempotency_ttl_seconds == 7 * 24 * 3600
+    assert settings.receipt_webhook_url == ""
+
+
+def test_function_logs_to_its_own_log_group_with_bounded_retention(
+    transformed_template: dict[str, Any], resolver: Resolver
+) -> None:
+    function = resolver.resolve(properties(transformed_template, "ConsumerFunction"))
+    assert function["LoggingConfig"]["LogGroup"] == ResourceRef("ConsumerLogGroup")
+    log_group = properties(transformed_template, "ConsumerLogGroup")
+    assert resolver.resolve(log_group["RetentionInDays"]) == 30
+    retention_parameter = parameter_name(log_group["RetentionInDays"])
+    assert Resolver(transformed_template, {retention_parameter: 90}).resolve(log_group["RetentionInDays"]) == 90

@@ -1,0 +1,58 @@
+"""The function's role: every statement names one of the stack's resources, nothing more."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.infrastructure.template import (
+    EVENT_SOURCE_POLLING,
+    Resolver,
+    as_list,
+    grants_by_resource,
+    policy_statements,
+    properties,
+    resources_of_type,
+)
+
+ROLE = "ConsumerFunctionRole"
+
+
+def test_function_assumes_the_stacks_own_role_with_no_managed_policies(transformed_template: dict[str, Any]) -> None:
+    assert properties(transformed_template, "ConsumerFunction")["Role"] == {"Fn::GetAtt": [ROLE, "Arn"]}
+    role = properties(transformed_template, ROLE)
+    assert role.get("ManagedPolicyArns", []) == []
+    (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
+    assert trust == {"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}
+
+
+def test_no_statement_in_the_stack_uses_a_wildcard(transformed_template: dict[str, Any]) -> None:
+    resolver = Resolver(transformed_template)
+    roles = resources_of_type(transformed_template, "AWS::IAM::Role")
+    assert roles, "the stack should create the function's role"
+    for role_id in roles:
+        for statement in policy_statements(transformed_template, role_id):
+            assert "NotAction" not in statement and "NotResource" not in statement, statement
+            for action in as_list(statement["Action"]):
+                assert "*" not in action, (role_id, statement.get("Sid"), action)
+            for resource in as_list(resolver.resolve(statement["Resource"])):
+                assert not (isinstance(resource, str) and "*" in resource), (role_id, statement.get("Sid"), resource)
+
+
+def test_only_the_dead_letter_queue_receives_messages_from_the_function(transformed_template: dict[str, Any]) -> None:
+    grants = grants_by_resource(transformed_template, ROLE)
+    senders = {resource for resource, actions in grants.items() if "sqs:SendMessage" in actions}
+    assert senders == {"ConsumerDeadLetterQueue"}
+
+
+def test_event_source_polls_only_the_consumer_queue(transformed_template: dict[str, Any]) -> None:
+    grants = grants_by_resource(transformed_template, ROLE)
+    pollers = {resource for resource, actions in grants.items() if actions & EVENT_SOURCE_POLLING}
+    assert pollers == {"ConsumerQueue"}
+    assert grants["ConsumerQueue"] >= EVENT_SOURCE_POLLING
+
+
+def test_function_writes_only_its_own_log_group(transformed_template: dict[str, Any]) -> None:
+    grants = grants_by_resource(transformed_template, ROLE)
+    writers = {resource for resource, actions in grants.items() if any(a.startswith("logs:") for a in actions)}
+    assert writers == {"ConsumerLogGroup"}
+    assert grants["ConsumerLogGroup"] == {"logs:CreateLogStream", "logs:PutLogEvents"}

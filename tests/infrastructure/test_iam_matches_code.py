@@ -1,0 +1,95 @@
+"""The role grants exactly what the deployed code calls, read from src/consumer.
+
+A new boto3 call or a new kind of business write without its permission fails here,
+and so does a permission nothing calls any more. Where an operation lands:
+
+- DynamoDB operations live in the idempotency store and act on the idempotency table;
+  TransactWriteItems is authorized per item, by the item kinds the store puts in it.
+- The handlers' business writes (Put, Update, ...) act on the ledger table, inside the
+  store's transaction.
+- SQS operations in ``dead_letter.py`` act on the dead-letter queue, any other on the
+  consumer queue; a batch operation needs the single-message action.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from tests.infrastructure.source_scan import (
+    PACKAGE_ROOT,
+    TRANSACTION_ITEM_ACTIONS,
+    business_write_kinds,
+    calls_on_names_containing,
+    operation_uses,
+    transaction_item_kinds,
+)
+from tests.infrastructure.template import EVENT_SOURCE_POLLING, grants_by_resource
+
+ROLE = "ConsumerFunctionRole"
+IDEMPOTENCY_STORE = "consumer/idempotency/store.py"
+DEAD_LETTER = "consumer/dead_letter.py"
+HANDLERS = "consumer/handlers/"
+LOGGING = {"ConsumerLogGroup": {"logs:CreateLogStream", "logs:PutLogEvents"}}
+# Operations present in the code that the function itself never performs: (service, operation) -> where.
+OPERATOR_ONLY = {("dynamodb", "GetItem"): "IdempotencyStore.get"}
+
+
+def required_grants(root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
+    """IAM actions per stack resource that the code at ``root`` needs."""
+    required: dict[str, set[str]] = defaultdict(set)
+    for use in operation_uses(root):
+        if OPERATOR_ONLY.get((use.service, use.operation)) == use.function:
+            continue
+        if use.service == "dynamodb":
+            assert use.module == IDEMPOTENCY_STORE, f"{use}: which table does it act on? Map it in this test."
+            if use.operation == "TransactWriteItems":
+                kinds = transaction_item_kinds(IDEMPOTENCY_STORE, root)
+                required["IdempotencyTable"].update(f"dynamodb:{TRANSACTION_ITEM_ACTIONS[kind]}" for kind in kinds)
+            else:
+                required["IdempotencyTable"].add(f"dynamodb:{use.operation}")
+        elif use.service == "sqs":
+            queue = "ConsumerDeadLetterQueue" if use.module == DEAD_LETTER else "ConsumerQueue"
+            # SQS authorizes SendMessageBatch, DeleteMessageBatch, ... by the single-message action.
+            required[queue].add(f"sqs:{use.operation.removesuffix('Batch')}")
+        else:
+            raise AssertionError(f"{use}: no resource mapping for {use.service}; add one to this test")
+    for kinds in business_write_kinds(HANDLERS, root).values():
+        required["LedgerTable"].update(f"dynamodb:{TRANSACTION_ITEM_ACTIONS[kind]}" for kind in kinds)
+    return dict(required)
+
+
+def _expected_grants(root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
+    expected = {**required_grants(root), **LOGGING}
+    expected["ConsumerQueue"] = expected.get("ConsumerQueue", set()) | EVENT_SOURCE_POLLING
+    return expected
+
+
+def test_role_grants_exactly_what_the_code_calls(transformed_template: dict[str, Any]) -> None:
+    assert grants_by_resource(transformed_template, ROLE) == _expected_grants()
+
+
+def test_operator_only_operations_are_not_reachable_from_the_function() -> None:
+    uses = operation_uses()
+    for (service, operation), function in OPERATOR_ONLY.items():
+        places = {use.function for use in uses if (use.service, use.operation) == (service, operation)}
+        # A stale entry, or the operation moving into a method the function calls, must be noticed.
+        assert places == {function}, (operation, places)
+    assert calls_on_names_containing("store", "get") == []
+
+
+def test_a_new_call_without_its_permission_is_caught(tmp_path: Path, transformed_template: dict[str, Any]) -> None:
+    copy = tmp_path / "consumer"
+    shutil.copytree(PACKAGE_ROOT, copy)
+    dead_letter = copy / "dead_letter.py"
+    dead_letter.write_text(
+        dead_letter.read_text(encoding="utf-8")
+        + "\n\ndef empty_the_dead_letter_queue(sqs, url):\n"
+        + "    sqs.purge_queue(QueueUrl=url)\n",
+        encoding="utf-8",
+    )
+    expected = _expected_grants(copy)
+    assert "sqs:PurgeQueue" in expected["ConsumerDeadLetterQueue"]
+    assert grants_by_resource(transformed_template, ROLE) != expected
