@@ -1,0 +1,49 @@
+"""An optimistic handler of your own: debit an account when a refund is issued.
+
+Copy this file to ``src/consumer/handlers/``, add the handler to ``build_handlers`` in
+``src/consumer/handlers/__init__.py``, and messages with ``"eventType": "RefundIssued"``
+are applied exactly once. ``tests/unit/test_examples.py`` runs it.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
+from consumer.idempotency.writes import Put, Update
+
+
+class RefundIssued(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    refundId: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    accountId: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    amountCents: StrictInt = Field(gt=0)
+
+
+class RefundIssuedHandler(MessageHandler[RefundIssued]):
+    event_type: ClassVar[str] = "RefundIssued"
+    # Pure: it only returns writes, so one transaction applies them with the record.
+    mode: ClassVar[Mode] = Mode.OPTIMISTIC
+    payload_model: ClassVar[type[BaseModel]] = RefundIssued
+
+    def __init__(self, ledger_table: str) -> None:
+        self._table = ledger_table
+
+    def handle(self, payload: RefundIssued, context: MessageContext) -> Effect:
+        debit = Update(
+            table=self._table,
+            key={"accountId": payload.accountId, "entryId": "BALANCE"},
+            expression="ADD balanceCents :amount",
+            # Refuse a refund larger than the balance: the message goes to the DLQ.
+            condition="balanceCents >= :refund",
+            values={":amount": -payload.amountCents, ":refund": payload.amountCents},
+        )
+        entry = Put(
+            table=self._table,
+            item={"accountId": payload.accountId, "entryId": f"REFUND#{payload.refundId}"},
+            condition="attribute_not_exists(entryId)",
+        )
+        return Effect(result={"refundedCents": payload.amountCents}, writes=(debit, entry))
