@@ -2,8 +2,9 @@
 
 ``GET /requests`` returns what was received as JSON (for ``make run`` users and other
 processes); in-process, ``WebhookSink.received`` does the same. ``answer_next`` plans
-the next answers (status and delay), so tests can make the downstream fail, stall or
-reject; once the plan runs out every POST gets ``default_status``.
+the next answers (status and delay), for any request or for one ``Idempotency-Key``,
+so tests can make the downstream fail, stall or reject; once a plan runs out the POST
+gets ``default_status``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class WebhookSink:
         self._lock = threading.Lock()
         self._received: list[ReceivedRequest] = []
         self._plan: deque[Answer] = deque()
+        self._plans_by_key: dict[str, deque[Answer]] = {}
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -68,15 +70,17 @@ class WebhookSink:
         with self._lock:
             return list(self._received)
 
-    def answer_next(self, *answers: Answer) -> None:
-        """Answer the next POSTs with these, in order, then with ``default_status`` again."""
+    def answer_next(self, *answers: Answer, key: str | None = None) -> None:
+        """Answer the next POSTs (those with this ``Idempotency-Key``, if given) with these, in order."""
         with self._lock:
-            self._plan.extend(answers)
+            plan = self._plan if key is None else self._plans_by_key.setdefault(key, deque())
+            plan.extend(answers)
 
     def clear(self) -> None:
         with self._lock:
             self._received.clear()
             self._plan.clear()
+            self._plans_by_key.clear()
 
     def start(self) -> WebhookSink:
         self._server = ThreadingHTTPServer((LOOPBACK, 0), _handler_for(self))
@@ -99,9 +103,12 @@ class WebhookSink:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _next_answer(self) -> Answer:
+    def _next_answer(self, key: str | None) -> Answer:
         with self._lock:
-            return self._plan.popleft() if self._plan else Answer(self.default_status)
+            for plan in (self._plans_by_key.get(key or ""), self._plan):
+                if plan:
+                    return plan.popleft()
+            return Answer(self.default_status)
 
     def _record(self, request: ReceivedRequest) -> None:
         with self._lock:
@@ -115,7 +122,7 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = min(int(self.headers.get("Content-Length") or 0), _MAX_BODY_BYTES)
             body = self.rfile.read(length).decode("utf-8", "replace")
-            answer = sink._next_answer()
+            answer = sink._next_answer(self.headers.get("Idempotency-Key"))
             sink._record(
                 ReceivedRequest(
                     path=self.path,

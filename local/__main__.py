@@ -1,0 +1,3 @@
+from local.cli import main
+
+raise SystemExit(main())

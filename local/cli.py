@@ -1,0 +1,253 @@
+"""``python -m local <command>``: run, send, invoke, dlq, redrive, demo (wired to make targets)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from local import dead_letters, state, workload
+from local.aws import DUMMY_CREDENTIALS_ENV, client
+from local.event_files import load_event, messages_from_event
+from local.function_output import send_stdout_to
+from local.function_runtime import FunctionRuntime
+from local.poller import BatchReport
+from local.session import FUNCTION_LOG, running_stack
+from local.stack import DeployedStack
+from local.webhook import WebhookSink
+
+NOT_RUNNING = "no local stack is running: start one with `make run` (in another terminal)"
+EXAMPLE_BODY = workload.payment("pay-2024-000017", "p-17", "acc-1", 1250).body
+
+
+def _parameters(pairs: list[str]) -> dict[str, str]:
+    parsed = {}
+    for pair in pairs:
+        name, separator, value = pair.partition("=")
+        if not separator:
+            raise SystemExit(f"--param takes Name=Value, got {pair!r}")
+        parsed[name] = value
+    return parsed
+
+
+def _running() -> state.StackState:
+    running = state.read()
+    if running is None:
+        raise SystemExit(NOT_RUNNING)
+    return running
+
+
+# -- run ---------------------------------------------------------------------------------
+
+
+def _banner(stack: DeployedStack, sink: WebhookSink, pollers: int) -> str:
+    credentials = " ".join(f"{name}={value}" for name, value in DUMMY_CREDENTIALS_ENV.items() if name != "AWS_REGION")
+    send_cli = (
+        f"{credentials} \\\n    .venv/bin/aws sqs send-message --endpoint-url {stack.servers.sqs_endpoint_url} \\\n"
+        f"    --queue-url {stack.queue.url} \\\n    --message-body {shlex.quote(EXAMPLE_BODY)}"
+    )
+    tables = "  ".join(f"{logical}={table.name}" for logical, table in stack.resources.tables.items())
+    return f"""
+Local stack "{stack.resources.stack_name}" is running. Ctrl-C stops it and every process it started.
+  SQS (moto server)   {stack.servers.sqs_endpoint_url}
+  DynamoDB Local      {stack.servers.dynamodb_endpoint_url}
+  queue               {stack.queue.url}
+  dead-letter queue   {stack.dead_letter_queue.url}
+  tables              {tables}
+  receipt webhook     {sink.receipts_url}   (GET {sink.url}/requests lists what it received)
+  function            {stack.function.handler}, Timeout {stack.function.timeout_s}s, \
+BatchSize {stack.trigger.batch_size}, {pollers} poller(s)
+  function logs       {FUNCTION_LOG}  (tail -f it)
+  state file          {state.STATE_FILE}
+
+Push messages from another terminal:
+  make send ARGS="--count 100 --duplicates 0.2 --type PaymentReceived"
+  make send ARGS="--file events/payment-single.json"
+  {send_cli}
+Then: make dlq | make redrive | make invoke EVENT=events/payment-single.json
+"""
+
+
+def _batch_line(out: TextIO) -> Any:
+    lock = threading.Lock()
+
+    def show(report: BatchReport) -> None:
+        kept = len(report.failed_ids)
+        detail = f" ({report.verdict.value}: {report.detail})" if report.verdict.deletes_nothing else ""
+        with lock:
+            print(
+                f"{time.strftime('%H:%M:%S')} batch of {report.received}: {report.deleted} done, "
+                f"{kept} back to the queue{detail}  [{report.invocation.duration_s * 1000:.0f} ms]",
+                file=out,
+                flush=True,
+            )
+
+    return show
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if (running := state.read()) is not None:
+        raise SystemExit(f"a local stack is already running (pid {running.pid}); stop it first")
+    FUNCTION_LOG.parent.mkdir(parents=True, exist_ok=True)
+    FUNCTION_LOG.write_text("", encoding="utf-8")
+    out = send_stdout_to(FUNCTION_LOG)
+    stopping = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stopping.set())
+    print("starting DynamoDB Local, the moto server and the webhook sink...", file=out, flush=True)
+    with running_stack(stack_name=args.stack_name, parameter_overrides=_parameters(args.param), publish=True) as (
+        stack,
+        sink,
+    ):
+        print(_banner(stack, sink, args.pollers), file=out, flush=True)
+        group = stack.pollers(args.pollers, on_batch=_batch_line(out))
+        while not stopping.wait(0.5):
+            pass
+        print("stopping...", file=out, flush=True)
+        group.stop()
+    print("stopped: no process of the local stack is left running", file=out, flush=True)
+    return 0
+
+
+# -- send ----------------------------------------------------------------------------------
+
+
+def _generated(args: argparse.Namespace) -> list[workload.Outgoing]:
+    rng = random.Random(args.seed)
+    prefix = f"{args.prefix}-{int(time.time())}"
+    if args.type == "PaymentReceived":
+        messages = workload.payments(args.count, args.accounts, rng, prefix=prefix)
+    elif args.type == "ReceiptRequested":
+        messages = workload.receipts(args.count, args.accounts, rng, prefix=prefix)
+    else:
+        messages = workload.poison(max(1, args.count // 3))
+    return workload.with_resends(messages, args.duplicates, rng)
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    running = _running()
+    messages = messages_from_event(Path(args.file)) if args.file else _generated(args)
+    sqs = client("sqs", running.sqs_endpoint_url)
+    ids = workload.send_all(sqs, running.queue_url, messages)
+    keys = {message.key for message in messages if message.key}
+    print(f"sent {len(ids)} message(s) to {running.queue_url} ({len(keys)} distinct idempotency keys)")
+    if not args.file and args.type == "PaymentReceived":
+        balances = workload.expected_balances(messages)
+        total = sum(balances.values())
+        print(f"they credit {len(balances)} account(s) with {total} cents in total, each payment once")
+    return 0
+
+
+# -- invoke --------------------------------------------------------------------------------
+
+
+def _invoke_on(runtime: FunctionRuntime, event: dict[str, Any]) -> dict[str, Any]:
+    invocation = runtime.invoke(event)
+    if invocation.error is not None:
+        return {"errorType": type(invocation.error).__name__, "errorMessage": str(invocation.error)}
+    return invocation.response
+
+
+def cmd_invoke(args: argparse.Namespace) -> int:
+    event = load_event(Path(args.event))
+    running = state.read()
+    if running is not None:
+        with FunctionRuntime(running.function_spec(), running.function_environment) as runtime:
+            response = _invoke_on(runtime, event)
+        print(json.dumps(response, indent=2))
+        return 0
+    print("no local stack is running: starting one for this invocation", file=sys.stderr)
+    with running_stack(stack_name=args.stack_name) as (stack, sink):
+        response = _invoke_on(stack.runtime, event)
+        sqs = stack.servers.client("sqs")
+        parked = dead_letters.peek(sqs, stack.dead_letter_queue.url)
+        received = sink.received()
+    print(json.dumps(response, indent=2))
+    for letter in parked:
+        print(f"dead-lettered: {letter.reason}", file=sys.stderr)
+    for request in received:
+        print(f"webhook received POST {request.path} Idempotency-Key: {request.idempotency_key}", file=sys.stderr)
+    return 0 if "errorType" not in response else 1
+
+
+# -- dlq, redrive --------------------------------------------------------------------------
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    running = _running()
+    parked = dead_letters.peek(client("sqs", running.sqs_endpoint_url), running.dead_letter_queue_url)
+    print(f"{len(parked)} message(s) in {running.dead_letter_queue_url}")
+    for letter in parked:
+        body = letter.body if len(letter.body) <= 160 else letter.body[:157] + "..."
+        print(f"- {letter.message_id}\n    ErrorType: {letter.error_type}\n    ErrorMessage: {letter.error_message}")
+        print(f"    body: {body}")
+    return 0
+
+
+def cmd_redrive(args: argparse.Namespace) -> int:
+    running = _running()
+    moved = dead_letters.redrive(
+        client("sqs", running.sqs_endpoint_url), running.dead_letter_queue_url, running.queue_url
+    )
+    print(f"moved {moved} message(s) from the dead-letter queue back to {running.queue_url}")
+    return 0
+
+
+# -- entry ---------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="python -m local", description=__doc__)
+    commands = root.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="start the stack and its pollers in the foreground")
+    run.add_argument("--pollers", type=int, default=2, help="concurrent pollers (invocations at once)")
+    run.add_argument("--stack-name", default="local")
+    run.add_argument("--param", action="append", default=[], metavar="Name=Value", help="template parameter")
+    run.set_defaults(handler=cmd_run)
+
+    send = commands.add_parser("send", help="push messages to the running stack")
+    send.add_argument("--count", type=int, default=10)
+    send.add_argument("--duplicates", type=float, default=0.0, help="fraction resent by the producer")
+    send.add_argument("--type", choices=["PaymentReceived", "ReceiptRequested", "poison"], default="PaymentReceived")
+    send.add_argument("--accounts", type=int, default=5)
+    send.add_argument("--seed", type=int, default=None)
+    send.add_argument("--prefix", default="send", help="idempotency keys start with this")
+    send.add_argument("--file", help="send the records of an SQS event file (events/*.json) instead")
+    send.set_defaults(handler=cmd_send)
+
+    invoke = commands.add_parser("invoke", help="run the handler once on an event file")
+    invoke.add_argument("event")
+    invoke.add_argument("--stack-name", default="invoke")
+    invoke.set_defaults(handler=cmd_invoke)
+
+    commands.add_parser("dlq", help="list dead-lettered messages and why").set_defaults(handler=cmd_dlq)
+    commands.add_parser("redrive", help="move dead letters back to the queue").set_defaults(handler=cmd_redrive)
+
+    demo = commands.add_parser("demo", help="a realistic workload end to end, checked")
+    demo.add_argument("--pollers", type=int, default=4)
+    demo.add_argument("--payments", type=int, default=400)
+    demo.add_argument("--accounts", type=int, default=12)
+    demo.add_argument("--receipts", type=int, default=30)
+    demo.add_argument("--duplicates", type=float, default=0.25)
+    demo.add_argument("--seed", type=int, default=7)
+    demo.set_defaults(handler=_demo)
+    return root
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from local.demo import run_demo  # noqa: PLC0415 (only this command needs it)
+
+    return run_demo(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return int(args.handler(args) or 0)

@@ -1,0 +1,221 @@
+"""``make demo``: a realistic workload through the whole local pipeline, then every invariant checked.
+
+Phase 1 sends payments over several accounts, receipt requests, producer resends mixed
+in (same idempotency key, new messageId) and poison of each kind; the webhook answers
+503 twice for one receipt (retried) and 422 for another (dead-lettered). Phase 2, once
+the queue has drained, resends some applied payments late and reuses two of their keys
+with another payload. The summary counts come from the function's own metrics (EMF in
+its log), the dead-letter queue, the ledger table and the webhook sink.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from local import dead_letters, workload
+from local.function_output import outcome_counts, send_stdout_to
+from local.session import running_stack
+from local.stack import DeployedStack
+from local.state import STATE_DIR
+from local.webhook import Answer, WebhookSink
+
+DEMO_LOG = STATE_DIR / "demo-function.log"
+OUTCOMES = ("applied", "duplicate", "in_flight", "retried", "poison")
+_DRAIN_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class Check:
+    passed: bool
+    text: str
+
+
+def _queue_counts(sqs: Any, url: str) -> tuple[int, int]:
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=url,
+        AttributeNames=[
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ],
+    )["Attributes"]
+    waiting = int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesDelayed"])
+    return waiting, int(attributes["ApproximateNumberOfMessagesNotVisible"])
+
+
+def _drain(stack: DeployedStack, say: Callable[[str], None], sent: int) -> tuple[float, float]:
+    """Wait until the queue is empty, showing progress.
+
+    Returns the seconds until every message had been handled at least once (the first
+    pass: the throughput) and until the queue was empty (retried records included, which
+    wait out their backoff).
+    """
+    sqs = stack.servers.client("sqs")
+    started = time.monotonic()
+    received_before, deleted_before = stack.stats.received, stack.stats.deleted
+    first_pass: float | None = None
+    last_shown = 0.0
+    while time.monotonic() - started < _DRAIN_TIMEOUT_S:
+        waiting, in_flight = _queue_counts(sqs, stack.queue.url)
+        if first_pass is None and waiting == 0 and stack.stats.received - received_before >= sent:
+            first_pass = time.monotonic() - started
+        if waiting + in_flight == 0:
+            drained = time.monotonic() - started
+            return first_pass or drained, drained
+        if time.monotonic() - last_shown >= 1.0:
+            last_shown = time.monotonic()
+            say(
+                f"    {stack.stats.deleted - deleted_before:>5} of {sent} done | queue: {waiting} waiting, "
+                f"{in_flight} in flight or backing off | {stack.stats.invocations} invocations"
+            )
+        time.sleep(0.2)
+    raise TimeoutError(f"the queue did not drain within {_DRAIN_TIMEOUT_S}s")
+
+
+def _ledger(stack: DeployedStack) -> tuple[dict[str, int], int, int]:
+    """Balances per account, the number of payment entries and of receipt entries."""
+    dynamodb = stack.servers.client("dynamodb")
+    balances: dict[str, int] = {}
+    payments = receipts = 0
+    pages = dynamodb.get_paginator("scan").paginate(TableName=stack.table_name("LedgerTable"))
+    for item in (item for page in pages for item in page["Items"]):
+        entry = item["entryId"]["S"]
+        if entry == "BALANCE":
+            balances[item["accountId"]["S"]] = int(item["balanceCents"]["N"])
+        payments += entry.startswith("PAYMENT#")
+        receipts += entry.startswith("RECEIPT#")
+    return balances, payments, receipts
+
+
+def _workload(args: argparse.Namespace, sink: WebhookSink) -> tuple[list[workload.Outgoing], list[workload.Outgoing]]:
+    rng = random.Random(args.seed)
+    payments = workload.payments(args.payments, args.accounts, rng)
+    receipts = workload.receipts(args.receipts, args.accounts, rng)
+    flaky, rejected = receipts[0], receipts[1]
+    sink.answer_next(Answer(503), Answer(503), key=flaky.key)
+    sink.answer_next(Answer(422), key=rejected.key)
+    rejected_poison = workload.Outgoing(rejected.body, "poison", rejected.key, "WebhookRejected")
+    resent = workload.with_resends([*payments, *receipts[2:]], args.duplicates, rng)
+    first = [*resent, flaky, rejected_poison, *workload.poison(2)]
+    rng.shuffle(first)
+    # Late: resends of applied payments, and two of their keys reused for another payload.
+    late = [m for m in payments if rng.random() < 0.1]
+    late += [
+        o for reused in payments[:2] for o in workload.poison(1, reused) if o.expected_error == "IdempotencyKeyReused"
+    ]
+    rng.shuffle(late)
+    return first, late
+
+
+def _checks(
+    stack: DeployedStack,
+    sink: WebhookSink,
+    sent: list[workload.Outgoing],
+    outcomes: Counter[str],
+    parked: list[dead_letters.DeadLetter],
+) -> list[Check]:
+    valid = [m for m in sent if m.kind in ("payment", "receipt")]
+    distinct_keys = {m.key for m in valid}
+    expected_errors = Counter(m.expected_error for m in sent if m.kind == "poison")
+    parked_errors = Counter(letter.error_type for letter in parked)
+    expected = workload.expected_balances(sent)
+    balances, payment_entries, receipt_entries = _ledger(stack)
+    distinct_payments = len({m.payment["paymentId"] for m in valid if m.payment})
+    distinct_receipts = len({m.key for m in valid if m.kind == "receipt"})
+    accepted = {r.idempotency_key for r in sink.received() if r.status == 200}
+    waiting, in_flight = _queue_counts(stack.servers.client("sqs"), stack.queue.url)
+    total = sum(expected.values())
+    return [
+        Check(
+            balances == expected,
+            f"every balance is the sum of its distinct payments ({len(expected)} accounts, {total} cents)",
+        ),
+        Check(payment_entries == distinct_payments, f"{payment_entries} ledger payment entries, one per payment"),
+        Check(outcomes["applied"] == len(distinct_keys), f"applied once per idempotency key ({len(distinct_keys)})"),
+        Check(
+            outcomes["duplicate"] == len(valid) - len(distinct_keys),
+            f"every resend suppressed ({len(valid) - len(distinct_keys)})",
+        ),
+        Check(parked_errors == expected_errors, f"dead-lettered as expected: {dict(sorted(expected_errors.items()))}"),
+        Check(
+            receipt_entries == distinct_receipts and accepted == {m.key for m in valid if m.kind == "receipt"},
+            f"{distinct_receipts} receipts accepted by the webhook and recorded once",
+        ),
+        Check(all(r.idempotency_key for r in sink.received()), "every webhook call carried an Idempotency-Key header"),
+        Check(waiting + in_flight == 0, "nothing left in the queue"),
+    ]
+
+
+def _summary(
+    say: Callable[[str], None],
+    sent: list[workload.Outgoing],
+    outcomes: Counter[str],
+    parked: list[dead_letters.DeadLetter],
+    sink: WebhookSink,
+    throughput: str,
+) -> None:
+    kinds = Counter(m.kind for m in sent)
+    distinct = len({m.key for m in sent if m.kind in ("payment", "receipt")})
+    reasons = Counter(letter.error_type or "redrive policy" for letter in parked)
+    posts = sink.received()
+    say("\nSummary")
+    say(
+        f"  sent                   {len(sent)} messages: {kinds['payment']} payments, {kinds['receipt']} receipt "
+        f"requests ({len(sent) - kinds['poison'] - distinct} of them producer resends), {kinds['poison']} poison"
+    )
+    say(f"  applied                {outcomes['applied']}")
+    say(f"  duplicates suppressed  {outcomes['duplicate']}")
+    say(
+        f"  retried                {outcomes['retried'] + outcomes['in_flight']} "
+        f"({outcomes['retried']} transient failures, {outcomes['in_flight']} in flight elsewhere)"
+    )
+    say(f"  dead-lettered          {len(parked)}: " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())))
+    say(f"  webhook                {len(posts)} POSTs, answers {dict(Counter(r.status for r in posts))}")
+    say(f"  throughput             {throughput}")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    DEMO_LOG.parent.mkdir(parents=True, exist_ok=True)
+    DEMO_LOG.write_text("", encoding="utf-8")
+    out: TextIO = send_stdout_to(DEMO_LOG)
+
+    def say(text: str) -> None:
+        print(text, file=out, flush=True)
+
+    say("1/4 starting DynamoDB Local, the moto SQS server and the webhook sink; creating template.yaml's resources")
+    with running_stack(stack_name=f"demo-{int(time.time())}") as (stack, sink):
+        first, late = _workload(args, sink)
+        sqs = stack.servers.client("sqs")
+        say(f"2/4 sending {len(first)} messages (payments, receipts, producer resends, poison)")
+        workload.send_all(sqs, stack.queue.url, first)
+        say(f"3/4 consuming with {args.pollers} pollers (BatchSize {stack.trigger.batch_size})")
+        say(f"    the function's logs and metrics: {DEMO_LOG}")
+        pollers = stack.pollers(args.pollers)
+        first_pass, drained = _drain(stack, say, len(first))
+        throughput = (
+            f"{len(first)} messages handled in {first_pass:.1f}s = {len(first) / first_pass:.0f} msg/s "
+            f"with {args.pollers} pollers (BatchSize {stack.trigger.batch_size}); "
+            f"queue empty after {drained:.1f}s (retries wait out their backoff)"
+        )
+        say(f"    {throughput}")
+        say(f"4/4 late resends of applied payments and key reuse: {len(late)} messages")
+        workload.send_all(sqs, stack.queue.url, late)
+        _drain(stack, say, len(late))
+        pollers.stop()
+        sent = [*first, *late]
+        outcomes = outcome_counts(DEMO_LOG, OUTCOMES)
+        parked = dead_letters.peek(sqs, stack.dead_letter_queue.url)
+        _summary(say, sent, outcomes, parked, sink, throughput)
+        checks = _checks(stack, sink, sent, outcomes, parked)
+    say("\nChecks")
+    for check in checks:
+        say(f"  {'ok  ' if check.passed else 'FAIL'} {check.text}")
+    failed = sum(not check.passed for check in checks)
+    say(f"\n{'all checks passed' if not failed else f'{failed} check(s) FAILED'}; every process started has stopped")
+    return 1 if failed else 0

@@ -1,0 +1,46 @@
+"""The function's own output, kept apart from the command's: its log file, and the metrics in it.
+
+In AWS the function's stdout goes to CloudWatch Logs and its Powertools metrics are
+EMF lines there. Locally the same lines go to a file; ``outcome_counts`` adds up the
+EMF metrics the handler emits per invocation (applied, duplicate, retried, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import TextIO
+
+
+def send_stdout_to(path: Path) -> TextIO:
+    """From now on ``sys.stdout`` (where the handler logs and prints metrics) is ``path``.
+
+    Returns the terminal's stream for the command's own output. Call it before the handler
+    is imported: its logger keeps the stream it found at import.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    terminal = sys.stdout
+    sys.stdout = path.open("a", encoding="utf-8", buffering=1)
+    return terminal
+
+
+def outcome_counts(path: Path, names: tuple[str, ...]) -> Counter[str]:
+    """The sum of each named EMF metric over every line of ``path``."""
+    totals: Counter[str] = Counter()
+    if not path.exists():
+        return totals
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            if '"_aws"' not in line:
+                continue
+            try:
+                document = json.loads(line)
+            except ValueError:
+                continue
+            for name in names:
+                value = document.get(name)
+                values = value if isinstance(value, list) else [value]
+                totals[name] += int(sum(v for v in values if isinstance(v, int | float)))
+    return totals

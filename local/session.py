@@ -1,0 +1,47 @@
+"""Start the whole local stack for a command, and stop every process it started, whatever happens."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from local import state
+from local.servers import LocalServers
+from local.stack import DeployedStack, deploy_stack
+from local.webhook import WebhookSink
+
+FUNCTION_LOG = state.STATE_DIR / "function.log"
+
+
+@contextlib.contextmanager
+def running_stack(
+    *, stack_name: str = "local", parameter_overrides: Mapping[str, Any] | None = None, publish: bool = False
+) -> Iterator[tuple[DeployedStack, WebhookSink]]:
+    """Servers, webhook sink and the template deployed; with ``publish``, the state file too."""
+    with LocalServers() as servers, WebhookSink() as sink:
+        stack = deploy_stack(servers, stack_name=stack_name, parameter_overrides=parameter_overrides, webhook=sink)
+        try:
+            if publish:
+                state.write(describe(stack, sink))
+            yield stack, sink
+        finally:
+            stack.stop()
+            if publish:
+                state.remove()
+
+
+def describe(stack: DeployedStack, sink: WebhookSink) -> state.StackState:
+    return state.StackState(
+        pid=os.getpid(),
+        stack_name=stack.resources.stack_name,
+        dynamodb_endpoint_url=stack.servers.dynamodb_endpoint_url,
+        sqs_endpoint_url=stack.servers.sqs_endpoint_url,
+        queue_url=stack.queue.url,
+        dead_letter_queue_url=stack.dead_letter_queue.url,
+        tables={logical_id: table.name for logical_id, table in stack.resources.tables.items()},
+        webhook_url=sink.receipts_url,
+        function=state.StackState.describe(stack.function),
+        function_environment=stack.runtime.environment,
+    )

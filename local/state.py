@@ -1,0 +1,79 @@
+"""The running stack's address book: ``.local-stack/state.json``, written by ``make run``.
+
+``make send``, ``make invoke``, ``make dlq`` and ``make redrive`` read it to find the
+stack. A file whose process is gone is stale and is removed on read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from local.resources import FunctionSpec, SqsTrigger
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STATE_DIR = REPO_ROOT / ".local-stack"
+STATE_FILE = STATE_DIR / "state.json"
+
+
+@dataclass(frozen=True)
+class StackState:
+    pid: int
+    stack_name: str
+    dynamodb_endpoint_url: str
+    sqs_endpoint_url: str
+    queue_url: str
+    dead_letter_queue_url: str
+    tables: dict[str, str]
+    webhook_url: str
+    function: dict[str, Any]
+    function_environment: dict[str, str]
+
+    def function_spec(self) -> FunctionSpec:
+        fields = dict(self.function)
+        triggers = tuple(SqsTrigger(**trigger) for trigger in fields.pop("triggers"))
+        return FunctionSpec(**{**fields, "code_dir": Path(fields["code_dir"])}, triggers=triggers)
+
+    @staticmethod
+    def describe(function: FunctionSpec) -> dict[str, Any]:
+        described = asdict(function)
+        described["code_dir"] = str(function.code_dir)
+        return described
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def write(state: StackState, path: Path = STATE_FILE) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
+    temporary.replace(path)
+
+
+def read(path: Path = STATE_FILE) -> StackState | None:
+    """The running stack, or ``None`` when none is (a stale file is removed)."""
+    try:
+        state = StackState(**json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+    if not _alive(state.pid):
+        remove(path)
+        return None
+    return state
+
+
+def remove(path: Path = STATE_FILE) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
