@@ -53,6 +53,34 @@ validate: venv $(SAM_VENV)/.installed ## cfn-lint on template.yaml and its trans
 test: lint validate node_modules/.installed ## everything CI runs: lint, template checks, unit, infrastructure and integration tests
 	$(PY) -m pytest
 
+# The local stack (no AWS, no Docker): DynamoDB Local, moto's SQS, a webhook sink and pollers that
+# behave as Lambda's SQS event source mapping, all on 127.0.0.1. See local/.
+LOCAL := $(PY) -m local
+
+.PHONY: demo
+demo: venv node_modules/.installed ## the whole pipeline on a realistic workload, checked (exit 1 if a check fails)
+	$(LOCAL) demo $(ARGS)
+
+.PHONY: run
+run: venv node_modules/.installed ## start the local stack and its pollers in the foreground (Ctrl-C stops it)
+	$(LOCAL) run $(ARGS)
+
+.PHONY: send
+send: venv ## push messages to the running stack: ARGS="--count 100 --duplicates 0.2" or ARGS="--file events/x.json"
+	$(LOCAL) send $(ARGS)
+
+.PHONY: invoke
+invoke: venv node_modules/.installed ## run the handler once on EVENT=events/<file>.json (on the running stack, or a new one)
+	$(LOCAL) invoke $(EVENT) $(ARGS)
+
+.PHONY: dlq
+dlq: venv ## list the running stack's dead-lettered messages with ErrorType and ErrorMessage
+	$(LOCAL) dlq
+
+.PHONY: redrive
+redrive: venv ## move the running stack's dead-lettered messages back to its queue
+	$(LOCAL) redrive
+
 .PHONY: build
 build: $(SAM_VENV)/.installed ## sam build (the deployable artifact in .aws-sam/)
 	PATH="$(BUILD_PATH)" SAM_CLI_TELEMETRY=0 $(SAM) build --template-file template.yaml
