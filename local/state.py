@@ -16,7 +16,8 @@ from typing import Any
 from local.resources import FunctionSpec, SqsTrigger
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-STATE_DIR = REPO_ROOT / ".local-stack"
+# LOCAL_STACK_DIR moves it, so a second stack (e.g. a test's) never meets the one you run.
+STATE_DIR = Path(os.environ.get("LOCAL_STACK_DIR") or REPO_ROOT / ".local-stack")
 STATE_FILE = STATE_DIR / "state.json"
 
 
