@@ -38,45 +38,78 @@ def _dead_letter(message: dict[str, Any]) -> DeadLetter:
     )
 
 
-def peek(sqs: Any, queue_url: str, *, hide_s: int = 2) -> list[DeadLetter]:
-    """Every message in the queue, each once; they are hidden ``hide_s`` seconds, not deleted."""
+def peek(sqs: Any, queue_url: str) -> list[DeadLetter]:
+    """Every message in the queue, each once, left in the queue and visible again afterwards."""
     seen: dict[str, DeadLetter] = {}
-    while True:
-        answer = sqs.receive_message(
-            QueueUrl=queue_url,
-            MaxNumberOfMessages=_RECEIVE_MAX,
-            VisibilityTimeout=hide_s,
-            MessageAttributeNames=["All"],
-            WaitTimeSeconds=0,
-        )
-        fresh = [m for m in answer.get("Messages") or [] if m["MessageId"] not in seen]
-        if not fresh:
-            return list(seen.values())
-        seen.update((m["MessageId"], _dead_letter(m)) for m in fresh)
+    try:
+        while True:
+            answer = sqs.receive_message(
+                QueueUrl=queue_url,
+                MaxNumberOfMessages=_RECEIVE_MAX,
+                # Hidden while we page through, so each receive brings new ones.
+                VisibilityTimeout=30,
+                MessageAttributeNames=["All"],
+                WaitTimeSeconds=0,
+            )
+            fresh = [m for m in answer.get("Messages") or [] if m["MessageId"] not in seen]
+            if not fresh:
+                return list(seen.values())
+            seen.update((m["MessageId"], _dead_letter(m)) for m in fresh)
+    finally:
+        _show_again(sqs, queue_url, list(seen.values()))
+
+
+def _show_again(sqs: Any, queue_url: str, letters: list[DeadLetter]) -> None:
+    for start in range(0, len(letters), _RECEIVE_MAX):
+        chunk = letters[start : start + _RECEIVE_MAX]
+        entries = [
+            {"Id": str(index), "ReceiptHandle": letter.receipt_handle, "VisibilityTimeout": 0}
+            for index, letter in enumerate(chunk)
+        ]
+        sqs.change_message_visibility_batch(QueueUrl=queue_url, Entries=entries)
 
 
 def redrive(sqs: Any, dead_letter_url: str, queue_url: str) -> int:
-    """Send every dead letter back to the queue (its idempotency key kept), then delete it here."""
-    moved = 0
-    while True:
-        answer = sqs.receive_message(
-            QueueUrl=dead_letter_url,
-            MaxNumberOfMessages=_RECEIVE_MAX,
-            VisibilityTimeout=30,
-            MessageAttributeNames=["All"],
-            WaitTimeSeconds=1,
-        )
-        messages = answer.get("Messages") or []
-        if not messages:
-            return moved
-        for message in map(_dead_letter, messages):
-            kept = {k: v for k, v in message.attributes.items() if k not in _REASON_ATTRIBUTES}
-            request: dict[str, Any] = {"QueueUrl": queue_url, "MessageBody": message.body}
-            if kept:
-                request["MessageAttributes"] = _sendable(kept)
-            sqs.send_message(**request)
-            sqs.delete_message(QueueUrl=dead_letter_url, ReceiptHandle=message.receipt_handle)
-            moved += 1
+    """Send the dead letters there are now back to the queue (idempotency key kept), deleting them here.
+
+    Only those present when it starts: a redriven poison message that is dead-lettered
+    again while this runs stays in the dead-letter queue.
+    """
+    targets = {letter.message_id for letter in peek(sqs, dead_letter_url)}
+    moved: set[str] = set()
+    skipped: dict[str, DeadLetter] = {}
+    try:
+        while targets - moved:
+            answer = sqs.receive_message(
+                QueueUrl=dead_letter_url,
+                MaxNumberOfMessages=_RECEIVE_MAX,
+                VisibilityTimeout=30,
+                MessageAttributeNames=["All"],
+                WaitTimeSeconds=1,
+            )
+            fresh = [
+                _dead_letter(m) for m in answer.get("Messages") or [] if m["MessageId"] not in moved | set(skipped)
+            ]
+            if not fresh:
+                break
+            for letter in fresh:
+                if letter.message_id not in targets:
+                    skipped[letter.message_id] = letter
+                    continue
+                _send_back(sqs, queue_url, letter)
+                sqs.delete_message(QueueUrl=dead_letter_url, ReceiptHandle=letter.receipt_handle)
+                moved.add(letter.message_id)
+    finally:
+        _show_again(sqs, dead_letter_url, list(skipped.values()))
+    return len(moved)
+
+
+def _send_back(sqs: Any, queue_url: str, letter: DeadLetter) -> None:
+    kept = {name: value for name, value in letter.attributes.items() if name not in _REASON_ATTRIBUTES}
+    request: dict[str, Any] = {"QueueUrl": queue_url, "MessageBody": letter.body}
+    if kept:
+        request["MessageAttributes"] = _sendable(kept)
+    sqs.send_message(**request)
 
 
 def _sendable(attributes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

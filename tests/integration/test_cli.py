@@ -1,0 +1,116 @@
+"""The commands as the README gives them: run, send, dlq, redrive, invoke; nothing left running after."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+
+def _local(state_dir: Path, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "local", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, "LOCAL_STACK_DIR": str(state_dir)},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def _children(pid: int) -> set[int]:
+    listed = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False)
+    return {int(line) for line in listed.stdout.split()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_run_then_send_dlq_redrive_and_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "local", "run", "--pollers", "2"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "LOCAL_STACK_DIR": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _wait_for(lambda: state_file.exists() or run.poll() is not None, 90, "the stack to start")
+        assert run.poll() is None, run.stdout.read() if run.stdout else ""
+        servers = _children(run.pid)
+        assert len(servers) == 2  # DynamoDB Local and the moto server
+        state = json.loads(state_file.read_text())
+
+        sent = _local(tmp_path, "send", "--count", "20", "--duplicates", "0.5", "--seed", "1")
+        assert sent.returncode == 0, sent.stderr
+        assert "sent " in sent.stdout
+        poison = _local(tmp_path, "send", "--type", "poison", "--count", "3")
+        assert poison.returncode == 0, poison.stderr
+
+        def dead_lettered() -> int:
+            listed = _local(tmp_path, "dlq")
+            assert listed.returncode == 0, listed.stderr
+            return int(listed.stdout.split()[0])
+
+        _wait_for(lambda: dead_lettered() == 3, 60, "three dead letters")
+        listing = _local(tmp_path, "dlq").stdout
+        assert {"ErrorType: InvalidJson", "ErrorType: SchemaViolation", "ErrorType: UnknownEventType"} <= {
+            line.strip() for line in listing.splitlines()
+        }
+
+        moved = _local(tmp_path, "redrive")
+        assert moved.returncode == 0, moved.stderr
+        assert moved.stdout.startswith("moved 3 ")
+        # Still poison: the pollers dead-letter them again.
+        _wait_for(lambda: dead_lettered() == 3, 60, "the redriven poison to come back")
+
+        assert state["queue_url"].startswith(state["sqs_endpoint_url"])
+    finally:
+        run.send_signal(signal.SIGINT)
+        output, _ = run.communicate(timeout=60)
+
+    assert run.returncode == 0, output
+    assert "make send" in output
+    assert "aws sqs send-message --endpoint-url" in output
+    assert "batch of" in output
+    assert not state_file.exists()
+    assert not any(_alive(pid) for pid in servers)
+
+
+def test_send_without_a_running_stack_says_how_to_start_one(tmp_path: Path) -> None:
+    answer = _local(tmp_path, "send", "--count", "1")
+    assert answer.returncode != 0
+    assert "make run" in answer.stderr
+
+
+def test_invoke_without_a_running_stack_starts_one_and_prints_the_response(tmp_path: Path) -> None:
+    answer = _local(tmp_path, "invoke", "events/poison-schema-violation.json")
+    assert answer.returncode == 0, answer.stderr
+    response = json.loads(answer.stdout[answer.stdout.rindex('{\n  "batchItemFailures"') :])
+    assert response == {"batchItemFailures": []}
+    assert "dead-lettered: SchemaViolation" in answer.stderr
