@@ -81,6 +81,10 @@ dlq: venv ## list the running stack's dead-lettered messages with ErrorType and 
 redrive: venv ## move the running stack's dead-lettered messages back to its queue
 	$(LOCAL) redrive
 
+.PHONY: bench
+bench: venv node_modules/.installed ## this consumer against Powertools and the seed pattern: writes BENCHMARKS.md and its chart
+	PYTHONPATH=src $(PY) -m bench $(ARGS)
+
 .PHONY: build
 build: $(SAM_VENV)/.installed ## sam build (the deployable artifact in .aws-sam/)
 	PATH="$(BUILD_PATH)" SAM_CLI_TELEMETRY=0 $(SAM) build --template-file template.yaml

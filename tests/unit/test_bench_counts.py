@@ -1,0 +1,107 @@
+"""Round trips per message, counted by the benchmark's own botocore hook.
+
+A change that adds a DynamoDB call to a message's path (a read before a write, a
+second transaction, a call for an in-batch duplicate) fails here before it shows up
+in ``make bench``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from bench.capacity import CapacityMeter, item_size, number_size, read_units, write_units
+from bench.costs import (
+    DUPLICATE_IN_BATCH,
+    DUPLICATE_LOCK,
+    DUPLICATE_OPTIMISTIC,
+    NEW_LOCK,
+    NEW_OPTIMISTIC,
+    Cost,
+    CostRecorder,
+    message_costs,
+)
+from bench.hooks import on_new_clients
+from bench.probe import RoundTripProbe
+from bench.records import MessageFactory
+from bench.stack import Stack, moto_stack
+from bench.systems import ThisConsumer, system_settings
+from bench.webhook_sink import webhook_sink
+from consumer import app
+
+
+@pytest.fixture
+def probe() -> RoundTripProbe:
+    return RoundTripProbe()
+
+
+@pytest.fixture
+def stack(probe: RoundTripProbe) -> Iterator[Stack]:
+    with on_new_clients(probe.handler_specs()), moto_stack() as stack:
+        yield stack
+    # The consumer built here points at this test's tables: let no later test inherit it.
+    app.build_consumer.cache_clear()
+
+
+@pytest.fixture
+def consumer_costs(stack: Stack, probe: RoundTripProbe) -> dict[str, Cost]:
+    meter = CapacityMeter(stack.reader)
+    with webhook_sink() as webhook_url:
+        with on_new_clients(meter.handler_specs()):
+            consumer = ThisConsumer(system_settings(stack, "consumer", webhook_url))
+        return message_costs(consumer, MessageFactory(), CostRecorder(probe, meter), count=3)
+
+
+def test_a_new_optimistic_message_costs_one_call(consumer_costs: dict[str, Cost]) -> None:
+    assert consumer_costs[NEW_OPTIMISTIC].calls == 1
+
+
+def test_a_new_lock_message_costs_two_calls(consumer_costs: dict[str, Cost]) -> None:
+    assert consumer_costs[NEW_LOCK].calls == 2
+
+
+def test_a_duplicate_costs_one_call_in_either_mode(consumer_costs: dict[str, Cost]) -> None:
+    assert consumer_costs[DUPLICATE_OPTIMISTIC].calls == 1
+    assert consumer_costs[DUPLICATE_LOCK].calls == 1
+
+
+def test_a_duplicate_inside_one_batch_costs_nothing(consumer_costs: dict[str, Cost]) -> None:
+    assert consumer_costs[DUPLICATE_IN_BATCH] == Cost(0, 0, 0)
+
+
+def test_no_message_reads_dynamodb(consumer_costs: dict[str, Cost]) -> None:
+    # Failed conditions return the old item: a duplicate is recognised without a GetItem.
+    assert all(cost.read_units == 0 for cost in consumer_costs.values())
+
+
+def test_the_latency_hook_delays_requests_answered_by_moto_in_process(stack: Stack, probe: RoundTripProbe) -> None:
+    client = stack.reader  # created inside the probe's hooks, like the systems' clients
+    tables = stack.create_tables("latency")
+    probe.latency_s = 0.05
+    started = time.perf_counter()
+    client.get_item(TableName=tables.idempotency, Key={"id": {"S": "absent"}})
+    assert time.perf_counter() - started >= 0.05
+    assert probe.reading().calls == 1
+
+
+def test_item_size_follows_dynamodb_rules() -> None:
+    # Names and string values by their UTF-8 bytes: "id" + "ab" = 4, "é" is 2 bytes.
+    assert item_size({"id": {"S": "ab"}}) == 4
+    assert item_size({"k": {"S": "é"}}) == 3
+    # Numbers: one byte per two significant digits, plus one; leading/trailing zeros trimmed.
+    assert number_size("12345") == 4
+    assert number_size("1000") == 2
+    assert number_size("-0.0125") == 3
+    # Maps: 3 bytes, plus one per element, plus the elements' names and values.
+    assert item_size({"m": {"M": {"a": {"BOOL": True}}}}) == 1 + 3 + 1 + 1 + 1
+
+
+def test_capacity_units_round_up_per_item() -> None:
+    assert write_units(0) == 1
+    assert write_units(1024) == 1
+    assert write_units(1025) == 2
+    assert read_units(4096, consistent=True) == 1
+    assert read_units(4097, consistent=True) == 2
+    assert read_units(100, consistent=False) == 0.5
