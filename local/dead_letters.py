@@ -18,6 +18,8 @@ class DeadLetter:
     error_message: str | None
     attributes: dict[str, dict[str, Any]]
     receipt_handle: str
+    # The id of the message the consumer dead-lettered; this one is a copy with a new id.
+    original_message_id: str | None = None
 
     @property
     def reason(self) -> str:
@@ -35,6 +37,7 @@ def _dead_letter(message: dict[str, Any]) -> DeadLetter:
         error_message=(attributes.get("ErrorMessage") or {}).get("StringValue"),
         attributes=attributes,
         receipt_handle=message["ReceiptHandle"],
+        original_message_id=(attributes.get("OriginalMessageId") or {}).get("StringValue"),
     )
 
 

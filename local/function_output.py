@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 
 def send_stdout_to(path: Path) -> TextIO:
@@ -22,7 +23,14 @@ def send_stdout_to(path: Path) -> TextIO:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     terminal = sys.stdout
-    sys.stdout = path.open("a", encoding="utf-8", buffering=1)
+    log = path.open("a", encoding="utf-8", buffering=1)
+    sys.stdout = log
+
+    def warn_into_log(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: Any) -> None:
+        # Warnings come from the function's libraries (e.g. Powertools): they belong in its log.
+        log.write(warnings.formatwarning(message, category, filename, lineno))
+
+    warnings.showwarning = warn_into_log
     return terminal
 
 
