@@ -59,27 +59,27 @@ LOCAL := $(PY) -m local
 
 .PHONY: demo
 demo: venv node_modules/.installed ## the whole pipeline on a realistic workload, checked (exit 1 if a check fails)
-	$(LOCAL) demo $(ARGS)
+	@$(LOCAL) demo $(ARGS)
 
 .PHONY: run
 run: venv node_modules/.installed ## start the local stack and its pollers in the foreground (Ctrl-C stops it)
-	$(LOCAL) run $(ARGS)
+	@$(LOCAL) run $(ARGS)
 
 .PHONY: send
 send: venv ## push messages to the running stack: ARGS="--count 100 --duplicates 0.2" or ARGS="--file events/x.json"
-	$(LOCAL) send $(ARGS)
+	@$(LOCAL) send $(ARGS)
 
 .PHONY: invoke
 invoke: venv node_modules/.installed ## run the handler once on EVENT=events/<file>.json (on the running stack, or a new one)
-	$(LOCAL) invoke $(EVENT) $(ARGS)
+	@$(LOCAL) invoke $(EVENT) $(ARGS)
 
 .PHONY: dlq
 dlq: venv ## list the running stack's dead-lettered messages with ErrorType and ErrorMessage
-	$(LOCAL) dlq
+	@$(LOCAL) dlq
 
 .PHONY: redrive
 redrive: venv ## move the running stack's dead-lettered messages back to its queue
-	$(LOCAL) redrive
+	@$(LOCAL) redrive
 
 .PHONY: bench
 bench: venv node_modules/.installed ## this consumer against Powertools and the seed pattern: writes BENCHMARKS.md and its chart

@@ -136,9 +136,12 @@ def cmd_send(args: argparse.Namespace) -> int:
     messages = messages_from_event(Path(args.file)) if args.file else _generated(args)
     sqs = client("sqs", running.sqs_endpoint_url)
     ids = workload.send_all(sqs, running.queue_url, messages)
+    if args.file:
+        print(f"sent the {len(ids)} record(s) of {args.file} to {running.queue_url}")
+        return 0
     keys = {message.key for message in messages if message.key}
     print(f"sent {len(ids)} message(s) to {running.queue_url} ({len(keys)} distinct idempotency keys)")
-    if not args.file and args.type == "PaymentReceived":
+    if args.type == "PaymentReceived":
         balances = workload.expected_balances(messages)
         total = sum(balances.values())
         print(f"they credit {len(balances)} account(s) with {total} cents in total, each payment once")
