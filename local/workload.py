@@ -102,9 +102,9 @@ def poison(per_kind: int, reused: Outgoing | None = None) -> list[Outgoing]:
         )
         made.append(
             Outgoing(
-                envelope("RefundIssued", f"refund-{index}", {"refundId": f"r-{index}"}),
+                envelope("LoyaltyPointsAwarded", f"points-{index}", {"awardId": f"pts-{index}", "points": 50}),
                 "poison",
-                f"refund-{index}",
+                f"points-{index}",
                 "UnknownEventType",
             )
         )

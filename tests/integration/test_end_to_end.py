@@ -82,7 +82,8 @@ def test_poison_lands_in_the_dead_letter_queue_with_its_reason(stack: DeployedSt
     sqs = stack.servers.client("sqs")
     sqs.send_message(QueueUrl=stack.queue.url, MessageBody="{not json")
     sqs.send_message(
-        QueueUrl=stack.queue.url, MessageBody=workload.envelope("RefundIssued", "refund-9", {"refundId": "r-9"})
+        QueueUrl=stack.queue.url,
+        MessageBody=workload.envelope("LoyaltyPointsAwarded", "points-9", {"awardId": "pts-9", "points": 10}),
     )
 
     with stack.pollers(1):
@@ -91,7 +92,7 @@ def test_poison_lands_in_the_dead_letter_queue_with_its_reason(stack: DeployedSt
     parked = {letter.error_type: letter for letter in dead_letters.peek(sqs, stack.dead_letter_queue.url)}
     assert set(parked) == {"InvalidJson", "UnknownEventType"}
     assert parked["InvalidJson"].body == "{not json"
-    assert "RefundIssued" in (parked["UnknownEventType"].error_message or "")
+    assert "LoyaltyPointsAwarded" in (parked["UnknownEventType"].error_message or "")
     assert _queue_empty(stack)
 
 
