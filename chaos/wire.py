@@ -1,0 +1,176 @@
+"""Faults between a boto3 client and its endpoint, injected through botocore's own events.
+
+Hooks registered on a ``boto3.session.Session`` before its clients are created are
+copied into every client the session makes, so the consumer's real code path (the
+idempotency store, the dead-letter queue) meets them without knowing. One
+``before-send`` hook asks a policy what to do with each request: let it through,
+answer in the server's place (nothing applied), or send it for real and then lose
+the answer (applied, yet the caller cannot know: the ambiguous success that botocore
+answers by retrying the very same request).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import boto3
+from botocore.awsrequest import AWSPreparedRequest, AWSResponse
+from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
+from botocore.httpsession import URLLib3Session
+
+# Marks a failure we made up (a response header, an exception attribute), so that its
+# retry need not wait for backoff.
+_INJECTED = "chaos-injected"
+# Retrying an injected fault at once keeps runs short; the retry itself is botocore's own.
+_RETRY_DELAY_S = 0.005
+
+
+class WireFault(StrEnum):
+    THROTTLED = "throttled"  # a throttling error in the server's place; nothing applied
+    SERVER_ERROR = "server_error"  # a 500 in the server's place; nothing applied
+    CONNECT_TIMEOUT = "connect_timeout"  # the request never left; nothing applied
+    LOST_ANSWER = "lost_answer"  # applied, then a 2xx answer replaced by a 500
+    READ_TIMEOUT = "read_timeout"  # sent (and maybe applied), then no answer in time
+
+    @property
+    def reaches_server(self) -> bool:
+        return self in (WireFault.LOST_ANSWER, WireFault.READ_TIMEOUT)
+
+
+@dataclass(frozen=True)
+class WireCall:
+    """One attempt of one API call, as the hook sees it."""
+
+    service: str  # botocore's service id: "dynamodb", "sqs"
+    operation: str  # "UpdateItem", "TransactWriteItems", "SendMessage"...
+    params: Mapping[str, Any]  # the API parameters as sent (both services speak JSON)
+    attempt: int  # 1 for the first attempt, then one more per retry
+
+
+@dataclass(frozen=True)
+class WirePlan:
+    """What to do with one attempt. The default lets it through untouched."""
+
+    fault: WireFault | None = None
+    # Runs before the request is sent; may block (a paused worker) or raise (a crash).
+    before: Callable[[], None] | None = None
+    # Runs once the server answered, with its HTTP status, before the caller sees it;
+    # may raise (a crash after the write) or block.
+    after: Callable[[int], None] | None = None
+
+
+WirePolicy = Callable[[WireCall], WirePlan | None]
+
+
+class _Body:
+    """The raw stream of a made-up response."""
+
+    def __init__(self, content: bytes) -> None:
+        self._content = content
+
+    def stream(self, **_: Any) -> Any:
+        yield self._content
+
+
+def _made_up(request: AWSPreparedRequest, service: str, status: int, code: str, message: str) -> AWSResponse:
+    body = json.dumps({"__type": code, "message": message}).encode()
+    headers = {
+        "Content-Type": "application/x-amz-json-1.0",
+        "Content-Length": str(len(body)),
+        "x-amzn-RequestId": _INJECTED,
+    }
+    if service == "sqs":
+        # SQS's JSON protocol names the error in this header as well.
+        headers["x-amzn-query-error"] = f"{code};{'Sender' if status < 500 else 'Receiver'}"
+    return AWSResponse(request.url, status, headers, _Body(body))
+
+
+def _injected(error: Exception) -> Exception:
+    setattr(error, _INJECTED.replace("-", "_"), True)
+    return error
+
+
+def _attempt(request: AWSPreparedRequest) -> int:
+    """The attempt number botocore announces in the ``amz-sdk-request`` header."""
+    header = request.headers.get("amz-sdk-request", b"")
+    text = header.decode() if isinstance(header, bytes) else str(header)
+    for part in text.split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == "attempt" and value.isdigit():
+            return int(value)
+    return 1
+
+
+def _throttling_code(service: str) -> str:
+    return "ProvisionedThroughputExceededException" if service == "dynamodb" else "ThrottlingException"
+
+
+class _WireHook:
+    def __init__(self, policy: WirePolicy, service: str) -> None:
+        self._policy = policy
+        self._service = service
+        # Our own connection pool: the hook sends the request itself when it has to act
+        # after the server answered.
+        self._http = URLLib3Session(timeout=30, max_pool_connections=32)
+
+    def before_send(self, request: AWSPreparedRequest, event_name: str, **_: Any) -> AWSResponse | None:
+        operation = event_name.rsplit(".", 1)[-1]
+        body = request.body
+        params = json.loads(body) if body else {}
+        attempt = _attempt(request)
+        plan = self._policy(WireCall(self._service, operation, params, attempt))
+        if plan is None:
+            return None
+        if plan.before is not None:
+            plan.before()
+        fault = plan.fault
+        if fault is WireFault.THROTTLED:
+            return _made_up(request, self._service, 400, _throttling_code(self._service), "injected throttling")
+        if fault is WireFault.SERVER_ERROR:
+            return _made_up(request, self._service, 500, "InternalServerError", "injected server error")
+        if fault is WireFault.CONNECT_TIMEOUT:
+            raise _injected(ConnectTimeoutError(endpoint_url=request.url, error="injected connect timeout"))
+        if fault is None and plan.after is None:
+            return None
+        response = self._http.send(request)
+        response.content  # noqa: B018 (read it all: the connection goes back to the pool)
+        if plan.after is not None:
+            plan.after(response.status_code)
+        if fault is WireFault.READ_TIMEOUT:
+            raise _injected(ReadTimeoutError(endpoint_url=request.url, error="injected read timeout after sending"))
+        if fault is WireFault.LOST_ANSWER and 200 <= response.status_code < 300:
+            return _made_up(request, self._service, 500, "InternalServerError", "injected: applied, answer lost")
+        return response
+
+    @staticmethod
+    def needs_retry(
+        attempts: int,
+        request_dict: Mapping[str, Any],
+        response: tuple[AWSResponse, Any] | None = None,
+        caught_exception: Exception | None = None,
+        **_: Any,
+    ) -> float | None:
+        """Retry an injected failure without backoff, within the client's own attempt budget."""
+        injected = getattr(caught_exception, _INJECTED.replace("-", "_"), False) or (
+            response is not None and response[0].headers.get("x-amzn-RequestId") == _INJECTED
+        )
+        if not injected:
+            return None  # not ours: botocore's retry handler decides, backoff included
+        context = request_dict.get("context") or {}
+        config = context.get("client_config")
+        retries = getattr(config, "retries", None) or {}
+        max_attempts = int(retries.get("total_max_attempts", 3))
+        return _RETRY_DELAY_S if attempts < max_attempts else None
+
+
+def install(session: boto3.session.Session, policy: WirePolicy, services: tuple[str, ...] = ("dynamodb",)) -> None:
+    """Put ``policy`` between every client ``session`` creates from now on and its endpoint."""
+    for service in services:
+        hook = _WireHook(policy, service)
+        session.events.register(f"before-send.{service}", hook.before_send)
+        # One level deeper than botocore's own retry handler, so this one is asked first.
+        session.events.register(f"needs-retry.{service}.*", hook.needs_retry)
