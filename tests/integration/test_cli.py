@@ -114,3 +114,11 @@ def test_invoke_without_a_running_stack_starts_one_and_prints_the_response(tmp_p
     response = json.loads(answer.stdout[answer.stdout.rindex('{\n  "batchItemFailures"') :])
     assert response == {"batchItemFailures": []}
     assert "dead-lettered: SchemaViolation" in answer.stderr
+
+
+def test_demo_passes_its_checks_on_a_small_workload(tmp_path: Path) -> None:
+    answer = _local(tmp_path, "demo", "--payments", "40", "--receipts", "4", "--pollers", "2", timeout_s=240)
+    assert answer.returncode == 0, answer.stdout + answer.stderr
+    assert "all checks passed" in answer.stdout
+    assert "FAIL" not in answer.stdout
+    assert "dead-lettered          9:" in answer.stdout
