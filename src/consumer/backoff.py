@@ -2,8 +2,9 @@
 
 Without this, a record reported in ``batchItemFailures`` returns only after the
 queue's full visibility timeout (6 x the function timeout), whatever the reason.
-With it, a record in flight elsewhere returns when that lease ends, an unstarted one
-at once, and a transient failure after an exponential delay by receive count.
+With it, an unstarted record returns at once, a transient failure after an
+exponential delay by receive count, and a record in flight elsewhere after that
+same delay or when the other worker's lease ends, whichever comes first.
 """
 
 from __future__ import annotations
@@ -47,10 +48,13 @@ class VisibilityBackoff:
         self._clock = clock
 
     def delay_seconds(self, result: RecordResult, receive_count: int) -> int:
-        if result.retry_at_ms is not None:
-            wait_ms = result.retry_at_ms - self._clock() * 1000
-            return max(0, min(self._max, math.ceil(wait_ms / 1000)))
-        return min(self._max, self._base * 2 ** max(0, receive_count - 1))
+        backoff = min(self._max, self._base * 2 ** max(0, receive_count - 1))
+        if result.retry_at_ms is None:
+            return backoff
+        # Never later than the other worker's lease end, but no later than the backoff
+        # either: the owner usually finishes in milliseconds, long before its lease ends.
+        wait_s = max(0, math.ceil((result.retry_at_ms - self._clock() * 1000) / 1000))
+        return min(wait_s, backoff)
 
     def schedule(self, records: Sequence[dict[str, Any]], results: Sequence[RecordResult]) -> None:
         """Change the visibility of every failed record; never raises (a miss only costs time)."""

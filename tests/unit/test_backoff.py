@@ -33,11 +33,17 @@ def test_transient_failures_back_off_exponentially_by_receive_count(
     assert backoff.delay_seconds(result, receive_count) == expected
 
 
-def test_a_record_in_flight_elsewhere_returns_when_that_lease_ends(backoff: VisibilityBackoff, clock: Clock) -> None:
+def test_a_record_in_flight_elsewhere_returns_at_the_lease_end_or_the_backoff(
+    backoff: VisibilityBackoff, clock: Clock
+) -> None:
     lease_end_ms = int(clock.now * 1000) + 12_300
 
-    assert backoff.delay_seconds(RecordResult("m", Outcome.IN_FLIGHT, retry_at_ms=lease_end_ms), 1) == 13
-    assert backoff.delay_seconds(RecordResult("m", Outcome.IN_FLIGHT, retry_at_ms=lease_end_ms - 60_000), 1) == 0
+    def delay(retry_at_ms: int, receive_count: int) -> int:
+        return backoff.delay_seconds(RecordResult("m", Outcome.IN_FLIGHT, retry_at_ms=retry_at_ms), receive_count)
+
+    assert delay(lease_end_ms, 1) == 2  # the owner usually finishes long before its lease ends
+    assert delay(lease_end_ms, 4) == 13  # never later than the lease end
+    assert delay(lease_end_ms - 60_000, 4) == 0  # the lease already ran out
 
 
 def test_queue_urls_are_derived_from_the_event_source_arn() -> None:
@@ -86,10 +92,10 @@ def test_unstarted_records_are_made_visible_again_at_once(
     assert visible(sqs, url) == {record["messageId"] for record in records}
 
 
-def test_a_record_in_flight_elsewhere_stays_hidden_until_the_lease_ends(dynamodb: Any, sqs: Any) -> None:
+def test_a_record_in_flight_elsewhere_is_hidden_for_its_backoff(dynamodb: Any, sqs: Any) -> None:
     # A queue whose visibility timeout is 0 would hand the record out again at once;
-    # the backoff hides it until the other worker's lease ends. The queue runs on real
-    # time, so the consumer does too here.
+    # the backoff hides it for a while. The queue runs on real time, so the consumer
+    # does too here.
     url, records = received(sqs, 1, visibility_timeout=0)
     wall_clock = Clock(time.time())
     consumer = make_consumer(dynamodb, sqs, wall_clock)
