@@ -85,6 +85,10 @@ redrive: venv ## move the running stack's dead-lettered messages back to its que
 bench: venv node_modules/.installed ## this consumer against Powertools and the seed pattern: writes BENCHMARKS.md and its chart
 	PYTHONPATH=src $(PY) -m bench $(ARGS)
 
+.PHONY: chaos
+chaos: venv node_modules/.installed ## fault injection on the local stack, invariants checked (ARGS="--messages 5000 --pollers 4 --seed 7")
+	PYTHONPATH=src $(PY) -m chaos $(ARGS)
+
 .PHONY: build
 build: $(SAM_VENV)/.installed ## sam build (the deployable artifact in .aws-sam/)
 	PATH="$(BUILD_PATH)" SAM_CLI_TELEMETRY=0 $(SAM) build --template-file template.yaml

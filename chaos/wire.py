@@ -35,6 +35,7 @@ class WireFault(StrEnum):
     CONNECT_TIMEOUT = "connect_timeout"  # the request never left; nothing applied
     LOST_ANSWER = "lost_answer"  # applied, then a 2xx answer replaced by a 500
     READ_TIMEOUT = "read_timeout"  # sent (and maybe applied), then no answer in time
+    REJECTED = "rejected"  # a 400 no retry can cure, in the server's place; nothing applied
 
     @property
     def reaches_server(self) -> bool:
@@ -76,12 +77,14 @@ class _Body:
         yield self._content
 
 
-def _made_up(request: AWSPreparedRequest, service: str, status: int, code: str, message: str) -> AWSResponse:
+def _made_up(
+    request: AWSPreparedRequest, service: str, status: int, code: str, message: str, *, retryable: bool = True
+) -> AWSResponse:
     body = json.dumps({"__type": code, "message": message}).encode()
     headers = {
         "Content-Type": "application/x-amz-json-1.0",
         "Content-Length": str(len(body)),
-        "x-amzn-RequestId": _INJECTED,
+        "x-amzn-RequestId": _INJECTED if retryable else "chaos-rejected",
     }
     if service == "sqs":
         # SQS's JSON protocol names the error in this header as well.
@@ -119,30 +122,36 @@ class _WireHook:
 
     def before_send(self, request: AWSPreparedRequest, event_name: str, **_: Any) -> AWSResponse | None:
         operation = event_name.rsplit(".", 1)[-1]
-        body = request.body
-        params = json.loads(body) if body else {}
-        attempt = _attempt(request)
-        plan = self._policy(WireCall(self._service, operation, params, attempt))
+        params = json.loads(request.body) if request.body else {}
+        plan = self._policy(WireCall(self._service, operation, params, _attempt(request)))
         if plan is None:
             return None
         if plan.before is not None:
             plan.before()
-        fault = plan.fault
-        if fault is WireFault.THROTTLED:
-            return _made_up(request, self._service, 400, _throttling_code(self._service), "injected throttling")
-        if fault is WireFault.SERVER_ERROR:
-            return _made_up(request, self._service, 500, "InternalServerError", "injected server error")
-        if fault is WireFault.CONNECT_TIMEOUT:
-            raise _injected(ConnectTimeoutError(endpoint_url=request.url, error="injected connect timeout"))
-        if fault is None and plan.after is None:
+        if plan.fault is not None and not plan.fault.reaches_server:
+            return self._instead_of_sending(request, plan.fault)
+        if plan.fault is None and plan.after is None:
             return None
+        return self._send_then(request, plan)
+
+    def _instead_of_sending(self, request: AWSPreparedRequest, fault: WireFault) -> AWSResponse:
+        service = self._service
+        if fault is WireFault.THROTTLED:
+            return _made_up(request, service, 400, _throttling_code(service), "injected throttling")
+        if fault is WireFault.SERVER_ERROR:
+            return _made_up(request, service, 500, "InternalServerError", "injected server error")
+        if fault is WireFault.REJECTED:
+            return _made_up(request, service, 400, "ValidationException", "injected rejection", retryable=False)
+        raise _injected(ConnectTimeoutError(endpoint_url=request.url, error="injected connect timeout"))
+
+    def _send_then(self, request: AWSPreparedRequest, plan: WirePlan) -> AWSResponse:
         response = self._http.send(request)
         response.content  # noqa: B018 (read it all: the connection goes back to the pool)
         if plan.after is not None:
             plan.after(response.status_code)
-        if fault is WireFault.READ_TIMEOUT:
+        if plan.fault is WireFault.READ_TIMEOUT:
             raise _injected(ReadTimeoutError(endpoint_url=request.url, error="injected read timeout after sending"))
-        if fault is WireFault.LOST_ANSWER and 200 <= response.status_code < 300:
+        if plan.fault is WireFault.LOST_ANSWER and 200 <= response.status_code < 300:
             return _made_up(request, self._service, 500, "InternalServerError", "injected: applied, answer lost")
         return response
 

@@ -1,0 +1,293 @@
+"""One run: deploy the template on the local stack, feed the workload to several pollers with
+faults on, drain, wait out the leases, and check the whole history.
+
+Everything that makes the run fast is the harness's own tuning, not the template's:
+a visibility timeout of seconds (set on the queue after deploying), short leases
+and backoff (``Settings``), a high ``MaxReceiveCount`` so that redrive only catches
+what is really stuck.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from http import HTTPStatus
+from typing import Any
+
+from chaos.faults import DEFAULT_RATES, FaultKind, FaultLog, Zombies, ZombieSettings
+from chaos.function import ChaosFunction, ConsumerFactory, ContainerSetup, InvocationHistory
+from chaos.invariants import Checker, EndState, Verdict, drain_dead_letters, scan
+from chaos.workload import Feeder, Workload, WorkloadShape, build_workload
+from consumer import app as consumer_app
+from consumer.app import wire
+from consumer.config import Settings
+from local.function_runtime import FunctionRuntime
+from local.poller import Poller, PollerGroup, PollerStats
+from local.resources import FunctionSpec, QueueResource, SqsTrigger
+from local.servers import LocalServers
+from local.webhook import Answer, WebhookSink
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    seed: int = 1
+    messages: int = 600
+    accounts: int = 20
+    pollers: int = 3
+    receipt_ratio: float = 0.25
+    duplicate_ratio: float = 0.2
+    poison_ratio: float = 0.02
+    rates: Mapping[FaultKind, float] = field(default_factory=lambda: dict(DEFAULT_RATES))
+    visibility_timeout_s: int = 2
+    max_receive_count: int = 30
+    lease_max_ms: int = 1_500
+    lease_min_ms: int = 300
+    lease_margin_ms: int = 300
+    deadline_margin_ms: int = 300
+    max_skew_ms: int = 300
+    webhook_timeout_ms: int = 400
+    max_queue_depth: int = 100
+    drain_timeout_s: float = 240.0
+
+
+@dataclass(frozen=True)
+class ChaosReport:
+    config: ChaosConfig
+    workload: Workload
+    sent: int
+    faults: Mapping[FaultKind, int]
+    zombies_without_takeover: int
+    history: InvocationHistory
+    pollers: PollerStats
+    dead_letters: Mapping[str, int]  # reason (or "redrive") -> count
+    webhook_calls: int
+    verdicts: list[Verdict]
+    duration_s: float
+
+    @property
+    def violations(self) -> int:
+        return sum(verdict.violations for verdict in self.verdicts)
+
+
+def _settings(function_environment: Mapping[str, str], config: ChaosConfig) -> Settings:
+    return replace(
+        Settings.from_env(function_environment),
+        lease_max_ms=config.lease_max_ms,
+        lease_min_ms=config.lease_min_ms,
+        lease_margin_ms=config.lease_margin_ms,
+        deadline_margin_ms=config.deadline_margin_ms,
+        webhook_timeout_ms=config.webhook_timeout_ms,
+        retry_backoff_base_seconds=1,
+        retry_backoff_max_seconds=config.visibility_timeout_s,
+    )
+
+
+def _webhook_plan(config: ChaosConfig, rng: random.Random, calls: int) -> list[Answer]:
+    """Answers for the sink, drawn in advance: 5xx, slow (within the timeout), or too slow (a 504 late)."""
+    timeout_s = config.webhook_timeout_ms / 1000
+    plan: list[Answer] = []
+    for _ in range(calls):
+        draw = rng.random()
+        error = config.rates.get(FaultKind.WEBHOOK_ERROR, 0.0)
+        slow = error + config.rates.get(FaultKind.WEBHOOK_SLOW, 0.0)
+        too_slow = slow + config.rates.get(FaultKind.WEBHOOK_TIMEOUT, 0.0)
+        if draw < error:
+            plan.append(Answer(HTTPStatus.SERVICE_UNAVAILABLE))
+        elif draw < slow:
+            plan.append(Answer(HTTPStatus.OK, delay_s=rng.uniform(0.01, timeout_s / 4)))
+        elif draw < too_slow:
+            plan.append(Answer(HTTPStatus.GATEWAY_TIMEOUT, delay_s=timeout_s * 2.5))
+        else:
+            plan.append(Answer(HTTPStatus.OK))
+    return plan
+
+
+def _count_planned(plan: list[Answer]) -> Counter[FaultKind]:
+    """The webhook faults among the answers actually given."""
+    counts: Counter[FaultKind] = Counter()
+    for answer in plan:
+        if answer.status == HTTPStatus.SERVICE_UNAVAILABLE:
+            counts[FaultKind.WEBHOOK_ERROR] += 1
+        elif answer.status == HTTPStatus.GATEWAY_TIMEOUT:
+            counts[FaultKind.WEBHOOK_TIMEOUT] += 1
+        elif answer.delay_s:
+            counts[FaultKind.WEBHOOK_SLOW] += 1
+    return counts
+
+
+def _queue_empty(sqs: Any, queue_url: str) -> bool:
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=queue_url,
+        AttributeNames=[
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ],
+    )["Attributes"]
+    return all(int(value) == 0 for value in attributes.values())
+
+
+def _wait_until_drained(sqs: Any, queue_url: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    empty_in_a_row = 0
+    while time.monotonic() < deadline:
+        empty_in_a_row = empty_in_a_row + 1 if _queue_empty(sqs, queue_url) else 0
+        if empty_in_a_row >= 3:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@dataclass(frozen=True)
+class _Stack:
+    """The template deployed for one run, and the clients that watch it from outside the function."""
+
+    function: FunctionSpec
+    trigger: SqsTrigger
+    queue: QueueResource
+    dead_letter_queue: QueueResource
+    idempotency_table: str
+    ledger_table: str
+    sqs: Any
+    dynamodb: Any
+
+    def owner_of(self, record_id: str) -> str | None:
+        item = self.dynamodb.get_item(
+            TableName=self.idempotency_table, Key={"id": {"S": record_id}}, ConsistentRead=True
+        ).get("Item")
+        return item["ownerToken"]["S"] if item else None
+
+    def end_state(self, sink: WebhookSink, drained: bool) -> EndState:
+        return EndState(
+            ledger=scan(self.dynamodb, self.ledger_table),
+            records=scan(self.dynamodb, self.idempotency_table),
+            dead_letters=drain_dead_letters(self.sqs, self.dead_letter_queue.url),
+            webhook_calls=sink.received(),
+            drained=drained,
+        )
+
+
+def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, webhook_url: str) -> _Stack:
+    resources = servers.deploy(
+        # Unique even when a seed is replayed on the same servers.
+        stack_name=f"chaos-{run_id}-{uuid.uuid4().hex[:6]}",
+        parameter_overrides={
+            "ReceiptWebhookUrl": webhook_url,
+            "MaxReceiveCount": config.max_receive_count,
+            "LogLevel": "CRITICAL",
+        },
+    )
+    function = resources.function()
+    trigger = function.triggers[0]
+    stack = _Stack(
+        function=function,
+        trigger=trigger,
+        queue=resources.queues[trigger.queue_logical_id],
+        dead_letter_queue=resources.queues["ConsumerDeadLetterQueue"],
+        idempotency_table=resources.tables["IdempotencyTable"].name,
+        ledger_table=resources.tables["LedgerTable"].name,
+        sqs=servers.client("sqs", max_pool_connections=50, timeout_s=30.0),
+        dynamodb=servers.client("dynamodb", max_pool_connections=20),
+    )
+    stack.sqs.set_queue_attributes(
+        QueueUrl=stack.queue.url, Attributes={"VisibilityTimeout": str(config.visibility_timeout_s)}
+    )
+    return stack
+
+
+@contextmanager
+def _quiet_consumer() -> Iterator[None]:
+    """Thousands of faults make thousands of warnings; the report says what matters."""
+    consumer_log = logging.getLogger(consumer_app.logger.name)
+    level = consumer_log.level
+    consumer_log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        consumer_log.setLevel(level)
+
+
+def _drive(
+    config: ChaosConfig,
+    stack: _Stack,
+    setup: ContainerSetup,
+    workload: Workload,
+    rng: random.Random,
+    observed: tuple[InvocationHistory, PollerStats],
+) -> tuple[Feeder, bool]:
+    """Feed the workload to the pollers until the queue drains (or the time limit); then stop them."""
+    history, stats = observed
+    pollers = [
+        Poller(
+            stack.sqs,
+            stack.queue,
+            stack.trigger,
+            ChaosFunction(stack.function, setup, history, random.Random(rng.random()), config.deadline_margin_ms),
+            on_batch=stats.add,
+        )
+        for _ in range(config.pollers)
+    ]
+    feeder = Feeder(stack.sqs, stack.queue.url, config.max_queue_depth)
+    with PollerGroup(pollers):
+        feeder.feed(workload.messages)
+        drained = _wait_until_drained(stack.sqs, stack.queue.url, config.drain_timeout_s)
+    return feeder, drained
+
+
+def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFactory = wire) -> ChaosReport:
+    """One run on running ``servers``; a fresh stack (queues, tables) of its own."""
+    started = time.monotonic()
+    rng = random.Random(config.seed)
+    run_id = uuid.UUID(int=rng.getrandbits(128)).hex[:8]
+    shape = WorkloadShape(
+        config.messages, config.accounts, config.receipt_ratio, config.duplicate_ratio, config.poison_ratio
+    )
+    workload = build_workload(shape, rng, run_id)
+    log = FaultLog()
+    history = InvocationHistory()
+    stats = PollerStats()
+    # Long enough for a zombie's message to come back and another container to claim it.
+    lease_slack_s = (config.lease_max_ms + 2 * config.max_skew_ms) / 1000
+    max_pause_s = config.visibility_timeout_s + lease_slack_s + 5
+    with WebhookSink() as sink:
+        plan = _webhook_plan(config, rng, calls=4 * max(1, round(config.messages * config.receipt_ratio)))
+        sink.answer_next(*plan)
+        stack = _deploy(servers, config, run_id, sink.receipts_url)
+        zombies = Zombies(ZombieSettings(stack.owner_of, max_pause_s, max_paused=config.pollers - 1), log)
+        setup = ContainerSetup(
+            settings=_settings(stack.function.environment, config),
+            consumer_factory=consumer_factory,
+            rates=config.rates,
+            log=log,
+            zombies=zombies,
+            max_skew_ms=config.max_skew_ms,
+        )
+        # The function's environment puts the consumer's clients on the local endpoints (AWS_ENDPOINT_URL_*).
+        with FunctionRuntime(stack.function, servers.function_environment(stack.function)), _quiet_consumer():
+            feeder, drained = _drive(config, stack, setup, workload, rng, (history, stats))
+            zombies.wait_until_idle(max_pause_s + 10)
+        # Leases run out; nothing may stay IN_PROGRESS whatever the clocks said.
+        time.sleep(lease_slack_s)
+        end = stack.end_state(sink, drained)
+    for kind, count in _count_planned(plan[: len(end.webhook_calls)]).items():
+        log.counts[kind] += count
+    dead_letters = Counter(letter.error_type or "redrive (no reason)" for letter in end.dead_letters)
+    return ChaosReport(
+        config=config,
+        workload=workload,
+        sent=len(feeder.sent),
+        faults=dict(log.counts),
+        zombies_without_takeover=log.zombies_without_takeover,
+        history=history,
+        pollers=stats,
+        dead_letters=dead_letters,
+        webhook_calls=len(end.webhook_calls),
+        verdicts=Checker(feeder.sent, end, history, log).all(),
+        duration_s=time.monotonic() - started,
+    )

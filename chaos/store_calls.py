@@ -1,0 +1,91 @@
+"""Which step of the idempotency state machine a DynamoDB request is, read from the request itself.
+
+Fault points are named after the state machine (after the claim, before the commit,
+after the commit), but the hooks only see requests on the wire. The step is read
+from what the request does to the record, not from the store's placeholder names:
+
+- sets ``status`` to IN_PROGRESS: a claim;
+- sets ``status`` to COMPLETED under a condition on ``ownerToken``: a commit;
+- sets ``status`` to COMPLETED without one: optimistic mode's claim-and-apply;
+- deletes the record: a release.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+_COMPARISON = re.compile(r"(#\w+)\s*=\s*(:\w+)")
+_IN_PROGRESS = "IN_PROGRESS"
+_COMPLETED = "COMPLETED"
+
+
+class Step(StrEnum):
+    CLAIM = "claim"
+    COMMIT = "commit"
+    APPLY_ONCE = "apply_once"
+    RELEASE = "release"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class StoreCall:
+    step: Step
+    record_id: str | None = None
+    # The fencing token the request writes (claim, apply) or is conditioned on (commit, release).
+    owner_token: str | None = None
+
+
+_OTHER = StoreCall(Step.OTHER)
+
+
+def _assignments(expression: str, params: Mapping[str, Any]) -> dict[str, str]:
+    """``#name = :value`` pairs of an expression, as attribute name -> string value."""
+    names = params.get("ExpressionAttributeNames") or {}
+    values = params.get("ExpressionAttributeValues") or {}
+    found: dict[str, str] = {}
+    for placeholder, value in _COMPARISON.findall(expression or ""):
+        attribute = names.get(placeholder, placeholder)
+        typed = values.get(value) or {}
+        if "S" in typed:
+            found[attribute] = typed["S"]
+    return found
+
+
+def _record_id(params: Mapping[str, Any]) -> str | None:
+    return ((params.get("Key") or {}).get("id") or {}).get("S")
+
+
+def _update(params: Mapping[str, Any]) -> StoreCall:
+    written = _assignments(params.get("UpdateExpression", ""), params)
+    required = _assignments(params.get("ConditionExpression", ""), params)
+    record_id = _record_id(params)
+    status = written.get("status")
+    if status == _IN_PROGRESS:
+        return StoreCall(Step.CLAIM, record_id, written.get("ownerToken"))
+    if status == _COMPLETED and "ownerToken" in required:
+        return StoreCall(Step.COMMIT, record_id, required["ownerToken"])
+    if status == _COMPLETED:
+        return StoreCall(Step.APPLY_ONCE, record_id, written.get("ownerToken"))
+    return _OTHER
+
+
+def classify(operation: str, params: Mapping[str, Any], idempotency_table: str) -> StoreCall:
+    """The state-machine step a DynamoDB request performs on ``idempotency_table``, if any."""
+    if operation == "TransactWriteItems":
+        for item in params.get("TransactItems") or []:
+            update = item.get("Update") or {}
+            if update.get("TableName") == idempotency_table:
+                return _update(update)
+        return _OTHER
+    if params.get("TableName") != idempotency_table:
+        return _OTHER
+    if operation == "UpdateItem":
+        return _update(params)
+    if operation == "DeleteItem":
+        required = _assignments(params.get("ConditionExpression", ""), params)
+        return StoreCall(Step.RELEASE, _record_id(params), required.get("ownerToken"))
+    return _OTHER
