@@ -37,7 +37,7 @@ from local.webhook import Answer, WebhookSink
 @dataclass(frozen=True)
 class ChaosConfig:
     seed: int = 1
-    messages: int = 600
+    messages: int = 1_000
     accounts: int = 20
     pollers: int = 3
     receipt_ratio: float = 0.25
@@ -67,6 +67,8 @@ class ChaosReport:
     pollers: PollerStats
     dead_letters: Mapping[str, int]  # reason (or "redrive") -> count
     webhook_calls: int
+    # Receipts whose webhook was called more than once (each allowed only after a failed attempt).
+    receipts_called_again: int
     verdicts: list[Verdict]
     duration_s: float
 
@@ -288,6 +290,9 @@ def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFa
         pollers=stats,
         dead_letters=dead_letters,
         webhook_calls=len(end.webhook_calls),
+        receipts_called_again=sum(
+            1 for count in Counter(call.idempotency_key for call in end.webhook_calls).values() if count > 1
+        ),
         verdicts=Checker(feeder.sent, end, history, log).all(),
         duration_s=time.monotonic() - started,
     )

@@ -171,10 +171,17 @@ class Checker:
             if int(entry["amountCents"]) not in group.amounts:
                 verdict.violation(f"{group.key}: ledger entry of {entry['amountCents']} matches no message")
             credited[group.payload["accountId"]] += int(entry["amountCents"])
+        sent_payments = {
+            (group.payload["accountId"], f"PAYMENT#{group.payload['paymentId']}")
+            for group in self.groups.values()
+            if group.event_type == "PaymentReceived"
+        }
         entries_by_account: Counter[str] = Counter()
         for (account, entry_id), item in self.entries.items():
             if entry_id.startswith("PAYMENT#"):
                 entries_by_account[account] += int(item["amountCents"])
+                if (account, entry_id) not in sent_payments:
+                    verdict.violation(f"{account}/{entry_id}: a ledger entry for no payment sent")
         for (account, entry_id), item in self.entries.items():
             if entry_id != "BALANCE":
                 continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 from chaos.faults import FaultKind
 from chaos.harness import ChaosReport
 
-_WIDTH = 76
+_WIDTH = 84
 
 
 def _section(title: str) -> list[str]:
@@ -43,6 +43,7 @@ def render(report: ChaosReport) -> str:
         *(_row(f"record results: {outcome}", count) for outcome, count in sorted(history.outcomes.items())),
         *(_row(f"dead letters: {reason}", count) for reason, count in sorted(report.dead_letters.items())),
         _row("webhook calls", report.webhook_calls),
+        _row("  receipts whose webhook was called more than once", report.receipts_called_again),
         *_section("invariants (violations; each must be 0)"),
     ]
     for verdict in report.verdicts:

@@ -1,0 +1,59 @@
+"""Contract cases of the idempotency store found by the state machine, pinned one by one on DynamoDB Local."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from consumer.idempotency.store import Claimed, IdempotencyStore, LeaseLost
+from consumer.idempotency.writes import Update
+from local.dynamodb_local import DynamoDBLocal
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = time.time()
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+@pytest.fixture(scope="module")
+def table(dynamodb_local: DynamoDBLocal) -> Iterator[str]:
+    client = dynamodb_local.client()
+    name = f"contract-{uuid.uuid4().hex[:8]}"
+    client.create_table(
+        TableName=name,
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    yield name
+    client.delete_table(TableName=name)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="store bug: commit with business writes on a released record raises TransientError, not LeaseLost",
+)
+def test_a_zombie_commit_with_writes_after_its_successor_released_is_lease_lost(
+    dynamodb_local: DynamoDBLocal, table: str
+) -> None:
+    clock = Clock()
+    store = IdempotencyStore(dynamodb_local.client(), table, ttl_seconds=3600, clock=clock)
+    record_id = f"zombie-{uuid.uuid4().hex[:8]}"
+    zombie = store.claim(record_id, "hash", lease_ms=300)
+    assert isinstance(zombie, Claimed)
+    clock.now_s += 1  # the zombie's lease runs out
+    successor = store.claim(record_id, "hash", lease_ms=300)
+    assert isinstance(successor, Claimed)
+    assert store.release(successor)  # the successor failed and let the key go
+    effect = Update(table=table, key={"id": f"{record_id}-effect"}, expression="ADD applied :one", values={":one": 1})
+
+    # Without writes the same zombie gets LeaseLost; with writes it must too.
+    with pytest.raises(LeaseLost):
+        store.commit(zombie, {"by": "zombie"}, (effect,))
+    assert store.get(record_id) is None
