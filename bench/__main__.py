@@ -22,7 +22,7 @@ from bench.chart import draw_batch_latency_chart
 from bench.cold_start import measure_cold_starts
 from bench.costs import CostRecorder, message_costs
 from bench.hooks import on_new_clients
-from bench.machine import describe_machine
+from bench.machine import describe_machine, load_average
 from bench.probe import RoundTripProbe
 from bench.records import MessageFactory
 from bench.report import benchmarks_markdown, stdout_report
@@ -161,7 +161,7 @@ def _run_dynamodb_local(
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parse_arguments(argv)
-    started = time.monotonic()
+    started, load_at_start = time.monotonic(), load_average()
     probe = RoundTripProbe()
     dynamodb_local_version = None
     results = BenchResults(
@@ -181,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _run_dynamodb_local(results, probe, webhook_url, arguments)
         _progress(f"cold starts: {arguments.cold_starts} fresh processes per system")
         results.cold_starts = measure_cold_starts(arguments.cold_starts)
-    results.machine = describe_machine(dynamodb_local_version)
+    results.machine = describe_machine(dynamodb_local_version, (load_at_start, load_average()))
 
     draw_batch_latency_chart(results, arguments.chart)
     chart_link = os.path.relpath(arguments.chart, arguments.output.parent)

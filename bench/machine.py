@@ -26,9 +26,15 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def describe_machine(dynamodb_local_version: str | None) -> dict[str, str]:
+def load_average() -> float:
+    """Runnable processes, 1-minute average: above the CPU count, other work shared the machine."""
+    return os.getloadavg()[0]
+
+
+def describe_machine(dynamodb_local_version: str | None, loads: tuple[float, float]) -> dict[str, str]:
     facts = {
         "CPUs usable (nproc)": str(_usable_cpus()),
+        "load average (1 min) at start / end of the run": f"{loads[0]:.2f} / {loads[1]:.2f}",
         "CPU model": _cpu_model(),
         "OS": f"{platform.system()} {platform.release()}",
         "Python": platform.python_version(),
