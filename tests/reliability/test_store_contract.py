@@ -35,10 +35,6 @@ def table(dynamodb_local: DynamoDBLocal) -> Iterator[str]:
     client.delete_table(TableName=name)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store bug: commit with business writes on a released record raises TransientError, not LeaseLost",
-)
 def test_a_zombie_commit_with_writes_after_its_successor_released_is_lease_lost(
     dynamodb_local: DynamoDBLocal, table: str
 ) -> None:

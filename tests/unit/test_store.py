@@ -204,6 +204,21 @@ def test_a_zombie_cannot_commit_while_the_new_owner_is_still_running(store: Idem
     assert record.status is Status.IN_PROGRESS
 
 
+def test_a_zombie_commit_with_writes_after_the_new_owner_released_is_lease_lost(
+    store: IdempotencyStore, dynamodb: Any, clock: Clock
+) -> None:
+    zombie = store.claim("Pay#1", "hash-a", LEASE_MS)
+    assert isinstance(zombie, Claimed)
+    clock.advance(LEASE_MS / 1000 + 1)
+    owner = store.claim("Pay#1", "hash-a", LEASE_MS)
+    assert isinstance(owner, Claimed)
+    assert store.release(owner)
+
+    with pytest.raises(LeaseLost):
+        store.commit(zombie, None, credit("acc-1", "PAYMENT#1", 500))
+    assert balance(dynamodb, "acc-1") == 0
+
+
 def test_commit_after_the_record_was_released_is_lease_lost(store: IdempotencyStore) -> None:
     claim = store.claim("Pay#1", "hash-a", LEASE_MS)
     assert isinstance(claim, Claimed)

@@ -224,8 +224,8 @@ class IdempotencyStore:
                 self._raise_unless_committed_by(claim, self._failed_condition_item_or_none(error))
             return
         token = str(uuid.uuid5(_COMMIT_TOKEN_NAMESPACE, claim.owner_token))
-        current = self._transact(completion, writes, token)
-        if current is not None:
+        applied, current = self._transact(completion, writes, token)
+        if not applied:
             self._raise_unless_committed_by(claim, current)
 
     def release(self, claim: Claimed) -> bool:
@@ -283,7 +283,10 @@ class IdempotencyStore:
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
         if writes:
-            current = self._transact(record_write, writes, token)
+            applied, current = self._transact(record_write, writes, token)
+            if not applied and current is None:
+                # "Claimable" holds for an absent item, so this cannot happen; retry if it does.
+                raise TransientError(f"condition on {record_id} failed and no item came back")
         else:
             try:
                 self._call(self._client.update_item, **record_write)
@@ -322,11 +325,14 @@ class IdempotencyStore:
             return  # ambiguous success: our own commit, retried after its answer was lost
         raise LeaseLost(claim.record_id, current)
 
-    def _transact(self, record_write: dict[str, Any], writes: Sequence[Write], token: str) -> IdempotencyRecord | None:
+    def _transact(
+        self, record_write: dict[str, Any], writes: Sequence[Write], token: str
+    ) -> tuple[bool, IdempotencyRecord | None]:
         """Apply the record write and the business writes together.
 
-        Returns None on success, or the current record when the record's own
-        condition failed. ``ClientRequestToken`` makes a retried transaction
+        Returns ``(True, None)`` on success, or ``(False, current record)`` when the
+        record's own condition failed (``None`` when the item is gone, e.g. released
+        by the owner that took a zombie's key over). ``ClientRequestToken`` makes a retried transaction
         idempotent for ten minutes, which settles most ambiguous successes at the
         source.
         """
@@ -345,15 +351,13 @@ class IdempotencyStore:
             record_reason = reasons[0] if reasons else {}
             if record_reason.get("Code") == "ConditionalCheckFailed":
                 item = record_reason.get("Item")
-                if not item:
-                    raise TransientError(f"condition on {record_write['Key']} failed and no item came back") from None
-                return IdempotencyRecord.from_item(item)
+                return False, IdempotencyRecord.from_item(item) if item else None
             for write, reason in zip(writes, reasons[1:], strict=False):
                 if reason.get("Code") == "ConditionalCheckFailed":
                     raise BusinessConditionFailed(write) from None
             codes = sorted({str(reason.get("Code")) for reason in reasons} - {"None"})
             raise TransientError(f"transaction cancelled: {', '.join(codes) or 'no reason given'}") from None
-        return None
+        return True, None
 
     @staticmethod
     def _failed_condition_item_or_none(error: ClientError) -> IdempotencyRecord | None:
