@@ -1,0 +1,119 @@
+"""Each invariant of the harness, on a hand-made history: silent on a correct end state, and
+reporting the one violation planted in an otherwise correct one. An invariant that cannot
+fire would pass every run."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from chaos.faults import FaultLog
+from chaos.function import InvocationHistory
+from chaos.invariants import Checker, DeadLetter, EndState
+from chaos.workload import KEY_REUSED
+from local.webhook import ReceivedRequest
+from local.workload import Outgoing, envelope, payment, receipt
+
+PAID = payment(key="pay-1", payment_id="p-1", account_id="acc-1", amount_cents=100)
+REUSED = Outgoing(
+    envelope("PaymentReceived", "pay-1", {**(PAID.payment or {}), "amountCents": 999}),
+    "poison",
+    "pay-1",
+    KEY_REUSED,
+)
+RECEIPT = receipt(key="rcpt-1", receipt_id="r-1", account_id="acc-1", payment_id="p-1", amount_cents=100)
+BROKEN = Outgoing('{"eventType": ', "poison", None, "InvalidJson")
+SENT = {"m-paid": PAID, "m-resent": PAID, "m-reused": REUSED, "m-receipt": RECEIPT, "m-broken": BROKEN}
+
+
+def _call(key: str, receipt_id: str = "r-1", status: int = 200) -> ReceivedRequest:
+    body = json.dumps({"receiptId": receipt_id})
+    return ReceivedRequest("/receipts", key, body, {"Idempotency-Key": key}, status, 0.0)
+
+
+CORRECT = EndState(
+    ledger=[
+        {"accountId": "acc-1", "entryId": "BALANCE", "balanceCents": 100},
+        {"accountId": "acc-1", "entryId": "PAYMENT#p-1", "amountCents": 100},
+        {"accountId": "acc-1", "entryId": "RECEIPT#r-1"},
+    ],
+    records=[
+        {"id": "PaymentReceived#pay-1", "status": "COMPLETED"},
+        {"id": "ReceiptRequested#rcpt-1", "status": "COMPLETED"},
+    ],
+    dead_letters=[DeadLetter("m-reused", KEY_REUSED), DeadLetter("m-broken", "InvalidJson")],
+    webhook_calls=[_call("rcpt-1")],
+    drained=True,
+)
+
+
+def _verdicts(end: EndState, history: InvocationHistory | None = None, log: FaultLog | None = None) -> dict[str, int]:
+    checker = Checker(SENT, end, history or InvocationHistory(), log or FaultLog())
+    return {verdict.name: verdict.violations for verdict in checker.all()}
+
+
+def test_a_correct_end_state_has_no_violation() -> None:
+    assert set(_verdicts(CORRECT).values()) == {0}
+
+
+def _with_ledger(change: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> EndState:
+    return replace(CORRECT, ledger=change([dict(item) for item in CORRECT.ledger]))
+
+
+def _credited_twice(ledger: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    ledger[0]["balanceCents"] = 200
+    return ledger
+
+
+PLANTED = {
+    "queue drained before the time limit": replace(CORRECT, drained=False),
+    "nothing lost (applied, or in the DLQ with its reason)": _with_ledger(
+        lambda ledger: [item for item in ledger if item["entryId"] != "RECEIPT#r-1"]
+    ),
+    "no payment applied twice (balance = sum of distinct payments)": _with_ledger(_credited_twice),
+    "no healthy message dead-lettered": replace(
+        CORRECT, dead_letters=[*CORRECT.dead_letters, DeadLetter("m-resent", "SchemaViolation")]
+    ),
+    "no record stuck IN_PROGRESS": replace(
+        CORRECT, records=[*CORRECT.records, {"id": "ReceiptRequested#rcpt-9", "status": "IN_PROGRESS"}]
+    ),
+    "receipt webhook: a repeat call only after a failed attempt": replace(
+        CORRECT, webhook_calls=[_call("rcpt-1"), _call("rcpt-1")]
+    ),
+    "every receipt call carries its message's Idempotency-Key": replace(
+        CORRECT, webhook_calls=[_call("rcpt-1"), _call("someone-else", status=503)]
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_each_planted_violation_is_reported_by_its_invariant(name: str) -> None:
+    verdicts = _verdicts(PLANTED[name])
+    assert verdicts[name] == 1
+    assert sum(verdicts.values()) == 1, verdicts
+
+
+def test_a_reused_key_must_put_the_losing_payload_in_the_dead_letter_queue() -> None:
+    end = replace(CORRECT, dead_letters=[DeadLetter("m-broken", "InvalidJson")])
+    assert _verdicts(end)["nothing lost (applied, or in the DLQ with its reason)"] == 1
+
+
+def test_a_repeat_webhook_call_is_allowed_after_a_failed_attempt() -> None:
+    history = InvocationHistory()
+    history.results["m-receipt"].append(("retried", "webhook answered HTTP 503"))
+    end = replace(CORRECT, webhook_calls=[_call("rcpt-1"), _call("rcpt-1")])
+    assert set(_verdicts(end, history=history).values()) == {0}
+
+
+def test_a_zombie_write_and_a_foreign_failure_id_are_violations() -> None:
+    log = FaultLog()
+    log.zombie_write_accepted("commit of ReceiptRequested#rcpt-1 by overtaken owner t-1")
+    history = InvocationHistory()
+    history.foreign_failure_ids.append("not-in-the-batch")
+    verdicts = _verdicts(CORRECT, history=history, log=log)
+    assert verdicts["no zombie commit or release over a newer owner"] == 1
+    assert verdicts["batchItemFailures name only the batch's ids"] == 1

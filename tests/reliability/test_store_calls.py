@@ -1,0 +1,72 @@
+"""The harness names fault points after the state machine's steps, read from the requests on the
+wire: the real store's requests must be recognised, or faults would silently stop being injected."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import boto3
+import pytest
+
+from chaos.store_calls import Step, StoreCall, classify
+from chaos.wire import WireCall, WirePlan, install
+from consumer.idempotency.store import Applied, Claimed, IdempotencyStore
+from consumer.idempotency.writes import Update
+from local.aws import DUMMY_CREDENTIALS, REGION
+from local.dynamodb_local import DynamoDBLocal
+
+
+@pytest.fixture(scope="module")
+def table(dynamodb_local: DynamoDBLocal) -> Iterator[str]:
+    client = dynamodb_local.client()
+    name = f"calls-{uuid.uuid4().hex[:8]}"
+    client.create_table(
+        TableName=name,
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    yield name
+    client.delete_table(TableName=name)
+
+
+def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLocal, table: str) -> None:
+    seen: list[StoreCall] = []
+
+    def record(call: WireCall) -> WirePlan | None:
+        seen.append(classify(call.operation, call.params, table))
+        return None
+
+    session = boto3.session.Session(region_name=REGION, **DUMMY_CREDENTIALS)
+    install(session, record)
+    store = IdempotencyStore(
+        session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url), table, ttl_seconds=3600
+    )
+    effect = Update(table=table, key={"id": "effect"}, expression="ADD n :one", values={":one": 1})
+    first, second, third = (f"k-{uuid.uuid4().hex[:8]}" for _ in range(3))
+
+    claim = store.claim(first, "h", lease_ms=5_000)
+    assert isinstance(claim, Claimed)
+    store.commit(claim, None, (effect,))
+    claim = store.claim(second, "h", lease_ms=5_000)
+    assert isinstance(claim, Claimed)
+    store.commit(claim)
+    claim = store.claim(third, "h", lease_ms=5_000)
+    assert isinstance(claim, Claimed)
+    assert store.release(claim)
+    applied = store.apply_once(f"{first}-optimistic", "h", None, (effect,))
+    assert isinstance(applied, Applied)
+
+    assert [(call.step, call.record_id) for call in seen] == [
+        (Step.CLAIM, first),
+        (Step.COMMIT, first),
+        (Step.CLAIM, second),
+        (Step.COMMIT, second),
+        (Step.CLAIM, third),
+        (Step.RELEASE, third),
+        (Step.APPLY_ONCE, f"{first}-optimistic"),
+    ]
+    # The fencing token is read too: what a claim wrote is what its commit is conditioned on.
+    assert seen[0].owner_token == seen[1].owner_token is not None
+    assert seen[4].owner_token == seen[5].owner_token == claim.owner_token
