@@ -4,7 +4,6 @@ wire: the real store's requests must be recognised, or faults would silently sto
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import boto3
 import pytest
@@ -15,20 +14,12 @@ from consumer.idempotency.store import Applied, Claimed, IdempotencyStore
 from consumer.idempotency.writes import Update
 from local.aws import DUMMY_CREDENTIALS, REGION
 from local.dynamodb_local import DynamoDBLocal
+from tests.reliability.conftest import TableFactory
 
 
 @pytest.fixture(scope="module")
-def table(dynamodb_local: DynamoDBLocal) -> Iterator[str]:
-    client = dynamodb_local.client()
-    name = f"calls-{uuid.uuid4().hex[:8]}"
-    client.create_table(
-        TableName=name,
-        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
-    yield name
-    client.delete_table(TableName=name)
+def table(id_table: TableFactory) -> str:
+    return id_table("calls")
 
 
 def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLocal, table: str) -> None:

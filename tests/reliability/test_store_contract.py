@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
 from consumer.idempotency.store import Claimed, IdempotencyStore, LeaseLost
 from consumer.idempotency.writes import Update
 from local.dynamodb_local import DynamoDBLocal
+from tests.reliability.conftest import TableFactory
 
 
 class Clock:
@@ -22,17 +22,8 @@ class Clock:
 
 
 @pytest.fixture(scope="module")
-def table(dynamodb_local: DynamoDBLocal) -> Iterator[str]:
-    client = dynamodb_local.client()
-    name = f"contract-{uuid.uuid4().hex[:8]}"
-    client.create_table(
-        TableName=name,
-        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
-    yield name
-    client.delete_table(TableName=name)
+def table(id_table: TableFactory) -> str:
+    return id_table("contract")
 
 
 def test_a_zombie_commit_with_writes_after_its_successor_released_is_lease_lost(
