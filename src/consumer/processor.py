@@ -201,7 +201,10 @@ class RecordProcessor:
     def _release_quietly(self, item: Prepared, claim: Claimed) -> None:
         try:
             if not self._store.release(claim):
-                self._logger.warning("release found the claim taken over", extra=self._log_keys(item))
+                self._logger.warning(
+                    "release found no claim of ours (taken over, or an earlier release lost its answer)",
+                    extra=self._log_keys(item),
+                )
         except Exception as error:
             # The lease still runs out, so the key frees itself; nothing is stuck.
             self._logger.warning("release failed", extra={**self._log_keys(item), "error": str(error)})
