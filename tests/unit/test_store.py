@@ -39,6 +39,16 @@ def credit(account: str, entry: str, amount: int) -> tuple[Update, Put]:
     )
 
 
+def taken_over(store: IdempotencyStore, clock: Clock, record_id: str) -> tuple[Claimed, Claimed]:
+    """A claim whose lease ran out (the zombie) and the claim that took the key over."""
+    zombie = store.claim(record_id, "hash-a", LEASE_MS)
+    assert isinstance(zombie, Claimed)
+    clock.advance(LEASE_MS / 1000 + 1)
+    owner = store.claim(record_id, "hash-a", LEASE_MS)
+    assert isinstance(owner, Claimed)
+    return zombie, owner
+
+
 # -- claim ---------------------------------------------------------------------------------
 
 
@@ -169,11 +179,7 @@ def test_commit_applies_the_business_writes_with_the_record(store: IdempotencySt
 def test_a_zombie_cannot_commit_over_the_owner_that_took_over(
     store: IdempotencyStore, dynamodb: Any, clock: Clock
 ) -> None:
-    zombie = store.claim("Pay#1", "hash-a", LEASE_MS)
-    assert isinstance(zombie, Claimed)
-    clock.advance(LEASE_MS / 1000 + 1)
-    owner = store.claim("Pay#1", "hash-a", LEASE_MS)
-    assert isinstance(owner, Claimed)
+    zombie, owner = taken_over(store, clock, "Pay#1")
     store.commit(owner, "owner's result", credit("acc-1", "PAYMENT#1", 500))
 
     with pytest.raises(LeaseLost):
@@ -188,11 +194,7 @@ def test_a_zombie_cannot_commit_over_the_owner_that_took_over(
 
 
 def test_a_zombie_cannot_commit_while_the_new_owner_is_still_running(store: IdempotencyStore, clock: Clock) -> None:
-    zombie = store.claim("Pay#1", "hash-a", LEASE_MS)
-    assert isinstance(zombie, Claimed)
-    clock.advance(LEASE_MS / 1000 + 1)
-    owner = store.claim("Pay#1", "hash-a", LEASE_MS)
-    assert isinstance(owner, Claimed)
+    zombie, owner = taken_over(store, clock, "Pay#1")
 
     with pytest.raises(LeaseLost) as lost:
         store.commit(zombie, "late")
@@ -207,11 +209,7 @@ def test_a_zombie_cannot_commit_while_the_new_owner_is_still_running(store: Idem
 def test_a_zombie_commit_with_writes_after_the_new_owner_released_is_lease_lost(
     store: IdempotencyStore, dynamodb: Any, clock: Clock
 ) -> None:
-    zombie = store.claim("Pay#1", "hash-a", LEASE_MS)
-    assert isinstance(zombie, Claimed)
-    clock.advance(LEASE_MS / 1000 + 1)
-    owner = store.claim("Pay#1", "hash-a", LEASE_MS)
-    assert isinstance(owner, Claimed)
+    zombie, owner = taken_over(store, clock, "Pay#1")
     assert store.release(owner)
 
     with pytest.raises(LeaseLost):
@@ -296,11 +294,7 @@ def test_release_frees_the_key_for_an_immediate_retry(store: IdempotencyStore) -
 
 
 def test_a_zombie_cannot_release_the_new_owners_claim(store: IdempotencyStore, clock: Clock) -> None:
-    zombie = store.claim("Receipt#1", "hash-a", LEASE_MS)
-    assert isinstance(zombie, Claimed)
-    clock.advance(LEASE_MS / 1000 + 1)
-    owner = store.claim("Receipt#1", "hash-a", LEASE_MS)
-    assert isinstance(owner, Claimed)
+    zombie, owner = taken_over(store, clock, "Receipt#1")
 
     assert store.release(zombie) is False
 
