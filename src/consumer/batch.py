@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumer.backoff import VisibilityBackoff
+from consumer.envelope import message_group_id
 from consumer.processor import Outcome, Prepared, RecordProcessor, RecordResult, Rejected
 
 
@@ -56,7 +57,7 @@ def _now_ms() -> int:
 
 
 def _is_fifo(records: Iterable[dict[str, Any]]) -> bool:
-    return any((record.get("attributes") or {}).get("MessageGroupId") for record in records)
+    return any(message_group_id(record) for record in records)
 
 
 class BatchProcessor:
@@ -112,7 +113,7 @@ class BatchProcessor:
     @staticmethod
     def _lane_key(item: Prepared | Rejected, fifo: bool) -> str:
         if fifo:
-            return "group:" + ((item.record.get("attributes") or {}).get("MessageGroupId") or "")
+            return "group:" + (message_group_id(item.record) or "")
         if isinstance(item, Prepared):
             return "key:" + item.message.record_id
         return "message:" + item.record["messageId"]
@@ -137,7 +138,7 @@ class BatchProcessor:
             result = self._run_one(item, first_runs, remaining_ms)
             results.append(result)
             if fifo and result.outcome.is_failure:
-                group = (item.record.get("attributes") or {}).get("MessageGroupId")
+                group = message_group_id(item.record)
                 stopped_by = f"not started: earlier message {message_id} of group {group} failed"
         return results
 

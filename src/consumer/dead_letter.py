@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from consumer.envelope import message_group_id
+
 # SQS allows 10 message attributes; ours take 4, the original ones fill the rest.
 _MAX_ATTRIBUTES = 10
 _MAX_REASON_CHARS = 1_000
@@ -33,8 +35,7 @@ class DeadLetterQueue:
             "MessageAttributes": attributes,
         }
         if self._fifo:
-            group = (record.get("attributes") or {}).get("MessageGroupId") or "dead-letter"
-            request["MessageGroupId"] = group
+            request["MessageGroupId"] = message_group_id(record) or "dead-letter"
             request["MessageDeduplicationId"] = record["messageId"]
         self._client.send_message(**request)
 

@@ -61,6 +61,11 @@ class Message:
         return f"{self.event_type}#{self.idempotency_key}"
 
 
+def message_group_id(record: dict[str, Any]) -> str | None:
+    """The FIFO message group of an SQS record; None on a standard queue."""
+    return (record.get("attributes") or {}).get("MessageGroupId")
+
+
 def payload_hash(payload: dict[str, Any]) -> str:
     """Hash of the canonical JSON so that key order and whitespace do not matter."""
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -77,11 +82,12 @@ def _attribute_key(record: dict[str, Any]) -> str | None:
     return None
 
 
-def _schema_error(error: ValidationError) -> str:
+def schema_violation(error: ValidationError, prefix: str = "") -> PoisonMessage:
+    """The first validation error, with where it is, as poison (the rest are counted)."""
     first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "body"
+    where = ".".join([*([prefix] if prefix else []), *(str(part) for part in first["loc"])]) or "body"
     more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return f"{where}: {first['msg']}{more}"
+    return PoisonMessage("SchemaViolation", f"{where}: {first['msg']}{more}")
 
 
 def parse_message(record: dict[str, Any]) -> Message:
@@ -97,7 +103,7 @@ def parse_message(record: dict[str, Any]) -> Message:
     try:
         envelope = Envelope.model_validate(body)
     except ValidationError as error:
-        raise PoisonMessage("SchemaViolation", _schema_error(error)) from None
+        raise schema_violation(error) from None
 
     if envelope.metadata.idempotencyKey is not None:
         key, source = envelope.metadata.idempotencyKey, KeySource.BODY
@@ -116,5 +122,5 @@ def parse_message(record: dict[str, Any]) -> Message:
         payload=envelope.payload,
         payload_hash=payload_hash(envelope.payload),
         receive_count=int(attributes.get("ApproximateReceiveCount", "1")),
-        message_group_id=attributes.get("MessageGroupId"),
+        message_group_id=message_group_id(record),
     )

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from consumer.config import Settings
 from consumer.dead_letter import DeadLetterQueue
-from consumer.envelope import Message, parse_message
+from consumer.envelope import Message, parse_message, schema_violation
 from consumer.errors import PoisonMessage, TransientError
 from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.lease import lease_duration
@@ -53,6 +53,8 @@ class RecordResult:
     reason: str | None = None
     # When a retry could succeed: the end of another worker's lease, epoch ms.
     retry_at_ms: int | None = None
+    # What made it poison, so a copy later in the batch is dead-lettered alike.
+    poison: PoisonMessage | None = None
 
 
 @dataclass(frozen=True)
@@ -106,10 +108,7 @@ class RecordProcessor:
         try:
             payload = handler.payload_model.model_validate(message.payload)
         except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(["payload", *(str(part) for part in first["loc"])])
-            poison = PoisonMessage("SchemaViolation", f"{where}: {first['msg']}")
-            return Rejected(record, poison, message.idempotency_key)
+            return Rejected(record, schema_violation(error, prefix="payload"), message.idempotency_key)
         return Prepared(record, message, handler, payload)
 
     def execute(self, item: Prepared | Rejected, remaining_ms: Callable[[], int]) -> RecordResult:
@@ -132,10 +131,9 @@ class RecordProcessor:
         if first.outcome in (Outcome.APPLIED, Outcome.DUPLICATE):
             self._logger.info("duplicate in batch", extra={**self._log_keys(item), "first": first.message_id})
             return RecordResult(item.message.message_id, Outcome.DUPLICATE, f"duplicate of {first.message_id}")
-        if first.outcome is Outcome.POISON:
+        if first.poison is not None:
             # Every copy must reach the DLQ itself: a message is applied or dead-lettered.
-            error_type, _, text = (first.reason or "Poison: ").partition(": ")
-            return self.dead_letter(item.record, PoisonMessage(error_type, text), item.message.idempotency_key)
+            return self.dead_letter(item.record, first.poison, item.message.idempotency_key)
         self._logger.info("retry with the first copy", extra={**self._log_keys(item), "first": first.message_id})
         return RecordResult(item.message.message_id, first.outcome, first.reason, first.retry_at_ms)
 
@@ -148,7 +146,9 @@ class RecordProcessor:
             self._logger.error("dead-letter send failed", extra={**keys, "error": str(error)})
             return RecordResult(record["messageId"], Outcome.RETRIED, f"dead-letter send failed: {error}")
         self._logger.warning("dead-lettered", extra={**keys, "error_type": poison.error_type, "reason": poison.message})
-        return RecordResult(record["messageId"], Outcome.POISON, f"{poison.error_type}: {poison.message}")
+        return RecordResult(
+            record["messageId"], Outcome.POISON, f"{poison.error_type}: {poison.message}", poison=poison
+        )
 
     # -- the two modes ----------------------------------------------------------------
 

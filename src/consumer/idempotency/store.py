@@ -48,6 +48,8 @@ _CLAIMABLE = (
     "attribute_not_exists(#id) OR #expires < :now_s OR (#status = :in_progress AND #lease < :now_ms AND #hash = :hash)"
 )
 _OWNED = "#owner = :owner AND #status = :in_progress"
+_COMMIT_NAMES = {k: _NAMES[k] for k in ("#status", "#result", "#expires", "#lease", "#owner")}
+_RELEASE_NAMES = {k: _NAMES[k] for k in ("#owner", "#status")}
 
 _TRANSIENT_CODES = frozenset(
     {
@@ -172,15 +174,8 @@ class IdempotencyStore:
                 ConditionExpression=_CLAIMABLE,
                 ExpressionAttributeNames=_NAMES,
                 ExpressionAttributeValues={
-                    ":in_progress": {"S": Status.IN_PROGRESS.value},
-                    ":expires_at": {"N": str(now_ms // 1000 + self._ttl_seconds)},
+                    **self._claim_values(now_ms, token, payload_hash),
                     ":lease": {"N": str(lease_end)},
-                    ":owner": {"S": token},
-                    ":hash": {"S": payload_hash},
-                    ":zero": {"N": "0"},
-                    ":one": {"N": "1"},
-                    ":now_s": {"N": str(now_ms // 1000)},
-                    ":now_ms": {"N": str(now_ms)},
                 },
                 ReturnValues="UPDATED_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
@@ -207,7 +202,7 @@ class IdempotencyStore:
             "Key": {"id": {"S": claim.record_id}},
             "UpdateExpression": "SET #status = :completed, #result = :result, #expires = :expires_at REMOVE #lease",
             "ConditionExpression": _OWNED,
-            "ExpressionAttributeNames": {k: _NAMES[k] for k in ("#status", "#result", "#expires", "#lease", "#owner")},
+            "ExpressionAttributeNames": _COMMIT_NAMES,
             "ExpressionAttributeValues": {
                 ":completed": {"S": Status.COMPLETED.value},
                 ":in_progress": {"S": Status.IN_PROGRESS.value},
@@ -240,7 +235,7 @@ class IdempotencyStore:
                 TableName=self._table,
                 Key={"id": {"S": claim.record_id}},
                 ConditionExpression=_OWNED,
-                ExpressionAttributeNames={k: _NAMES[k] for k in ("#owner", "#status")},
+                ExpressionAttributeNames=_RELEASE_NAMES,
                 ExpressionAttributeValues={
                     ":owner": {"S": claim.owner_token},
                     ":in_progress": {"S": Status.IN_PROGRESS.value},
@@ -269,16 +264,9 @@ class IdempotencyStore:
             "ConditionExpression": _CLAIMABLE,
             "ExpressionAttributeNames": _NAMES,
             "ExpressionAttributeValues": {
+                **self._claim_values(now_ms, token, payload_hash),
                 ":completed": {"S": Status.COMPLETED.value},
-                ":in_progress": {"S": Status.IN_PROGRESS.value},
-                ":expires_at": {"N": str(now_ms // 1000 + self._ttl_seconds)},
-                ":owner": {"S": token},
-                ":hash": {"S": payload_hash},
                 ":result": {"S": encode_result(result, self._result_max_bytes)},
-                ":zero": {"N": "0"},
-                ":one": {"N": "1"},
-                ":now_s": {"N": str(now_ms // 1000)},
-                ":now_ms": {"N": str(now_ms)},
             },
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
@@ -310,6 +298,19 @@ class IdempotencyStore:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+    def _claim_values(self, now_ms: int, token: str, payload_hash: str) -> dict[str, dict[str, str]]:
+        """The values ``_CLAIMABLE`` and a claiming update need, shared by claim and apply_once."""
+        return {
+            ":in_progress": {"S": Status.IN_PROGRESS.value},
+            ":expires_at": {"N": str(now_ms // 1000 + self._ttl_seconds)},
+            ":owner": {"S": token},
+            ":hash": {"S": payload_hash},
+            ":zero": {"N": "0"},
+            ":one": {"N": "1"},
+            ":now_s": {"N": str(now_ms // 1000)},
+            ":now_ms": {"N": str(now_ms)},
+        }
 
     @staticmethod
     def _conflict(current: IdempotencyRecord, payload_hash: str) -> Duplicate | InFlight | PayloadMismatch:
