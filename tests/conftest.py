@@ -6,6 +6,7 @@ integration"`` runs without Java or the npm install.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -79,3 +80,28 @@ def make_stack(local_stack: LocalServers, webhook_sink: WebhookSink) -> Iterator
 def stack(make_stack: Callable[..., DeployedStack]) -> DeployedStack:
     """The template with its defaults, deployed afresh for this test."""
     return make_stack()
+
+
+TableFactory = Callable[[str], str]
+
+
+@pytest.fixture(scope="module")
+def id_table(dynamodb_local: DynamoDBLocal) -> Iterator[TableFactory]:
+    """``id_table(prefix)`` creates a PAY_PER_REQUEST table with partition key ``id`` (S)."""
+    client = dynamodb_local.client()
+    made: list[str] = []
+
+    def create(prefix: str) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        client.create_table(
+            TableName=name,
+            AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+            KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        made.append(name)
+        return name
+
+    yield create
+    for name in made:
+        client.delete_table(TableName=name)

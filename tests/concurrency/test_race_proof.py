@@ -18,6 +18,7 @@ import pytest
 
 from consumer.idempotency.store import Claimed, IdempotencyStore
 from local.dynamodb_local import DynamoDBLocal
+from tests.conftest import TableFactory
 
 THREADS = 12
 ROUNDS = 15
@@ -27,16 +28,8 @@ THINK_S = 0.005
 
 
 @pytest.fixture(scope="module")
-def race_table(dynamodb_local: DynamoDBLocal) -> str:
-    client = dynamodb_local.client()
-    name = f"race-{int(time.time() * 1000)}"
-    client.create_table(
-        TableName=name,
-        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
-    return name
+def race_table(id_table: TableFactory) -> str:
+    return id_table("race")
 
 
 def race(attempt: Callable[[Any, str, int], bool], clients: list[Any], key: str) -> int:

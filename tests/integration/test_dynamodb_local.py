@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
 
 import pytest
 from botocore.exceptions import ClientError
 
 from local.dynamodb_local import DynamoDBLocal, JavaNotFound, java_runtime
 from local.processes import LOOPBACK
+from tests.conftest import TableFactory
 
 pytestmark = pytest.mark.integration
 
@@ -36,15 +36,9 @@ def test_listens_on_loopback_only(dynamodb_local: DynamoDBLocal) -> None:
         assert attempt.connect_ex((other, dynamodb_local.port)) != 0
 
 
-def test_failed_condition_returns_the_old_item(dynamodb_local: DynamoDBLocal) -> None:
+def test_failed_condition_returns_the_old_item(dynamodb_local: DynamoDBLocal, id_table: TableFactory) -> None:
     client = dynamodb_local.client()
-    table = f"t-{uuid.uuid4().hex[:8]}"
-    client.create_table(
-        TableName=table,
-        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    table = id_table("t")
     client.put_item(TableName=table, Item={"id": {"S": "k"}, "owner": {"S": "first"}})
     with pytest.raises(ClientError) as failed:
         client.put_item(

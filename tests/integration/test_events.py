@@ -12,19 +12,9 @@ from local import dead_letters
 from local.event_files import load_event
 from local.stack import DeployedStack
 from local.webhook import WebhookSink
+from tests.integration.lambda_shape import RECORD_KEYS
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
-RECORD_KEYS = {
-    "messageId",
-    "receiptHandle",
-    "body",
-    "attributes",
-    "messageAttributes",
-    "md5OfBody",
-    "eventSource",
-    "eventSourceARN",
-    "awsRegion",
-}
 
 
 def _ledger(stack: DeployedStack) -> dict[tuple[str, str], dict]:

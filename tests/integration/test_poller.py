@@ -15,6 +15,7 @@ import pytest
 
 from local.poller import BatchVerdict, reported_failures
 from local.stack import DeployedStack
+from tests.integration.lambda_shape import RECORD_KEYS
 from tests.integration.template_copies import (
     function_properties,
     probe_function,
@@ -114,17 +115,7 @@ def test_event_has_lambdas_shape_and_context_follows_timeout(probe_stack: Callab
     assert report.deleted == 1
     seen = _seen(stack)[-1]
     (record,) = seen["event"]["Records"]
-    assert set(record) >= {
-        "messageId",
-        "receiptHandle",
-        "body",
-        "attributes",
-        "messageAttributes",
-        "md5OfBody",
-        "eventSource",
-        "eventSourceARN",
-        "awsRegion",
-    }
+    assert set(record) >= RECORD_KEYS
     assert record["messageId"] == sent["MessageId"]
     assert record["md5OfBody"] == hashlib.md5(b"ok").hexdigest()
     assert (record["eventSource"], record["eventSourceARN"], record["awsRegion"]) == (

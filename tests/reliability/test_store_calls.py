@@ -14,7 +14,7 @@ from consumer.idempotency.store import Applied, Claimed, IdempotencyStore
 from consumer.idempotency.writes import Update
 from local.aws import DUMMY_CREDENTIALS, REGION
 from local.dynamodb_local import DynamoDBLocal
-from tests.reliability.conftest import TableFactory
+from tests.conftest import TableFactory
 
 
 @pytest.fixture(scope="module")

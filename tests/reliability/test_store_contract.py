@@ -10,7 +10,7 @@ import pytest
 from consumer.idempotency.store import Claimed, IdempotencyStore, LeaseLost
 from consumer.idempotency.writes import Update
 from local.dynamodb_local import DynamoDBLocal
-from tests.reliability.conftest import TableFactory
+from tests.conftest import TableFactory
 
 
 class Clock:

@@ -57,7 +57,7 @@ from consumer.idempotency.store import (
 from consumer.idempotency.writes import Update
 from local.aws import DUMMY_CREDENTIALS, REGION
 from local.dynamodb_local import DynamoDBLocal
-from tests.reliability.conftest import TableFactory
+from tests.conftest import TableFactory
 
 WORKERS = 3
 KEYS = ("k0", "k1", "k2")
