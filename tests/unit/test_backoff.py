@@ -21,7 +21,9 @@ QUEUE = "consumer-queue"
 
 @pytest.fixture
 def backoff(sqs: Any, clock: Clock) -> VisibilityBackoff:
-    return VisibilityBackoff(lambda: sqs, base_seconds=2, max_seconds=300, logger=logging.getLogger("test"), clock=clock)
+    return VisibilityBackoff(
+        lambda: sqs, base_seconds=2, max_seconds=300, logger=logging.getLogger("test"), clock=clock
+    )
 
 
 @pytest.mark.parametrize(("receive_count", "expected"), [(1, 2), (2, 4), (4, 16), (9, 300), (40, 300)])
