@@ -53,6 +53,10 @@ validate: venv $(SAM_VENV)/.installed ## cfn-lint on template.yaml and its trans
 test: lint validate node_modules/.installed ## everything CI runs: lint, template checks, unit, infrastructure and integration tests
 	$(PY) -m pytest
 
+.PHONY: fuzz
+fuzz: venv ## the whole handler fuzzed with hostile batches for about 20 minutes (make test runs a bounded sample)
+	FUZZ_PROFILE=fuzz $(PY) -m pytest -p no:cacheprovider -o addopts= --hypothesis-show-statistics -q tests/unit/test_fuzz_handler.py
+
 # The local stack (no AWS, no Docker): DynamoDB Local, moto's SQS, a webhook sink and pollers that
 # behave as Lambda's SQS event source mapping, all on 127.0.0.1. See local/.
 LOCAL := $(PY) -m local
