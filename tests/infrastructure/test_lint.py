@@ -7,7 +7,7 @@ from typing import Any
 
 from cfnlint.api import ManualArgs, lint
 
-from tests.infrastructure.template import REGION, TEMPLATE_PATH
+from testkit.template import REGION, TEMPLATE_PATH
 
 _CONFIG = ManualArgs(regions=[REGION], include_checks=["I"])
 

@@ -6,7 +6,8 @@ import re
 import tomllib
 from typing import Any
 
-from tests.infrastructure.template import SAMCONFIG_PATH, Resolver, ResourceRef, properties
+from testkit.template import ResourceRef, Template
+from tests.infrastructure.lookups import SAMCONFIG_PATH, properties
 
 # Output -> what it must evaluate to. Scripts and the README read these names.
 REQUIRED_OUTPUTS = {
@@ -37,7 +38,7 @@ def _deploy_setting(name: str) -> Any:
     return default.get("deploy", {}).get("parameters", {}).get(name, default["global"]["parameters"].get(name))
 
 
-def test_outputs_name_the_stack_resources(transformed_template: dict[str, Any], resolver: Resolver) -> None:
+def test_outputs_name_the_stack_resources(transformed_template: dict[str, Any], resolver: Template) -> None:
     outputs = {name: resolver.resolve(output["Value"]) for name, output in transformed_template["Outputs"].items()}
     assert {name: outputs.get(name) for name in REQUIRED_OUTPUTS} == REQUIRED_OUTPUTS
 
@@ -60,7 +61,7 @@ def test_samconfig_stack_name_gives_a_valid_queue_name(transformed_template: dic
     # The consumer queue is named after the stack (for the dead-letter queue's redrive allow policy).
     stack_name = _deploy_setting("stack_name")
     assert STACK_NAME.fullmatch(stack_name)
-    resolver = Resolver(transformed_template, stack_name=stack_name)
+    resolver = Template(transformed_template, stack_name=stack_name)
     queue_name = resolver.resolve(properties(transformed_template, "ConsumerQueue")["QueueName"])
     assert SQS_QUEUE_NAME.fullmatch(queue_name), queue_name
     allowed_sources = resolver.resolve(

@@ -6,15 +6,13 @@ import itertools
 import re
 from typing import Any
 
-from tests.infrastructure.template import (
-    ACCOUNT_ID,
-    REGION,
-    Resolver,
-    ResourceRef,
+from testkit.template import ACCOUNT_ID, REGION, ResourceRef, Template
+from tests.infrastructure.lookups import (
     event_source_mapping,
     parameter_candidates,
     parameter_name,
     properties,
+    read,
     resources_of_type,
 )
 
@@ -24,14 +22,14 @@ SQS_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 
 
 def test_queue_redrives_to_the_dead_letter_queue_after_the_parameterised_receive_count(
-    transformed_template: dict[str, Any], resolver: Resolver
+    transformed_template: dict[str, Any], resolver: Template
 ) -> None:
     redrive = resolver.resolve(properties(transformed_template, "ConsumerQueue")["RedrivePolicy"])
     assert redrive["deadLetterTargetArn"] == ResourceRef("ConsumerDeadLetterQueue", "Arn")
     assert redrive["maxReceiveCount"] == 5
 
     parameter = parameter_name(properties(transformed_template, "ConsumerQueue")["RedrivePolicy"]["maxReceiveCount"])
-    overridden = Resolver(transformed_template, {parameter: 9}).resolve(
+    overridden = read(transformed_template, **{parameter: 9}).resolve(
         properties(transformed_template, "ConsumerQueue")["RedrivePolicy"]
     )
     assert overridden["maxReceiveCount"] == 9
@@ -40,7 +38,7 @@ def test_queue_redrives_to_the_dead_letter_queue_after_the_parameterised_receive
 
 
 def test_dead_letter_queue_accepts_redrives_from_the_consumer_queue_only(
-    transformed_template: dict[str, Any], resolver: Resolver
+    transformed_template: dict[str, Any], resolver: Template
 ) -> None:
     allow = resolver.resolve(properties(transformed_template, "ConsumerDeadLetterQueue")["RedriveAllowPolicy"])
     queue_name = resolver.resolve(properties(transformed_template, "ConsumerQueue")["QueueName"])
@@ -56,7 +54,7 @@ def test_every_queue_is_encrypted(transformed_template: dict[str, Any]) -> None:
         assert queue["Properties"].get("SqsManagedSseEnabled") is True, name
 
 
-def test_dead_letter_queue_keeps_messages_longest(transformed_template: dict[str, Any], resolver: Resolver) -> None:
+def test_dead_letter_queue_keeps_messages_longest(transformed_template: dict[str, Any], resolver: Template) -> None:
     dead_letter = resolver.resolve(properties(transformed_template, "ConsumerDeadLetterQueue"))
     queue = resolver.resolve(properties(transformed_template, "ConsumerQueue"))
     assert dead_letter["MessageRetentionPeriod"] == SQS_MAX_RETENTION
@@ -82,7 +80,7 @@ def test_visibility_timeout_covers_six_function_timeouts_and_the_batching_window
         parameter_candidates(transformed_template, timeout_parameter),
         parameter_candidates(transformed_template, window_parameter),
     ):
-        resolver = Resolver(transformed_template, {timeout_parameter: timeout, window_parameter: window})
+        resolver = read(transformed_template, **{timeout_parameter: timeout, window_parameter: window})
         visibility = resolver.resolve(properties(transformed_template, "ConsumerQueue")["VisibilityTimeout"])
         assert 6 * timeout + window <= visibility <= SQS_MAX_VISIBILITY_TIMEOUT, (timeout, window, visibility)
         checked += 1
