@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from testkit.template import REPO_ROOT, ResourceRef, Template
 
 SAMCONFIG_PATH = REPO_ROOT / "samconfig.toml"
+# SQS: up to 80 characters, a FIFO queue's ending in ".fifo".
+SQS_QUEUE_NAME = re.compile(r"(?=.{1,80}$)[A-Za-z0-9_-]+(\.fifo)?")
 STACK_NAME = "idempotent-sqs-consumer"
 # What Lambda's event source mapping does with the function's role: poll, delete, read attributes.
 EVENT_SOURCE_POLLING = frozenset({"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"})

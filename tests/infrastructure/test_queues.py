@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import re
 from typing import Any
 
 from testkit.template import ACCOUNT_ID, REGION, ResourceRef, Template
 from tests.infrastructure.lookups import (
+    SQS_QUEUE_NAME,
     event_source_mapping,
     parameter_candidates,
     parameter_name,
@@ -18,7 +18,6 @@ from tests.infrastructure.lookups import (
 
 SQS_MAX_VISIBILITY_TIMEOUT = 12 * 3600
 SQS_MAX_RETENTION = 14 * 24 * 3600
-SQS_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 
 
 def test_queue_redrives_to_the_dead_letter_queue_after_the_parameterised_receive_count(
@@ -85,3 +84,35 @@ def test_visibility_timeout_covers_six_function_timeouts_and_the_batching_window
         assert 6 * timeout + window <= visibility <= SQS_MAX_VISIBILITY_TIMEOUT, (timeout, window, visibility)
         checked += 1
     assert checked > 1
+
+
+FIFO_PROPERTIES = {
+    "FifoQueue": True,
+    "ContentBasedDeduplication": False,
+    "DeduplicationScope": "messageGroup",
+    "FifoThroughputLimit": "perMessageGroupId",
+}
+
+
+def test_fifo_queue_type_makes_both_queues_high_throughput_fifo_without_content_deduplication(
+    transformed_template: dict[str, Any],
+) -> None:
+    reading = read(transformed_template, QueueType="fifo")
+    queue = reading.resolve(properties(transformed_template, "ConsumerQueue"))
+    dead_letter = reading.resolve(properties(transformed_template, "ConsumerDeadLetterQueue"))
+    for name, resolved in (("ConsumerQueue", queue), ("ConsumerDeadLetterQueue", dead_letter)):
+        assert {key: resolved.get(key) for key in FIFO_PROPERTIES} == FIFO_PROPERTIES, name
+    assert queue["QueueName"] == "idempotent-sqs-consumer-consumer.fifo"
+    # CloudFormation adds .fifo to the name it generates for an unnamed FIFO queue.
+    assert "QueueName" not in dead_letter
+    assert dead_letter["RedriveAllowPolicy"]["sourceQueueArns"] == [
+        f"arn:aws:sqs:{REGION}:{ACCOUNT_ID}:{queue['QueueName']}"
+    ]
+    assert queue["RedrivePolicy"]["deadLetterTargetArn"] == ResourceRef("ConsumerDeadLetterQueue", "Arn")
+
+
+def test_standard_queue_type_sets_no_fifo_property(transformed_template: dict[str, Any], resolver: Template) -> None:
+    for logical_id in ("ConsumerQueue", "ConsumerDeadLetterQueue"):
+        resolved = resolver.resolve(properties(transformed_template, logical_id))
+        assert set(resolved) & set(FIFO_PROPERTIES) == set(), logical_id
+    assert not resolver.resolve(properties(transformed_template, "ConsumerQueue"))["QueueName"].endswith(".fifo")
