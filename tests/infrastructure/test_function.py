@@ -27,15 +27,11 @@ STACK_PROVIDED_VARIABLES = {
 
 
 def _variables_the_code_reads() -> set[str]:
-    """Names passed to ``env.get``, ``os.environ.get``, ``_required`` or ``_positive_int`` in src/consumer."""
-    readers = {"get", "_required", "_positive_int"}
-    names: set[str] = set()
+    """Settings' fields (read as upper-case variables), and names passed to ``env.get`` or ``os.environ.get``."""
+    names = {field.upper() for field in Settings.model_fields}
     for tree in package_modules().values():
         for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
-                continue
-            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if called in readers:
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
                 names.update(
                     arg.value
                     for arg in node.args
