@@ -1,5 +1,8 @@
 """Send poison messages to the dead-letter queue with the reason attached.
 
+Characters SQS refuses (possible only in a direct invocation) are replaced by
+U+FFFD and counted in ``BodyCharactersReplaced``.
+
 SQS counts the body and every attribute (name, type and value) toward its 1 MiB
 message limit, so a poison message near that size cannot carry its reason as is.
 What gives way, in order: the original message attributes (their names are listed
@@ -15,20 +18,28 @@ import hashlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from consumer.envelope import MAX_BODY_BYTES, Record, message_attributes, message_group_id
+from consumer.envelope import MAX_BODY_BYTES, Record, message_attributes, message_group_id, sqs_text
 from consumer.errors import ErrorType
 
 if TYPE_CHECKING:
     from types_boto3_sqs import SQSClient
     from types_boto3_sqs.type_defs import MessageAttributeValueTypeDef
 
-# SQS allows 10 message attributes; ours take up to 6, the original ones fill the rest.
+# SQS allows 10 message attributes; ours take up to 7, the original ones fill the rest.
 _MAX_ATTRIBUTES = 10
 _MAX_REASON_CHARS = 1_000
 # The whole message, body and attributes, as SQS counts it.
 MAX_MESSAGE_BYTES = MAX_BODY_BYTES
 _OURS = frozenset(
-    {"ErrorType", "ErrorMessage", "OriginalMessageId", "IdempotencyKey", "DroppedAttributes", "BodyTruncated"}
+    {
+        "ErrorType",
+        "ErrorMessage",
+        "OriginalMessageId",
+        "IdempotencyKey",
+        "DroppedAttributes",
+        "BodyTruncated",
+        "BodyCharactersReplaced",
+    }
 )
 
 
@@ -71,7 +82,11 @@ class DeadLetterQueue:
         body = record.get("body")
         # SQS refuses an empty body; an empty or non-text original is still worth keeping.
         body = body if isinstance(body, str) and body else f"({'empty body' if not body else type(body).__name__})"
-        originals = self._original_attributes(record, _MAX_ATTRIBUTES - len(ours) - 2)
+        # SQS never delivers such characters, but a direct invocation can: keep the rest.
+        body, replaced = sqs_text(body)
+        if replaced:
+            ours["BodyCharactersReplaced"] = {"DataType": "Number", "StringValue": str(replaced)}
+        originals = self._original_attributes(record, _MAX_ATTRIBUTES - len(ours))
         body, attributes = self._fit(body, originals, ours)
         request: dict[str, Any] = {"QueueUrl": self._url, "MessageBody": body, "MessageAttributes": attributes}
         if self._fifo:

@@ -42,8 +42,9 @@ MAX_NESTING_DEPTH = 32
 MAX_KEY_LENGTH = 512
 MAX_KEY_BYTES = 1024
 
-# What SQS accepts in a message body or attribute value.
+# What SQS accepts in a message body or attribute value, and what it refuses.
 _SQS_TEXT = re.compile("^[\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*$")
+_NOT_SQS_TEXT = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 Record = Mapping[str, Any]
 
@@ -85,6 +86,11 @@ class Message:
     def record_id(self) -> str:
         """The idempotency record's partition key: keys are namespaced by event type."""
         return f"{self.event_type}#{self.idempotency_key}"
+
+
+def sqs_text(text: str) -> tuple[str, int]:
+    """``text`` with each character SQS refuses replaced by U+FFFD, and how many were."""
+    return _NOT_SQS_TEXT.subn("\ufffd", text)
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

@@ -218,6 +218,7 @@ def make_consumer(
     webhook_url: str = "",
     dlq_url: str | None = None,
     extra_handlers: dict[str, MessageHandler[Any]] | None = None,
+    session: boto3.session.Session | None = None,
     **overrides: Any,
 ) -> Consumer:
     dlq_url = dlq_url or sqs.create_queue(QueueName="consumer-dlq")["QueueUrl"]
@@ -233,7 +234,7 @@ def make_consumer(
     )
     batch = wire(
         settings,
-        boto3.session.Session(region_name=REGION),
+        session or boto3.session.Session(region_name=REGION),
         clock=clock,
         logger=_quiet_logger(),
         handlers=extra_handlers,
