@@ -45,8 +45,8 @@ lint: venv ## ruff (lint and format check)
 	$(VENV)/bin/ruff format --check .
 
 .PHONY: validate
-validate: venv $(SAM_VENV)/.installed ## cfn-lint on template.yaml and its transformed form, sam validate --lint
-	$(VENV)/bin/cfn-lint template.yaml
+validate: venv $(SAM_VENV)/.installed ## cfn-lint (with the serverless rules) on template.yaml, sam validate --lint
+	$(VENV)/bin/cfn-lint --append-rules cfn_lint_serverless.rules -- template.yaml
 	SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --region $(REGION) --template-file template.yaml
 
 .PHONY: test

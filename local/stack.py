@@ -11,8 +11,8 @@ from local.function_runtime import FunctionRuntime
 from local.poller import BatchReport, Poller, PollerGroup, PollerStats
 from local.resources import LocalResources, QueueResource
 from local.servers import LocalServers
-from local.template import TEMPLATE_PATH
 from local.webhook import WebhookSink
+from testkit.template import TEMPLATE_PATH
 
 
 class DeployedStack:
