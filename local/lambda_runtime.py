@@ -157,6 +157,15 @@ def _note_no_quota(reason: str) -> None:
             _quota_noted = True
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -233,6 +242,12 @@ class LambdaEnvironment:
     def _start_once(self) -> None:
         emulator_port = self._ports[0] or free_port()
         api_port = self._ports[1] or free_port()
+        for port in (emulator_port, api_port):
+            # Another listener on the port would answer our readiness probe: refuse it up front.
+            if not _bindable(port):
+                raise PortTaken(
+                    f"port {LOOPBACK}:{port} is already in use: the Lambda runtime emulator cannot listen on it"
+                )
         descriptor, log_name = tempfile.mkstemp(prefix=f"lambda-{self.name}-", suffix=".log")
         self._log_path = Path(log_name)
         command = [
