@@ -42,7 +42,7 @@ from hypothesis.stateful import (
 )
 
 from chaos.wire import WireCall, WireFault, WirePlan, install
-from consumer.errors import TransientError
+from consumer.errors import LeaseLost, TransientError
 from consumer.idempotency import store as store_module
 from consumer.idempotency.record import Status
 from consumer.idempotency.store import (
@@ -51,7 +51,6 @@ from consumer.idempotency.store import (
     Duplicate,
     IdempotencyStore,
     InFlight,
-    LeaseLost,
     PayloadMismatch,
 )
 from consumer.idempotency.writes import Update
