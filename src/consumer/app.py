@@ -60,8 +60,8 @@ class LazyClient(Generic[ClientT]):
 def wire(
     settings: Settings,
     session: boto3.session.Session,
-    *,
     clock: Callable[[], float] = time.time,
+    *,
     logger: Any = logger,
     handlers: Mapping[str, MessageHandler[Any]] | None = None,
 ) -> BatchRunner:
