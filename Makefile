@@ -49,9 +49,10 @@ lambda-venv: venv ## build the function's Python 3.12 venv for Lambda's runtime 
 LAMBDA_RUNTIME := lambda-venv $(SAM_VENV)/.installed
 
 .PHONY: lint
-lint: venv ## ruff (lint and format check)
+lint: venv ## ruff (lint and format check), mypy --strict on the deployed code
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy --strict src
 
 .PHONY: validate
 validate: venv $(SAM_VENV)/.installed ## cfn-lint (with the serverless rules) on template.yaml, sam validate --lint
