@@ -75,6 +75,11 @@ LOCAL := $(PY) -m local
 demo: venv node_modules/.installed $(LAMBDA_RUNTIME) ## the whole pipeline on a realistic workload, checked (exit 1 if a check fails)
 	@$(LOCAL) demo $(ARGS)
 
+# With STACK, a deployed stack (the caller's AWS credentials); without, the local stack, started for it.
+.PHONY: smoke
+smoke: venv $(if $(STACK),,node_modules/.installed $(LAMBDA_RUNTIME)) ## a payment, its resend and a poison message through STACK=<name> (or the local stack), checked and removed
+	@$(LOCAL) smoke $(if $(STACK),--stack $(STACK) --region $(REGION)) $(ARGS)
+
 .PHONY: run
 run: venv node_modules/.installed $(LAMBDA_RUNTIME) ## start the local stack and its pollers in the foreground (Ctrl-C stops it)
 	@$(LOCAL) run $(ARGS)
