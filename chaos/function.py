@@ -25,8 +25,8 @@ from chaos.wire import install
 from consumer.config import Settings
 from local.aws import DUMMY_CREDENTIALS, REGION
 from local.function_runtime import Invocation
-from local.lambda_event import LambdaContext
 from local.resources import FunctionSpec
+from testkit.lambda_sqs import LambdaContext
 
 
 class Consumer(Protocol):

@@ -23,7 +23,7 @@ from typing import Any
 from chaos.faults import DEFAULT_RATES, FaultKind, FaultLog, Zombies, ZombieSettings
 from chaos.function import ChaosFunction, ConsumerFactory, ContainerSetup, InvocationHistory
 from chaos.invariants import Checker, EndState, Verdict, drain_dead_letters, scan
-from chaos.workload import Feeder, Workload, WorkloadShape, build_workload
+from chaos.workload import Workload, WorkloadShape, build_workload
 from consumer import app as consumer_app
 from consumer.app import wire
 from consumer.config import Settings
@@ -31,7 +31,8 @@ from local.function_runtime import FunctionRuntime
 from local.poller import Poller, PollerGroup, PollerStats
 from local.resources import FunctionSpec, QueueResource, SqsTrigger
 from local.servers import LocalServers
-from local.webhook import Answer, WebhookSink
+from testkit.messages import Outgoing, send_all
+from testkit.webhook import Answer, WebhookSink
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,7 @@ def _drive(
     workload: Workload,
     rng: random.Random,
     observed: tuple[InvocationHistory, PollerStats],
-) -> tuple[Feeder, bool]:
+) -> tuple[dict[str, Outgoing], bool]:
     """Feed the workload to the pollers until the queue drains (or the time limit); then stop them."""
     history, stats = observed
     pollers = [
@@ -235,11 +236,10 @@ def _drive(
         )
         for _ in range(config.pollers)
     ]
-    feeder = Feeder(stack.sqs, stack.queue.url, config.max_queue_depth)
     with PollerGroup(pollers):
-        feeder.feed(workload.messages)
+        sent = send_all(stack.sqs, stack.queue.url, workload.messages, max_depth=config.max_queue_depth)
         drained = _wait_until_drained(stack.sqs, stack.queue.url, config.drain_timeout_s)
-    return feeder, drained
+    return sent, drained
 
 
 def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFactory = wire) -> ChaosReport:
@@ -272,7 +272,7 @@ def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFa
         )
         # The function's environment puts the consumer's clients on the local endpoints (AWS_ENDPOINT_URL_*).
         with FunctionRuntime(stack.function, servers.function_environment(stack.function)), _quiet_consumer():
-            feeder, drained = _drive(config, stack, setup, workload, rng, (history, stats))
+            sent, drained = _drive(config, stack, setup, workload, rng, (history, stats))
             zombies.wait_until_idle(max_pause_s + 10)
         # Leases run out; nothing may stay IN_PROGRESS whatever the clocks said.
         time.sleep(lease_slack_s)
@@ -283,7 +283,7 @@ def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFa
     return ChaosReport(
         config=config,
         workload=workload,
-        sent=len(feeder.sent),
+        sent=len(sent),
         faults=dict(log.counts),
         zombies_without_takeover=log.zombies_without_takeover,
         history=history,
@@ -293,6 +293,6 @@ def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFa
         receipts_called_again=sum(
             1 for count in Counter(call.idempotency_key for call in end.webhook_calls).values() if count > 1
         ),
-        verdicts=Checker(feeder.sent, end, history, log).all(),
+        verdicts=Checker(sent, end, history, log).all(),
         duration_s=time.monotonic() - started,
     )

@@ -18,9 +18,8 @@ from boto3.dynamodb.types import TypeDeserializer
 
 from chaos.faults import FaultLog
 from chaos.function import InvocationHistory
-from chaos.workload import KEY_REUSED, event_type_of, payload_of
-from local.webhook import ReceivedRequest
-from local.workload import Outgoing
+from testkit.messages import KEY_REUSED, Outgoing
+from testkit.webhook import ReceivedRequest
 
 _deserializer = TypeDeserializer()
 _EXAMPLES = 3
@@ -98,8 +97,8 @@ def _groups(sent: Mapping[str, Outgoing]) -> dict[tuple[str, str], _KeyGroup]:
     groups: dict[tuple[str, str], _KeyGroup] = {}
     for message_id, message in sent.items():
         well_formed = message.kind in ("payment", "receipt") or message.expected_error == KEY_REUSED
-        payload = payload_of(message)
-        event_type = event_type_of(message)
+        payload = message.payload
+        event_type = message.event_type
         if not well_formed or payload is None or event_type is None or message.key is None:
             continue
         group = groups.setdefault((event_type, message.key), _KeyGroup(event_type, message.key, payload))
@@ -210,7 +209,7 @@ class Checker:
         return verdict
 
     def _is_winner(self, message_id: str, message: Outgoing) -> bool:
-        group = self.groups.get((event_type_of(message) or "", message.key or ""))
+        group = self.groups.get((message.event_type or "", message.key or ""))
         if group is None:
             return False
         winner = self.winner(group)

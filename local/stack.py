@@ -12,7 +12,7 @@ from local.poller import BatchReport, Poller, PollerGroup, PollerStats
 from local.resources import LocalResources, QueueResource
 from local.servers import LocalServers
 from local.template import TEMPLATE_PATH
-from local.webhook import WebhookSink
+from testkit.webhook import WebhookSink
 
 
 class DeployedStack:

@@ -15,7 +15,8 @@ import pytest
 from local.dynamodb_local import DynamoDBLocal
 from local.servers import LocalServers
 from local.stack import DeployedStack, deploy_stack
-from local.webhook import WebhookSink
+from testkit.tables import IDEMPOTENCY_TABLE, create_template_tables
+from testkit.webhook import WebhookSink
 
 _STACK_FIXTURES = frozenset({"dynamodb_local", "local_stack", "make_stack", "stack"})
 
@@ -48,6 +49,13 @@ def local_stack(dynamodb_local: DynamoDBLocal) -> Iterator[LocalServers]:
 @pytest.fixture(scope="session")
 def webhook_sink() -> Iterator[WebhookSink]:
     """The receipt webhook sink on loopback; cleared before each test that deploys a stack."""
+    with WebhookSink() as sink:
+        yield sink
+
+
+@pytest.fixture
+def webhook() -> Iterator[WebhookSink]:
+    """A receipt webhook sink of this test's own, on loopback."""
     with WebhookSink() as sink:
         yield sink
 
@@ -87,18 +95,13 @@ TableFactory = Callable[[str], str]
 
 @pytest.fixture(scope="module")
 def id_table(dynamodb_local: DynamoDBLocal) -> Iterator[TableFactory]:
-    """``id_table(prefix)`` creates a PAY_PER_REQUEST table with partition key ``id`` (S)."""
+    """``id_table(prefix)`` creates a table shaped as the template's idempotency table (partition key ``id``)."""
     client = dynamodb_local.client()
     made: list[str] = []
 
     def create(prefix: str) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        client.create_table(
-            TableName=name,
-            AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-            KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
+        create_template_tables(client, {IDEMPOTENCY_TABLE: name})
         made.append(name)
         return name
 

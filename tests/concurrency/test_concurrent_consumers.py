@@ -23,8 +23,9 @@ from consumer.app import wire
 from consumer.batch import BatchProcessor
 from consumer.config import Settings
 from local.servers import LocalServers
-from tests.unit.conftest import Remaining, payment_body, receipt_body, sqs_record
-from tests.unit.webhook import Webhook, running_webhook
+from testkit.lambda_sqs import Remaining, sqs_record
+from testkit.messages import payment_body, receipt_body
+from testkit.webhook import Answer, WebhookSink
 
 CONSUMERS = 4
 BATCH_SIZE = 10
@@ -134,17 +135,11 @@ def test_concurrent_consumers_credit_each_payment_exactly_once(settings: Setting
     assert {record["status"]["S"] for record in records} == {"COMPLETED"}
 
 
-@pytest.fixture
-def webhook() -> Iterator[Webhook]:
-    with running_webhook() as hook:
-        yield hook
-
-
 def test_concurrent_consumers_post_each_receipt_once(
-    settings: Settings, local_stack: LocalServers, webhook: Webhook
+    settings: Settings, local_stack: LocalServers, webhook: WebhookSink
 ) -> None:
-    settings = Settings(**{**settings.__dict__, "receipt_webhook_url": webhook.url})
-    webhook.delay_s = 0.02  # long enough for the others to find the claim in flight
+    settings = Settings(**{**settings.__dict__, "receipt_webhook_url": webhook.receipts_url})
+    webhook.default = Answer(delay_s=0.02)  # long enough for the others to find the claim in flight
     bodies = [receipt_body(str(i)) for i in range(20)]
 
     failures = run_concurrently(settings, bodies)

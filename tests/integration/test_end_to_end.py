@@ -13,7 +13,7 @@ from pathlib import Path
 from local import dead_letters, workload
 from local.aws import DUMMY_CREDENTIALS_ENV
 from local.stack import DeployedStack
-from local.webhook import Answer, WebhookSink
+from testkit.webhook import Answer, WebhookSink
 
 AWS_CLI = Path(sys.executable).parent / "aws"
 

@@ -11,7 +11,7 @@ import pytest
 from local import dead_letters
 from local.event_files import load_event
 from local.stack import DeployedStack
-from local.webhook import WebhookSink
+from testkit.webhook import WebhookSink
 from tests.integration.lambda_shape import RECORD_KEYS
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"

@@ -14,13 +14,12 @@ import pytest
 from chaos.faults import FaultLog
 from chaos.function import InvocationHistory
 from chaos.invariants import Checker, DeadLetter, EndState
-from chaos.workload import KEY_REUSED
-from local.webhook import ReceivedRequest
-from local.workload import Outgoing, envelope, payment, receipt
+from testkit.messages import KEY_REUSED, Outgoing, envelope, payment, receipt
+from testkit.webhook import ReceivedRequest
 
 PAID = payment(key="pay-1", payment_id="p-1", account_id="acc-1", amount_cents=100)
 REUSED = Outgoing(
-    envelope("PaymentReceived", "pay-1", {**(PAID.payment or {}), "amountCents": 999}),
+    envelope("PaymentReceived", "pay-1", {**(PAID.payload or {}), "amountCents": 999}),
     "poison",
     "pay-1",
     KEY_REUSED,
