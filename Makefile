@@ -40,9 +40,10 @@ node_modules/.installed: package.json package-lock.json
 venv: $(VENV)/.installed ## create the virtual environment with every tool
 
 .PHONY: lint
-lint: venv ## ruff (lint and format check)
+lint: venv ## ruff (lint and format check), mypy on the tooling
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy testkit local chaos bench tests
 
 .PHONY: validate
 validate: venv $(SAM_VENV)/.installed ## cfn-lint on template.yaml and its transformed form, sam validate --lint

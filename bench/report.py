@@ -114,10 +114,10 @@ def _timing_rows(table: _Table, results: BenchResults) -> None:
         single = results.samples(backend, TARGET_LATENCY_MS, 1)
         batch = results.samples(backend, TARGET_LATENCY_MS, TARGET_BATCH)
         if single and batch:
-            ratios = {name: batch[name].median_s / single[name].median_s for name in single}
+            batch_over_single = {name: batch[name].median_s / single[name].median_s for name in single}
             table.add(
                 f"batch of {TARGET_BATCH} ÷ single record, {TARGET_LATENCY_MS} ms latency, {backend}",
-                ratios,
+                batch_over_single,
                 lambda value: f"{value:.1f}{TIMES}",
                 ratio=False,
                 target=f"≤ {SINGLE_RECORD_TARGET:g}{TIMES} (this consumer)",

@@ -21,9 +21,9 @@ from typing import Any, Protocol
 import boto3
 
 from chaos.faults import ContainerFaults, FaultKind, FaultLog, InvocationCrashed, Zombies
-from chaos.wire import install
+from chaos.transport_faults import install_faults
 from consumer.config import Settings
-from local.aws import DUMMY_CREDENTIALS, REGION
+from local.aws import session as local_session
 from local.function_runtime import Invocation
 from local.resources import FunctionSpec
 from testkit.lambda_sqs import LambdaContext
@@ -103,8 +103,8 @@ class Container:
             setup.rates, random.Random(rng.random()), setup.log, setup.settings.idempotency_table_name, setup.zombies
         )
         self.skew_s = rng.uniform(-setup.max_skew_ms, setup.max_skew_ms) / 1000
-        session = boto3.session.Session(region_name=REGION, **DUMMY_CREDENTIALS)
-        install(session, self.faults, services=("dynamodb", "sqs"))
+        session = local_session()
+        install_faults(session, self.faults, services=("dynamodb", "sqs"))
         self.consumer = setup.consumer_factory(setup.settings, session, self.clock)
 
     def clock(self) -> float:

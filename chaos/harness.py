@@ -231,7 +231,8 @@ def _drive(
             stack.sqs,
             stack.queue,
             stack.trigger,
-            ChaosFunction(stack.function, setup, history, random.Random(rng.random()), config.deadline_margin_ms),
+            # The poller only calls ``invoke`` and reads ``function``, but types its parameter as FunctionRuntime.
+            ChaosFunction(stack.function, setup, history, random.Random(rng.random()), config.deadline_margin_ms),  # type: ignore[arg-type]
             on_batch=stats.add,
         )
         for _ in range(config.pollers)

@@ -1,7 +1,7 @@
 """Which step of the idempotency state machine a DynamoDB request is, read from the request itself.
 
 Fault points are named after the state machine (after the claim, before the commit,
-after the commit), but the hooks only see requests on the wire. The step is read
+after the commit), but the hooks only see requests in transport. The step is read
 from what the request does to the record, not from the store's placeholder names:
 
 - sets ``status`` to IN_PROGRESS: a claim;

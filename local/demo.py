@@ -129,7 +129,7 @@ def _checks(
     parked_errors = Counter({letter.original_message_id: letter.error_type for letter in parked}.values())
     expected = messages.expected_balances(sent)
     balances, payment_entries, receipt_entries = _ledger(stack)
-    distinct_payments = len({m.payment["paymentId"] for m in valid if m.payment})
+    distinct_payments = len({m.payload["paymentId"] for m in valid if m.kind == "payment" and m.payload})
     distinct_receipts = len({m.key for m in valid if m.kind == "receipt"})
     accepted = {r.idempotency_key for r in sink.received() if r.status == 200}
     waiting, in_flight = _queue_counts(stack.servers.client("sqs"), stack.queue.url)

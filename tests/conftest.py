@@ -18,12 +18,12 @@ from local.stack import DeployedStack, deploy_stack
 from testkit.tables import IDEMPOTENCY_TABLE, create_template_tables
 from testkit.webhook import WebhookSink
 
-_STACK_FIXTURES = frozenset({"dynamodb_local", "local_stack", "make_stack", "stack"})
+_INTEGRATION_FIXTURES = frozenset({"dynamodb_local", "local_servers", "make_stack", "stack"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if _STACK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if _INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
 
 
@@ -35,7 +35,7 @@ def dynamodb_local() -> Iterator[DynamoDBLocal]:
 
 
 @pytest.fixture(scope="session")
-def local_stack(dynamodb_local: DynamoDBLocal) -> Iterator[LocalServers]:
+def local_servers(dynamodb_local: DynamoDBLocal) -> Iterator[LocalServers]:
     """DynamoDB Local and moto's SQS server, both on loopback, shared by the session.
 
     ``.dynamodb_endpoint_url``, ``.sqs_endpoint_url``, ``.client("sqs"|"dynamodb")``, and
@@ -61,7 +61,7 @@ def webhook() -> Iterator[WebhookSink]:
 
 
 @pytest.fixture
-def make_stack(local_stack: LocalServers, webhook_sink: WebhookSink) -> Iterator[Callable[..., DeployedStack]]:
+def make_stack(local_servers: LocalServers, webhook_sink: WebhookSink) -> Iterator[Callable[..., DeployedStack]]:
     """Deploy the template afresh (new names, empty tables and queues) with the function active.
 
     ``make_stack(parameter_overrides={...}, template_path=...)``; ``.pollers(n)`` consumes
@@ -75,7 +75,7 @@ def make_stack(local_stack: LocalServers, webhook_sink: WebhookSink) -> Iterator
     def make(**options: Any) -> DeployedStack:
         for previous in deployed:
             previous.stop()
-        stack = deploy_stack(local_stack, webhook=webhook_sink, **options)
+        stack = deploy_stack(local_servers, webhook=webhook_sink, **options)
         deployed.append(stack)
         return stack
 

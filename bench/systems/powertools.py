@@ -49,9 +49,13 @@ class PowertoolsBaseline:
 
     def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         self._context = context
-        self._config.register_lambda_context(context)
+        # Powertools types the context as its own class; Lambda passes any object of that shape.
+        self._config.register_lambda_context(context)  # type: ignore[arg-type]
         return dict(
             process_partial_response(
-                event=event, record_handler=self._record_handler, processor=self._processor, context=context
+                event=event,
+                record_handler=self._record_handler,
+                processor=self._processor,
+                context=context,  # type: ignore[arg-type]
             )
         )

@@ -30,7 +30,7 @@ def _balances(stack: DeployedStack) -> dict[str, int]:
     }
 
 
-def _dead_letter_types(stack: DeployedStack) -> list[str | None]:
+def _dead_letter_types(stack: DeployedStack) -> list[str]:
     parked = dead_letters.peek(stack.servers.client("sqs"), stack.dead_letter_queue.url)
     return sorted(letter.error_type or "" for letter in parked)
 

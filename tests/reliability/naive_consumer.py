@@ -16,7 +16,7 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from consumer.batch import BatchResult
 from consumer.config import Settings
@@ -27,7 +27,7 @@ from consumer.handlers.payment_received import PaymentReceived
 from consumer.handlers.receipt_requested import ReceiptRequested
 from consumer.processor import Outcome, RecordResult
 
-_MODELS = {"PaymentReceived": PaymentReceived, "ReceiptRequested": ReceiptRequested}
+_MODELS: dict[str, type[BaseModel]] = {"PaymentReceived": PaymentReceived, "ReceiptRequested": ReceiptRequested}
 
 
 class NaiveConsumer:
@@ -60,7 +60,7 @@ class NaiveConsumer:
                 return RecordResult(message_id, Outcome.DUPLICATE)
             if isinstance(payload, PaymentReceived):
                 self._credit(payload, message)
-            else:
+            elif isinstance(payload, ReceiptRequested):
                 self._send_receipt(payload, message)
             self._remember(message)
         except Exception as error:
