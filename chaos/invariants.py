@@ -18,17 +18,12 @@ from boto3.dynamodb.types import TypeDeserializer
 
 from chaos.faults import FaultLog
 from chaos.function import InvocationHistory
+from local.dead_letters import DeadLetter
 from testkit.messages import KEY_REUSED, Outgoing
 from testkit.webhook import ReceivedRequest
 
 _deserializer = TypeDeserializer()
 _EXAMPLES = 3
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    original_message_id: str
-    error_type: str | None  # None: moved by the redrive policy, not by the consumer
 
 
 @dataclass(frozen=True)
@@ -57,26 +52,6 @@ def scan(client: Any, table: str) -> list[dict[str, Any]]:
     for page in client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
         items.extend({name: _deserializer.deserialize(value) for name, value in item.items()} for item in page["Items"])
     return items
-
-
-def drain_dead_letters(sqs: Any, queue_url: str) -> list[DeadLetter]:
-    """Every message in the dead-letter queue, each read once (kept invisible while reading)."""
-    found: list[DeadLetter] = []
-    empty_reads = 0
-    while empty_reads < 2:
-        messages = sqs.receive_message(
-            QueueUrl=queue_url,
-            MaxNumberOfMessages=10,
-            VisibilityTimeout=600,
-            WaitTimeSeconds=0,
-            MessageAttributeNames=["All"],
-        ).get("Messages", [])
-        empty_reads = 0 if messages else empty_reads + 1
-        for message in messages:
-            attributes = message.get("MessageAttributes") or {}
-            original = (attributes.get("OriginalMessageId") or {}).get("StringValue") or message["MessageId"]
-            found.append(DeadLetter(original, (attributes.get("ErrorType") or {}).get("StringValue")))
-    return found
 
 
 @dataclass

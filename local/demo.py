@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
 from local import dead_letters
 from local.function_output import outcome_counts, send_stdout_to
@@ -37,19 +37,6 @@ class Check:
     text: str
 
 
-def _queue_counts(sqs: Any, url: str) -> tuple[int, int]:
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=url,
-        AttributeNames=[
-            "ApproximateNumberOfMessages",
-            "ApproximateNumberOfMessagesNotVisible",
-            "ApproximateNumberOfMessagesDelayed",
-        ],
-    )["Attributes"]
-    waiting = int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesDelayed"])
-    return waiting, int(attributes["ApproximateNumberOfMessagesNotVisible"])
-
-
 def _drain(stack: DeployedStack, say: Callable[[str], None], sent: int) -> tuple[float, float]:
     """Wait until the queue is empty, showing progress.
 
@@ -63,7 +50,7 @@ def _drain(stack: DeployedStack, say: Callable[[str], None], sent: int) -> tuple
     first_pass: float | None = None
     last_shown = 0.0
     while time.monotonic() - started < _DRAIN_TIMEOUT_S:
-        waiting, in_flight = _queue_counts(sqs, stack.queue.url)
+        waiting, in_flight = messages.queue_counts(sqs, stack.queue.url)
         if first_pass is None and waiting == 0 and stack.stats.received - received_before >= sent:
             first_pass = time.monotonic() - started
         if waiting + in_flight == 0:
@@ -132,7 +119,7 @@ def _checks(
     distinct_payments = len({m.payload["paymentId"] for m in valid if m.kind == "payment" and m.payload})
     distinct_receipts = len({m.key for m in valid if m.kind == "receipt"})
     accepted = {r.idempotency_key for r in sink.received() if r.status == 200}
-    waiting, in_flight = _queue_counts(stack.servers.client("sqs"), stack.queue.url)
+    waiting, in_flight = messages.queue_counts(stack.servers.client("sqs"), stack.queue.url)
     total = sum(expected.values())
     return [
         Check(

@@ -152,9 +152,18 @@ def expected_balances(messages: Iterable[Outgoing]) -> dict[str, int]:
     return dict(balances)
 
 
-def _queue_depth(sqs: Any, queue_url: str) -> int:
-    attributes = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessages"])
-    return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
+def queue_counts(sqs: Any, queue_url: str) -> tuple[int, int]:
+    """Messages waiting (visible or delayed), and in flight (received, or backing off)."""
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=queue_url,
+        AttributeNames=[
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ],
+    )["Attributes"]
+    waiting = int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesDelayed"])
+    return waiting, int(attributes["ApproximateNumberOfMessagesNotVisible"])
 
 
 def send_all(
@@ -164,7 +173,7 @@ def send_all(
     depth); returns each message by the ``messageId`` SQS gave it."""
     sent: dict[str, Outgoing] = {}
     for start in range(0, len(messages), _SEND_BATCH):
-        while max_depth is not None and _queue_depth(sqs, queue_url) >= max_depth:
+        while max_depth is not None and queue_counts(sqs, queue_url)[0] >= max_depth:
             time.sleep(0.05)
         chunk = messages[start : start + _SEND_BATCH]
         entries = [

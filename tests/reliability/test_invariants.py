@@ -13,7 +13,8 @@ import pytest
 
 from chaos.faults import FaultLog
 from chaos.function import InvocationHistory
-from chaos.invariants import Checker, DeadLetter, EndState
+from chaos.invariants import Checker, EndState
+from local.dead_letters import DeadLetter
 from testkit.messages import KEY_REUSED, Outgoing, envelope, payment, receipt
 from testkit.webhook import ReceivedRequest
 
