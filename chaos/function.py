@@ -34,7 +34,10 @@ class Consumer(Protocol):
         """A batch result with ``response()`` and, ideally, ``results`` (one per record)."""
 
 
-ConsumerFactory = Callable[[Settings, boto3.session.Session, Callable[[], float]], Consumer]
+class ConsumerFactory(Protocol):
+    def __call__(
+        self, settings: Settings, session: boto3.session.Session, *, clock: Callable[[], float]
+    ) -> Consumer: ...
 
 
 @dataclass
@@ -105,7 +108,7 @@ class Container:
         self.skew_s = rng.uniform(-setup.max_skew_ms, setup.max_skew_ms) / 1000
         session = local_session()
         install_faults(session, self.faults, services=("dynamodb", "sqs"))
-        self.consumer = setup.consumer_factory(setup.settings, session, self.clock)
+        self.consumer = setup.consumer_factory(setup.settings, session, clock=self.clock)
 
     def clock(self) -> float:
         return time.time() + self.skew_s

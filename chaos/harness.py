@@ -27,6 +27,7 @@ from chaos.workload import Workload, WorkloadShape, build_workload
 from consumer import app as consumer_app
 from consumer.app import wire
 from consumer.config import Settings
+from consumer.idempotency.record import Attr
 from local import dead_letters
 from local.poller import Poller, PollerGroup, PollerStats
 from local.servers import LocalServers
@@ -146,9 +147,9 @@ class _Observer:
 
     def owner_of(self, record_id: str) -> str | None:
         item = self.dynamodb.get_item(
-            TableName=self.stack.table_name(IDEMPOTENCY_TABLE), Key={"id": {"S": record_id}}, ConsistentRead=True
+            TableName=self.stack.table_name(IDEMPOTENCY_TABLE), Key={Attr.ID: {"S": record_id}}, ConsistentRead=True
         ).get("Item")
-        return item["ownerToken"]["S"] if item else None
+        return item[Attr.OWNER_TOKEN]["S"] if item else None
 
     def end_state(self, sink: WebhookSink, drained: bool) -> EndState:
         return EndState(

@@ -18,8 +18,10 @@ from boto3.dynamodb.types import TypeDeserializer
 
 from chaos.faults import FaultLog
 from chaos.function import InvocationHistory
+from consumer.errors import ErrorType
+from consumer.idempotency.record import Attr, Status
 from local.dead_letters import DeadLetter
-from testkit.messages import KEY_REUSED, Outgoing
+from testkit.messages import Outgoing
 from testkit.webhook import ReceivedRequest
 
 _deserializer = TypeDeserializer()
@@ -71,7 +73,9 @@ class _KeyGroup:
 def _groups(sent: Mapping[str, Outgoing]) -> dict[tuple[str, str], _KeyGroup]:
     groups: dict[tuple[str, str], _KeyGroup] = {}
     for message_id, message in sent.items():
-        well_formed = message.kind in ("payment", "receipt") or message.expected_error == KEY_REUSED
+        well_formed = (
+            message.kind in ("payment", "receipt") or message.expected_error == ErrorType.IDEMPOTENCY_KEY_REUSED
+        )
         payload = message.payload
         event_type = message.event_type
         if not well_formed or payload is None or event_type is None or message.key is None:
@@ -124,10 +128,10 @@ class Checker:
                 continue
             for amount, message_ids in group.amounts.items():
                 for message_id in message_ids:
-                    if amount != winner and not self.dead_lettered_for(message_id, KEY_REUSED):
+                    if amount != winner and not self.dead_lettered_for(message_id, ErrorType.IDEMPOTENCY_KEY_REUSED):
                         verdict.violation(f"{message_id} reused key {group.key}: neither applied nor dead-lettered")
         for message_id, message in self.sent.items():
-            if message.kind == "poison" and message.expected_error != KEY_REUSED:
+            if message.kind == "poison" and message.expected_error != ErrorType.IDEMPOTENCY_KEY_REUSED:
                 assert message.expected_error is not None
                 if not self.dead_lettered_for(message_id, message.expected_error):
                     verdict.violation(f"poison {message_id} not in the DLQ as {message.expected_error}")
@@ -176,10 +180,10 @@ class Checker:
                     continue  # moved by the redrive policy: counted, and lost only if never applied
                 if message is None:
                     verdict.violation(f"{message_id}: dead-lettered ({reason}) but never sent")
-                elif message.kind == "poison" and message.expected_error != KEY_REUSED:
+                elif message.kind == "poison" and message.expected_error != ErrorType.IDEMPOTENCY_KEY_REUSED:
                     if reason != message.expected_error:
                         verdict.violation(f"{message_id}: dead-lettered as {reason}, not {message.expected_error}")
-                elif reason != KEY_REUSED or self._is_winner(message_id, message):
+                elif reason != ErrorType.IDEMPOTENCY_KEY_REUSED or self._is_winner(message_id, message):
                     verdict.violation(f"{message_id} ({message.kind} {message.key}): dead-lettered as {reason}")
         return verdict
 
@@ -193,7 +197,7 @@ class Checker:
     def no_record_stuck(self) -> Verdict:
         verdict = Verdict("no record stuck IN_PROGRESS")
         for record in self.end.records:
-            if record.get("status") == "IN_PROGRESS":
+            if record.get(Attr.STATUS) == Status.IN_PROGRESS:
                 verdict.violation(f"{record['id']} IN_PROGRESS, lease ended {record.get('leaseExpiresAt')}")
         return verdict
 

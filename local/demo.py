@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from consumer.errors import ErrorType
 from local import dead_letters
 from local.function_output import outcome_counts, send_stdout_to
 from local.session import running_stack
@@ -89,14 +90,17 @@ def _workload(args: argparse.Namespace, sink: WebhookSink) -> tuple[list[message
     sink.answer_next(Answer(503), Answer(503), key=flaky.key)
     # Twice: a second delivery of the same message must be rejected too, not accepted.
     sink.answer_next(Answer(422), Answer(422), key=rejected.key)
-    rejected_poison = messages.Outgoing(rejected.body, "poison", rejected.key, "WebhookRejected")
+    rejected_poison = messages.Outgoing(rejected.body, "poison", rejected.key, ErrorType.WEBHOOK_REJECTED)
     resent = messages.with_resends([*payments, *receipts[2:]], args.duplicates, rng)
     first = [*resent, flaky, rejected_poison, *messages.poison(2)]
     rng.shuffle(first)
     # Late: resends of applied payments, and two of their keys reused for another payload.
     late = [m for m in payments if rng.random() < 0.1]
     late += [
-        o for reused in payments[:2] for o in messages.poison(1, reused) if o.expected_error == "IdempotencyKeyReused"
+        o
+        for reused in payments[:2]
+        for o in messages.poison(1, reused)
+        if o.expected_error == ErrorType.IDEMPOTENCY_KEY_REUSED
     ]
     rng.shuffle(late)
     return first, late

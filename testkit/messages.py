@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from consumer.errors import ErrorType
+
 CURRENCY = "EUR"
-KEY_REUSED = "IdempotencyKeyReused"
 _SEND_BATCH = 10
 
 
@@ -62,7 +63,7 @@ class Outgoing:
     kind: str  # "payment", "receipt", "poison" or "from-file"
     key: str | None = None
     # What the consumer should dead-letter it for, for poison.
-    expected_error: str | None = None
+    expected_error: ErrorType | None = None
     attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @cached_property
@@ -132,14 +133,21 @@ def poison(per_kind: int, reused: Outgoing | None = None) -> list[Outgoing]:
     """Messages that can never succeed, ``per_kind`` of each; key reuse needs an applied payment."""
     made: list[Outgoing] = []
     for index in range(per_kind):
-        made.append(Outgoing('{"eventType": "PaymentReceived", "payload": ', "poison", None, "InvalidJson"))
+        made.append(Outgoing('{"eventType": "PaymentReceived", "payload": ', "poison", None, ErrorType.INVALID_JSON))
         bad = envelope("PaymentReceived", f"bad-{index}", {"paymentId": f"bad-{index}", "accountId": "acc-000"})
-        made.append(Outgoing(bad, "poison", f"bad-{index}", "SchemaViolation"))
+        made.append(Outgoing(bad, "poison", f"bad-{index}", ErrorType.SCHEMA_VIOLATION))
         unknown = envelope("LoyaltyPointsAwarded", f"points-{index}", {"awardId": f"pts-{index}", "points": 50})
-        made.append(Outgoing(unknown, "poison", f"points-{index}", "UnknownEventType"))
+        made.append(Outgoing(unknown, "poison", f"points-{index}", ErrorType.UNKNOWN_EVENT_TYPE))
         if reused is not None and reused.kind == "payment" and reused.payload is not None:
             changed = {**reused.payload, "amountCents": reused.payload["amountCents"] + 1 + index}
-            made.append(Outgoing(envelope("PaymentReceived", reused.key, changed), "poison", reused.key, KEY_REUSED))
+            made.append(
+                Outgoing(
+                    envelope("PaymentReceived", reused.key, changed),
+                    "poison",
+                    reused.key,
+                    ErrorType.IDEMPOTENCY_KEY_REUSED,
+                )
+            )
     return made
 
 

@@ -38,9 +38,9 @@ STACK_PROVIDED_VARIABLES = {
 
 
 def _variables_the_code_reads() -> set[str]:
-    """Names passed to ``env.get``, ``os.environ.get``, ``_required`` or ``_positive_int`` in src/consumer."""
-    readers = {"get", "_required", "_positive_int"}
-    names: set[str] = set()
+    """The settings' variables (each field in upper case), and names passed to ``get`` in src/consumer."""
+    readers = {"get"}
+    names: set[str] = {field.upper() for field in Settings.model_fields}
     for tree in package_modules().values():
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):

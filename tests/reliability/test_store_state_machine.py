@@ -41,7 +41,7 @@ from hypothesis.stateful import (
 )
 
 from chaos.transport_faults import TransportCall, TransportFault, TransportPlan, install_faults
-from consumer.errors import TransientError
+from consumer.errors import LeaseLost, TransientError
 from consumer.idempotency import store as store_module
 from consumer.idempotency.record import Status
 from consumer.idempotency.store import (
@@ -50,7 +50,6 @@ from consumer.idempotency.store import (
     Duplicate,
     IdempotencyStore,
     InFlight,
-    LeaseLost,
     PayloadMismatch,
 )
 from consumer.idempotency.writes import Update

@@ -9,16 +9,14 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
-from consumer.errors import TransientError
+from consumer.errors import BusinessConditionFailed, LeaseLost, TransientError
 from consumer.idempotency.record import Status
 from consumer.idempotency.store import (
     Applied,
-    BusinessConditionFailed,
     Claimed,
     Duplicate,
     IdempotencyStore,
     InFlight,
-    LeaseLost,
     PayloadMismatch,
 )
 from consumer.idempotency.writes import Put, Update
