@@ -56,7 +56,7 @@ test: lint validate node_modules/.installed ## everything CI runs: lint, templat
 
 # The local stack (no AWS, no Docker): DynamoDB Local, moto's SQS, a webhook sink and pollers that
 # behave as Lambda's SQS event source mapping, all on 127.0.0.1. See local/.
-LOCAL := $(PY) -m local
+LOCAL := PYTHONPATH=src $(PY) -m local
 
 .PHONY: demo
 demo: venv node_modules/.installed ## the whole pipeline on a realistic workload, checked (exit 1 if a check fails)

@@ -16,7 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -50,8 +50,8 @@ class ChaosConfig:
     visibility_timeout_s: int = 2
     max_receive_count: int = 30
     lease_max_ms: int = 1_500
-    lease_min_ms: int = 300
-    lease_margin_ms: int = 300
+    lease_min_ms: int = 200
+    lease_margin_ms: int = 100
     deadline_margin_ms: int = 300
     max_skew_ms: int = 300
     webhook_timeout_ms: int = 400
@@ -81,16 +81,17 @@ class ChaosReport:
 
 
 def _settings(function_environment: Mapping[str, str], config: ChaosConfig) -> Settings:
-    return replace(
-        Settings.from_env(function_environment),
-        lease_max_ms=config.lease_max_ms,
-        lease_min_ms=config.lease_min_ms,
-        lease_margin_ms=config.lease_margin_ms,
-        deadline_margin_ms=config.deadline_margin_ms,
-        webhook_timeout_ms=config.webhook_timeout_ms,
-        retry_backoff_base_seconds=1,
-        retry_backoff_max_seconds=config.visibility_timeout_s,
-    )
+    """The function's settings with the run's short leases and backoff, validated as at a cold start."""
+    tuning = {
+        "lease_max_ms": config.lease_max_ms,
+        "lease_min_ms": config.lease_min_ms,
+        "lease_margin_ms": config.lease_margin_ms,
+        "deadline_margin_ms": config.deadline_margin_ms,
+        "webhook_timeout_ms": config.webhook_timeout_ms,
+        "retry_backoff_base_seconds": 1,
+        "retry_backoff_max_seconds": config.visibility_timeout_s,
+    }
+    return Settings.from_env({**function_environment, **{name.upper(): str(value) for name, value in tuning.items()}})
 
 
 def _webhook_plan(config: ChaosConfig, rng: random.Random, calls: int) -> list[Answer]:
