@@ -50,8 +50,8 @@ class ChaosConfig:
     visibility_timeout_s: int = 2
     max_receive_count: int = 30
     lease_max_ms: int = 1_500
-    lease_min_ms: int = 200
-    lease_margin_ms: int = 100
+    lease_min_ms: int = 300
+    lease_margin_ms: int = 300
     deadline_margin_ms: int = 300
     max_skew_ms: int = 300
     webhook_timeout_ms: int = 400
@@ -81,8 +81,7 @@ class ChaosReport:
 
 
 def _settings(function_environment: Mapping[str, str], config: ChaosConfig) -> Settings:
-    """The function's settings with the run's short leases and backoff, validated as at a cold start."""
-    tuning = {
+    overrides = {
         "lease_max_ms": config.lease_max_ms,
         "lease_min_ms": config.lease_min_ms,
         "lease_margin_ms": config.lease_margin_ms,
@@ -91,7 +90,8 @@ def _settings(function_environment: Mapping[str, str], config: ChaosConfig) -> S
         "retry_backoff_base_seconds": 1,
         "retry_backoff_max_seconds": config.visibility_timeout_s,
     }
-    return Settings.from_env({**function_environment, **{name.upper(): str(value) for name, value in tuning.items()}})
+    # Validated as the function validates its environment: the cross-field rules apply.
+    return Settings.model_validate({**Settings.from_env(function_environment).model_dump(), **overrides})
 
 
 def _webhook_plan(config: ChaosConfig, rng: random.Random, calls: int) -> list[Answer]:

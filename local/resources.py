@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from local.template import ACCOUNT_ID, PARTITION, Template, TemplateError
 from testkit.tables import TABLE_TYPE as TABLE
 from testkit.tables import create_table, ttl_attribute
+from testkit.template import ACCOUNT_ID, PARTITION, Template, TemplateError
 
 QUEUE = "AWS::SQS::Queue"
 FUNCTIONS = ("AWS::Serverless::Function", "AWS::Lambda::Function")

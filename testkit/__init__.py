@@ -1,2 +1,2 @@
-"""What tests/, local/, chaos/ and bench/ share to drive the consumer: Lambda's SQS shapes, message bodies,
-a webhook sink and the template's tables. Not deployed."""
+"""What tests/, local/, chaos/ and bench/ share, written once: Lambda's SQS records, events and context,
+message bodies, the webhook sink, the template reader and the tables made from the template. Not deployed."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from local.template import Template
+from testkit.template import Template
 
 TABLE_TYPE = "AWS::DynamoDB::Table"
 IDEMPOTENCY_TABLE = "IdempotencyTable"
@@ -60,4 +60,4 @@ def create_template_tables(dynamodb: Any, names: Mapping[str, str], template: Te
     for logical_id, name in names.items():
         if template.resources.get(logical_id, {}).get("Type") != TABLE_TYPE:
             raise ValueError(f"{logical_id!r} is not a DynamoDB table of {template.path}")
-        create_table(dynamodb, name, template.properties(logical_id, None))
+        create_table(dynamodb, name, template.properties(logical_id))

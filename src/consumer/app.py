@@ -30,6 +30,7 @@ from consumer.handlers import MessageHandler, build_handlers
 from consumer.idempotency.store import IdempotencyStore
 from consumer.outcome import Outcome
 from consumer.processor import RecordProcessor
+from consumer.sdk import require_botocore
 
 if TYPE_CHECKING:
     from types_boto3_sqs import SQSClient
@@ -59,8 +60,8 @@ class LazyClient(Generic[ClientT]):
 def wire(
     settings: Settings,
     session: boto3.session.Session,
-    *,
     clock: Callable[[], float] = time.time,
+    *,
     logger: Any = logger,
     handlers: Mapping[str, MessageHandler[Any]] | None = None,
 ) -> BatchRunner:
@@ -122,8 +123,15 @@ def wire(
 
 @lru_cache(maxsize=1)
 def build_consumer() -> BatchRunner:
-    """The consumer of this container, built (and its settings validated) on the first invocation."""
-    return wire(Settings.from_env(), boto3.session.Session())
+    """The consumer of this container, built on the first invocation after its checks.
+
+    Settings and the runtime's SDK are checked first, so a misconfigured function fails
+    its first invocation with the cause named, before any record is touched.
+    """
+    settings = Settings.from_env()
+    session = boto3.session.Session()
+    require_botocore(session._session)
+    return wire(settings, session)
 
 
 @metrics.log_metrics

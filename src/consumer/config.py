@@ -58,16 +58,10 @@ class Settings(BaseModel):
 
         if self.lease_min_ms > self.lease_max_ms:
             raise refuse("lease_min_ms", "lease_max_ms", "no lease could satisfy both")
-        if self.lease_margin_ms >= self.deadline_margin_ms:
-            raise refuse(
-                "lease_margin_ms", "deadline_margin_ms", "a record started at the deadline margin would get no lease"
-            )
-        if self.lease_min_ms > self.deadline_margin_ms - self.lease_margin_ms:
-            raise ConfigurationError(
-                f"DEADLINE_MARGIN_MS - LEASE_MARGIN_MS ({self.deadline_margin_ms - self.lease_margin_ms}) must be at"
-                f" least LEASE_MIN_MS ({self.lease_min_ms}): a record started near the deadline would hold its key"
-                " past the invocation's end"
-            )
+        if self.lease_margin_ms > self.deadline_margin_ms:
+            # A record is started with as little as DEADLINE_MARGIN_MS left; its lease is that
+            # less LEASE_MARGIN_MS, so the reverse would start records with no time to work.
+            raise refuse("lease_margin_ms", "deadline_margin_ms", "records would start with no time under their lease")
         if self.retry_backoff_base_seconds > self.retry_backoff_max_seconds:
             raise refuse("retry_backoff_base_seconds", "retry_backoff_max_seconds", "the cap would undercut the base")
         if self.conflict_retry_base_ms > self.conflict_retry_max_ms:

@@ -1,7 +1,8 @@
 """Send poison messages to the dead-letter queue with the reason attached.
 
 Characters SQS refuses (possible only in a direct invocation) are replaced by
-U+FFFD and counted in ``BodyCharactersReplaced``.
+U+FFFD and counted in ``BodyCharactersReplaced``; original attributes SQS would
+refuse (a name, type or value it never delivers) are left behind.
 
 SQS counts the body and every attribute (name, type and value) toward its 1 MiB
 message limit, so a poison message near that size cannot carry its reason as is.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,11 @@ _OURS = frozenset(
 )
 
 
+# What SQS accepts as an attribute name and data type; SQS itself never delivers others.
+_ATTRIBUTE_NAME = re.compile(r"^(?!\.)(?!.*\.\.)(?!(?i:aws\.|amazon\.))[A-Za-z0-9_.-]{1,256}(?<!\.)$")
+_DATA_TYPE = re.compile(r"^(String|Number|Binary)(\.[A-Za-z0-9_.-]{1,200})?$")
+
+
 def _utf8(text: str) -> bytes:
     # A lone surrogate cannot reach SQS; measure it as SQS would see its replacement.
     return text.encode("utf-8", "replace")
@@ -56,6 +63,14 @@ def message_size(body: str, attributes: Mapping[str, MessageAttributeValueTypeDe
         payload_bytes = _utf8(payload) if isinstance(payload, str) else bytes(value.get("BinaryValue", b""))  # type: ignore[arg-type]
         size += len(_utf8(name)) + len(_utf8(value["DataType"])) + len(payload_bytes)
     return size
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _truncate_utf8(text: str, max_bytes: int) -> str:
@@ -123,7 +138,7 @@ class DeadLetterQueue:
             if len(kept) >= room or name in _OURS:
                 continue
             data_type = value.get("dataType", "String")
-            if not isinstance(data_type, str):
+            if not isinstance(data_type, str) or not _DATA_TYPE.match(data_type) or not _ATTRIBUTE_NAME.match(name):
                 continue
             if data_type.startswith("Binary"):
                 try:
@@ -132,5 +147,7 @@ class DeadLetterQueue:
                 except (KeyError, TypeError, ValueError, binascii.Error):
                     continue
             elif isinstance(value.get("stringValue"), str) and value["stringValue"]:
-                kept[name] = {"DataType": data_type, "StringValue": value["stringValue"]}
+                text, replaced = sqs_text(value["stringValue"])
+                if not replaced and (not data_type.startswith("Number") or _is_number(text)):
+                    kept[name] = {"DataType": data_type, "StringValue": text}
         return kept

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from local.servers import LocalServers
-from local.template import TEMPLATE_PATH, Template, TemplateError, load_template
+from testkit.template import TEMPLATE_PATH, Template, TemplateError, load_template
 from tests.integration.template_copies import (
     function_properties,
     queue_properties,
@@ -43,15 +43,15 @@ def test_short_tags_become_intrinsic_functions(tmp_path: Path) -> None:
     )
 
     dev = Template.from_file(source, stack_name="s")
-    assert dev.properties("Thing", ids=None) == {
+    assert dev.properties("Thing") == {
         "Name": "s-dev-${Literal}",
         "Memory": 128,
         "Joined": "a/y",
         "Either": True,
     }
     prod = Template.from_file(source, stack_name="s", parameter_overrides={"Env": "prod"})
-    assert prod.properties("Thing", ids=None)["Alarm"] == "on"
-    assert prod.properties("Thing", ids=None)["Memory"] == 1024
+    assert prod.properties("Thing")["Alarm"] == "on"
+    assert prod.properties("Thing")["Memory"] == 1024
     with pytest.raises(TemplateError, match="not one of"):
         Template.from_file(source, parameter_overrides={"Env": "staging"})
     with pytest.raises(TemplateError, match="unknown parameter"):

@@ -347,8 +347,10 @@ def machine_for(tables: Tables, store_class: type[IdempotencyStore] = Idempotenc
             if owned:
                 record = self.model[held.key]
                 assert record is not None
+                # The completed record lives its TTL from the lease's end (the commit is a fixed request).
+                assert record.lease_ms is not None
                 self.model[held.key] = replace(
-                    record, status=Status.COMPLETED, lease_ms=None, expires_s=worker.now_ms() // 1000 + TTL_SECONDS
+                    record, status=Status.COMPLETED, lease_ms=None, expires_s=record.lease_ms // 1000 + TTL_SECONDS
                 )
                 self.effects[held.key] += int(with_effect)
             if isinstance(result, TransientError):

@@ -121,3 +121,15 @@ def test_settings_that_cannot_work_together_fail_the_first_invocation_before_any
 def test_an_event_that_is_not_an_sqs_event_fails_the_invocation_loudly(function_env: str, event: Any) -> None:
     with pytest.raises(ValueError, match="SQS"):
         app.handler(event, LambdaContext())
+
+
+def test_a_runtime_sdk_too_old_for_the_store_fails_the_first_invocation_naming_the_version(
+    function_env: str, dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("consumer.sdk.missing_features", lambda model: ["UpdateItem"])
+    app.build_consumer.cache_clear()
+
+    with pytest.raises(ConfigurationError, match="botocore>="):
+        app.handler({"Records": [sqs_record("a", payment_body("p-1"))]}, LambdaContext())
+
+    assert balance(dynamodb, "acc-1") == 0

@@ -81,9 +81,6 @@ class Claimed:
     owner_token: str
     lease_expires_at_ms: int
     attempts: int
-    # When the claim was taken: the commit derives its TTL from it, so a retried commit
-    # sends the very same request (its ClientRequestToken allows nothing else).
-    claimed_at_ms: int
 
 
 @dataclass(frozen=True)
@@ -176,10 +173,10 @@ class IdempotencyStore:
                 # Ambiguous success: botocore retried a claim whose first attempt was
                 # applied but whose answer was lost. The item carries our token: ours.
                 lease_end = current.lease_expires_at_ms or lease_end
-                return Claimed(record_id, token, lease_end, current.attempts, now_ms)
+                return Claimed(record_id, token, lease_end, current.attempts)
             return self._conflict(current, payload_hash)
         attempts = int(response.get("Attributes", {}).get(Attr.ATTEMPTS, {}).get("N", "1"))
-        return Claimed(record_id, token, lease_end, attempts, now_ms)
+        return Claimed(record_id, token, lease_end, attempts)
 
     def commit(self, claim: Claimed, result: Any = None, writes: Sequence[Write] = ()) -> None:
         """Lock mode, step 2: complete the record, with the business writes, if still ours.
@@ -199,7 +196,10 @@ class IdempotencyStore:
                 ":completed": {"S": Status.COMPLETED.value},
                 ":in_progress": {"S": Status.IN_PROGRESS.value},
                 ":result": {"S": encode_result(result, self._result_max_bytes)},
-                ":expires_at": {"N": str(claim.claimed_at_ms // 1000 + self._ttl_seconds)},
+                # From the lease's end, not from now: a retried commit must send the very same
+                # request (its ClientRequestToken allows nothing else), and a commit comes
+                # before the lease ends, so the record lives at least its TTL.
+                ":expires_at": {"N": str(claim.lease_expires_at_ms // 1000 + self._ttl_seconds)},
                 ":owner": {"S": claim.owner_token},
             },
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
