@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from local import dead_letters, workload
+from local import dead_letters
 from local.demo import Check
 from local.state import STATE_DIR
+from testkit import messages
 
 # The template's Outputs the smoke test needs, by the role they play here.
 OUTPUTS = {
@@ -87,8 +88,8 @@ class SmokeRun:
         return f"smoke-{self.run_id}"
 
     @property
-    def payment(self) -> workload.Outgoing:
-        return workload.payment(self.key, self.payment_id, self.account_id, AMOUNT_CENTS)
+    def payment(self) -> messages.Outgoing:
+        return messages.payment(self.key, self.payment_id, self.account_id, AMOUNT_CENTS)
 
     @property
     def poison_body(self) -> str:
