@@ -10,13 +10,16 @@ On by default wherever the local stack runs. The environment tunes it:
 
 from __future__ import annotations
 
+import json
 import sys
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
 from local.aws import client
+from local.conflict_proxy import STATS_PATH
 from local.processes import LoopbackServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -86,6 +89,12 @@ class ConflictProxy(LoopbackServer):
 
     def _working_directory(self) -> Path:
         return REPO_ROOT
+
+    def stats(self) -> dict[str, int]:
+        """What the proxy has seen: ``transactions``, ``transactions_cancelled``, ``writes_refused``."""
+        with urllib.request.urlopen(f"{self.endpoint_url}{STATS_PATH}", timeout=10) as answer:
+            counts: dict[str, int] = json.load(answer)
+        return counts
 
     def _answers(self) -> bool:
         return client("dynamodb", self.endpoint_url, timeout_s=2.0).list_tables(Limit=1) is not None

@@ -17,6 +17,8 @@ Run as a child of the local stack (``local.conflict_emulation``)::
     python -m local.conflict_proxy --upstream http://127.0.0.1:P --port Q [--hold-ms 5] [--latency-ms 0]
 
 It binds 127.0.0.1 only and exits when its stdin closes (the local stack's lifeline).
+``GET /conflict-proxy/stats`` answers what it has seen (transactions, cancellations, refused
+writes): DynamoDB has no such path, so no request of a client is ever taken for it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import threading
 import time
 import uuid
 import zlib
+from collections import Counter
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -53,6 +56,7 @@ _HOP_BY_HOP = frozenset(
 _TABLE_CHANGES = frozenset({"CreateTable", "DeleteTable"})
 _JSON = "application/x-amz-json-1.0"
 _UPSTREAM_TIMEOUT_S = 60.0
+STATS_PATH = "/conflict-proxy/stats"
 
 Reply = tuple[int, str, list[tuple[str, str]], bytes]
 
@@ -73,6 +77,8 @@ class ConflictProxyServer(ThreadingHTTPServer):
         self.upstream_host, self.upstream_port = parts.hostname, parts.port
         self.hold_s, self.latency_s, self.emulate = hold_s, latency_s, emulate
         self.holds = ItemHolds()
+        self._counts: Counter[str] = Counter()
+        self._counts_lock = threading.Lock()
         self._key_names: dict[str, tuple[str, ...]] = {}
         self._key_names_lock = threading.Lock()
         self._connections = threading.local()
@@ -125,6 +131,14 @@ class ConflictProxyServer(ThreadingHTTPServer):
             self._key_names[table] = names
         return names
 
+    def count(self, event: str) -> None:
+        with self._counts_lock:
+            self._counts[event] += 1
+
+    def counts(self) -> dict[str, int]:
+        with self._counts_lock:
+            return dict(self._counts)
+
     def forget_table(self, table: Any) -> None:
         with self._key_names_lock:
             self._key_names.pop(table, None)
@@ -146,6 +160,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self._proxy()
 
     def do_GET(self) -> None:
+        if self.path == STATS_PATH:
+            body = json.dumps(self.server.counts()).encode()
+            self._reply(200, "OK", [("Content-Type", "application/json")], body)
+            return
         self._proxy()
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -173,8 +191,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             return server.key_names(table, self.headers.get("Authorization"), target_prefix)
 
         if operation == TRANSACT_WRITE:
+            server.count("transactions")
             return self._transaction(transaction_items(request, key_names), headers, body)
         if operation in SINGLE_ITEM_WRITES and server.holds.held(item_key(request, key_names)):
+            server.count("writes_refused")
             return _error(transaction_conflict())
         reply = server.forward(self.command, self.path, headers, body)
         if operation in _TABLE_CHANGES:
@@ -185,6 +205,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         server = self.server
         token, conflicting = server.holds.hold(items)
         if token is None:
+            server.count("transactions_cancelled")
             return _error(transaction_cancelled(len(items), conflicting))
         try:
             if server.hold_s:

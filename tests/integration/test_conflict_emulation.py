@@ -122,8 +122,14 @@ def test_dynamodb_local_alone_never_conflicts_on_a_hot_item(dynamodb_local: Dyna
 
 def test_the_proxy_cancels_overlapping_transactions_on_a_hot_item(dynamodb_local: DynamoDBLocal, table: str) -> None:
     dynamodb = dynamodb_local.client(max_pool_connections=THREADS)
+    assert dynamodb_local.proxy is not None
+    seen_before = dynamodb_local.proxy.stats()
     before = _balance(dynamodb, table)
     outcomes = _hot_load(dynamodb, table, "proxied")
+    seen = dynamodb_local.proxy.stats()
+    assert seen["transactions"] - seen_before.get("transactions", 0) == THREADS * TRANSACTIONS_PER_THREAD
+    cancelled = seen["transactions_cancelled"] - seen_before.get("transactions_cancelled", 0)
+    assert cancelled == outcomes["TransactionCanceledException"]
     assert set(outcomes) == {"applied", "TransactionCanceledException"}
     assert outcomes["TransactionCanceledException"] > 0
     assert sum(outcomes.values()) == THREADS * TRANSACTIONS_PER_THREAD
@@ -152,7 +158,7 @@ def in_flight(slow_proxy: ConflictProxy, ledger: str) -> Iterator[dict[str, Any]
     worker.start()
     started.wait()
     time.sleep(SLOW_HOLD_MS / 1000 / 4)
-    yield {"client": dynamodb, "table": ledger, "balance": balance, "account": account}
+    yield {"client": dynamodb, "table": ledger, "balance": balance, "account": account, "proxy": slow_proxy}
     worker.join()
 
 
@@ -165,11 +171,14 @@ def test_single_item_writes_on_a_held_item_fail_with_transaction_conflict(in_fli
         lambda: dynamodb.put_item(TableName=table, Item={**balance, "other": {"S": "y"}}),
         lambda: dynamodb.delete_item(TableName=table, Key=balance),
     ]
+    refused_before = in_flight["proxy"].stats().get("writes_refused", 0)
     for call in calls:
         with pytest.raises(ClientError) as failed:
             call()
+        assert failed.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
         assert failed.value.response["Error"] == {"Code": "TransactionConflictException", "Message": CONFLICT_MESSAGE}
         assert failed.value.response["ResponseMetadata"]["RetryAttempts"] == 0
+    assert in_flight["proxy"].stats()["writes_refused"] - refused_before == len(calls)
 
 
 def test_an_overlapping_transaction_is_cancelled_at_the_held_index_only(in_flight: dict[str, Any]) -> None:
