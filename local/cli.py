@@ -1,4 +1,4 @@
-"""``python -m local <command>``: run, send, invoke, dlq, redrive, demo (wired to make targets)."""
+"""``python -m local <command>``: run, send, invoke, dlq, redrive, demo, hot (wired to make targets)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from local import dead_letters, state, workload
+from local import dead_letters, hot, state, workload
 from local.aws import DUMMY_CREDENTIALS_ENV, client
 from local.event_files import load_event, messages_from_event
 from local.function_output import send_stdout_to
@@ -242,6 +242,8 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--duplicates", type=float, default=0.25)
     demo.add_argument("--seed", type=int, default=7)
     demo.set_defaults(handler=_demo)
+
+    hot.add_parser(commands)
     return root
 
 
