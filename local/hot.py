@@ -28,6 +28,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 from local import workload
@@ -227,7 +228,9 @@ def measure(
     args: argparse.Namespace,
     accounts: int,
     say: Callable[[str], None],
+    function_log: Path = HOT_LOG,
 ) -> Figures:
+    """One spread: the serial run, then the pipeline; the consumer's outcomes are read from ``function_log``."""
     rng = random.Random(args.seed + accounts)
     run = f"hot{accounts}-{uuid.uuid4().hex[:6]}"
     stack = deploy_stack(servers, stack_name=run, parameter_overrides={"BatchSize": args.batch_size}, webhook=sink)
@@ -237,7 +240,7 @@ def measure(
         say(f"[{accounts} account(s)] pipeline: {args.messages} messages")
         messages = _messages(args.messages, accounts, args.receipts, rng, run)
         sink.clear()
-        outcomes_before = outcome_counts(HOT_LOG, OUTCOMES)
+        outcomes_before = outcome_counts(function_log, OUTCOMES)
         proxy_before = dynamodb.proxy.stats() if dynamodb.proxy else {}
         tracker, first_sent, last_done = _pipeline(stack, messages, args.pollers, args.timeout, say)
         proxy_after = dynamodb.proxy.stats() if dynamodb.proxy else {}
@@ -259,7 +262,7 @@ def measure(
             dead_lettered=_dead_lettered(stack),
             webhook_repeats=sum(count - 1 for count in keys.values() if count > 1),
             proxy={name: proxy_after.get(name, 0) - proxy_before.get(name, 0) for name in proxy_after},
-            outcomes=dict(outcome_counts(HOT_LOG, OUTCOMES) - outcomes_before),
+            outcomes=dict(outcome_counts(function_log, OUTCOMES) - outcomes_before),
             wrong_balances=sum(balances.get(account, 0) != total for account, total in expected.items()),
         )
     finally:
@@ -329,22 +332,29 @@ def add_parser(commands: Any) -> None:
     hot.set_defaults(handler=run_hot)
 
 
+def _number(text: str, kind: type[int] | type[float], expected: str) -> float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}") from None
+
+
 def _positive(text: str) -> int:
-    value = int(text)
+    value = int(_number(text, int, "a whole number >= 1"))
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {value}")
     return value
 
 
 def _milliseconds(text: str) -> float:
-    value = float(text)
+    value = _number(text, float, "a number of milliseconds >= 0")
     if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of milliseconds >= 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a number of milliseconds >= 0, got {text!r}")
     return value
 
 
 def _share(text: str) -> float:
-    value = float(text)
+    value = _number(text, float, "a share between 0 and 1")
     if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be a share between 0 and 1, got {text!r}")
     return value
