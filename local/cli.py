@@ -58,6 +58,7 @@ def _banner(stack: DeployedStack, sink: WebhookSink, pollers: int) -> str:
 Local stack "{stack.resources.stack_name}" is running. Ctrl-C stops it and every process it started.
   SQS (moto server)   {stack.servers.sqs_endpoint_url}
   DynamoDB Local      {stack.servers.dynamodb_endpoint_url}
+  conflict emulation  {stack.servers.dynamodb.emulation.describe()}
   queue               {stack.queue.url}
   dead-letter queue   {stack.dead_letter_queue.url}
   tables              {tables}

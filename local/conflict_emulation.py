@@ -47,6 +47,10 @@ class ConflictEmulation:
             if not value >= 0:
                 raise EmulationSettingError(f"{name} must be a number >= 0, got {value!r}")
 
+    def describe(self) -> str:
+        conflicts = f"conflicts ON, prepare hold {self.hold_ms:g} ms" if self.conflicts else "conflicts OFF"
+        return f"{conflicts}, {self.latency_ms:g} ms added per call"
+
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Self:
         switch = env.get(CONFLICTS_ENV, "on").strip().lower()

@@ -301,10 +301,7 @@ def run_hot(args: argparse.Namespace) -> int:
         print(text, file=out, flush=True)
 
     emulation = ConflictEmulation(conflicts=not args.no_conflicts, hold_ms=args.hold_ms, latency_ms=args.latency_ms)
-    say(
-        f"hot items: {args.pollers} pollers, BatchSize {args.batch_size}, {args.latency_ms:g} ms per DynamoDB call, "
-        f"conflict emulation {'ON' if emulation.conflicts else 'OFF'} (prepare hold {args.hold_ms:g} ms)"
-    )
+    say(f"hot items: {args.pollers} pollers, BatchSize {args.batch_size}, DynamoDB: {emulation.describe()}")
     say(f"the function's logs and metrics: {HOT_LOG}")
     missed = 0
     with DynamoDBLocal(emulation=emulation) as dynamodb, LocalServers(dynamodb) as servers, WebhookSink() as sink:

@@ -40,3 +40,8 @@ def test_a_bad_value_names_its_variable(env: dict[str, str], named: str) -> None
 def test_negative_arguments_are_refused() -> None:
     with pytest.raises(EmulationSettingError, match="latency_ms"):
         ConflictEmulation(latency_ms=-1.0)
+
+
+def test_it_describes_itself() -> None:
+    assert ConflictEmulation().describe() == "conflicts ON, prepare hold 5 ms, 0 ms added per call"
+    assert ConflictEmulation(conflicts=False, latency_ms=10).describe() == "conflicts OFF, 10 ms added per call"
