@@ -162,7 +162,12 @@ def _received_message(body: str) -> dict[str, Any]:
 def serial_limit(stack: DeployedStack, payments: int, rng: random.Random) -> float:
     """Payments per second one worker applies to one account, one record per invocation."""
     # One more than timed: the first invocation pays the cold start, which the pipeline pays once too.
-    messages = workload.payments(payments + 1, 1, rng, prefix=f"serial-{uuid.uuid4().hex[:6]}")
+    # An account of its own, so the pipeline's balances stay the sums of the pipeline's payments.
+    run = f"serial-{uuid.uuid4().hex[:6]}"
+    messages = [
+        workload.payment(f"{run}-{index}", f"{run}-p{index}", run, rng.randrange(100, 100_000))
+        for index in range(payments + 1)
+    ]
     started = time.monotonic()
     for index, message in enumerate(messages):
         if index == 1:
