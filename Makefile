@@ -39,30 +39,44 @@ node_modules/.installed: package.json package-lock.json
 .PHONY: venv
 venv: $(VENV)/.installed ## create the virtual environment with every tool
 
+# The function's own runtime for the local stack: Python 3.12 (pyenv's), the artifact's requirements,
+# boto3 as Lambda provides it and awslambdaric; cached in .lambda-runtime/, rebuilt when they change.
+.PHONY: lambda-venv
+lambda-venv: venv ## build the function's Python 3.12 venv for Lambda's runtime (local stack, tests)
+	@$(PY) -m local.lambda_venv >/dev/null
+
+# The Runtime Interface Emulator comes with SAM CLI's wheel: the local stack needs .venv-sam too.
+LAMBDA_RUNTIME := lambda-venv $(SAM_VENV)/.installed
+
 .PHONY: lint
-lint: venv ## ruff (lint and format check)
+lint: venv ## ruff (lint and format check), mypy --strict on the deployed code
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy --strict src
 
 .PHONY: validate
-validate: venv $(SAM_VENV)/.installed ## cfn-lint on template.yaml and its transformed form, sam validate --lint
-	$(VENV)/bin/cfn-lint template.yaml
+validate: venv $(SAM_VENV)/.installed ## cfn-lint (with the serverless rules) on template.yaml, sam validate --lint
+	$(VENV)/bin/cfn-lint --append-rules cfn_lint_serverless.rules -- template.yaml
 	SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --region $(REGION) --template-file template.yaml
 
 .PHONY: test
-test: lint validate node_modules/.installed ## everything CI runs: lint, template checks, unit, infrastructure and integration tests
+test: lint validate node_modules/.installed $(LAMBDA_RUNTIME) ## everything CI runs: lint, template checks, unit, infrastructure and integration tests
 	$(PY) -m pytest
+
+.PHONY: fuzz
+fuzz: venv ## the whole handler fuzzed with hostile batches for about 20 minutes (make test runs a bounded sample)
+	FUZZ_PROFILE=fuzz $(PY) -m pytest -p no:cacheprovider -o addopts= --hypothesis-show-statistics -q tests/unit/test_fuzz_handler.py
 
 # The local stack (no AWS, no Docker): DynamoDB Local, moto's SQS, a webhook sink and pollers that
 # behave as Lambda's SQS event source mapping, all on 127.0.0.1. See local/.
 LOCAL := $(PY) -m local
 
 .PHONY: demo
-demo: venv node_modules/.installed ## the whole pipeline on a realistic workload, checked (exit 1 if a check fails)
+demo: venv node_modules/.installed $(LAMBDA_RUNTIME) ## the whole pipeline on a realistic workload, checked (exit 1 if a check fails)
 	@$(LOCAL) demo $(ARGS)
 
 .PHONY: run
-run: venv node_modules/.installed ## start the local stack and its pollers in the foreground (Ctrl-C stops it)
+run: venv node_modules/.installed $(LAMBDA_RUNTIME) ## start the local stack and its pollers in the foreground (Ctrl-C stops it)
 	@$(LOCAL) run $(ARGS)
 
 .PHONY: send
@@ -70,8 +84,17 @@ send: venv ## push messages to the running stack: ARGS="--count 100 --duplicates
 	@$(LOCAL) send $(ARGS)
 
 .PHONY: invoke
-invoke: venv node_modules/.installed ## run the handler once on EVENT=events/<file>.json (on the running stack, or a new one)
+invoke: venv node_modules/.installed $(LAMBDA_RUNTIME) ## run the handler once on EVENT=events/<file>.json (on the running stack, or a new one)
 	@$(LOCAL) invoke $(EVENT) $(ARGS)
+
+.PHONY: sam-invoke
+sam-invoke: $(SAM_VENV)/.installed ## the real `sam local invoke` on EVENT=events/<file>.json where a Docker daemon answers
+	@if docker info >/dev/null 2>&1; then \
+		PATH="$(BUILD_PATH)" SAM_CLI_TELEMETRY=0 $(SAM) local invoke ConsumerFunction -e $(EVENT) $(ARGS); \
+	else \
+		echo "no Docker daemon answers here, so \`sam local invoke\` cannot run: use \`make invoke EVENT=$(EVENT)\` (the same runtime, Lambda's emulator + awslambdaric, without Docker)" >&2; \
+		exit 1; \
+	fi
 
 .PHONY: dlq
 dlq: venv ## list the running stack's dead-lettered messages with ErrorType and ErrorMessage
@@ -86,11 +109,11 @@ hot: venv node_modules/.installed ## issue 9's hot-account figures through the c
 	@$(LOCAL) hot $(ARGS)
 
 .PHONY: bench
-bench: venv node_modules/.installed ## this consumer against Powertools and the seed pattern: writes BENCHMARKS.md and its chart
+bench: venv node_modules/.installed $(LAMBDA_RUNTIME) ## this consumer against Powertools and the seed pattern: writes BENCHMARKS.md and its chart
 	PYTHONPATH=src $(PY) -m bench $(ARGS)
 
 .PHONY: chaos
-chaos: venv node_modules/.installed ## fault injection on the local stack, invariants checked (ARGS="--messages 5000 --pollers 4 --seed 7")
+chaos: venv node_modules/.installed $(LAMBDA_RUNTIME) ## fault injection on the local stack, invariants checked (ARGS="--messages 5000 --pollers 4 --seed 7")
 	PYTHONPATH=src $(PY) -m chaos $(ARGS)
 
 .PHONY: build

@@ -16,7 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -78,16 +78,17 @@ class ChaosReport:
 
 
 def _settings(function_environment: Mapping[str, str], config: ChaosConfig) -> Settings:
-    return replace(
-        Settings.from_env(function_environment),
-        lease_max_ms=config.lease_max_ms,
-        lease_min_ms=config.lease_min_ms,
-        lease_margin_ms=config.lease_margin_ms,
-        deadline_margin_ms=config.deadline_margin_ms,
-        webhook_timeout_ms=config.webhook_timeout_ms,
-        retry_backoff_base_seconds=1,
-        retry_backoff_max_seconds=config.visibility_timeout_s,
-    )
+    overrides = {
+        "lease_max_ms": config.lease_max_ms,
+        "lease_min_ms": config.lease_min_ms,
+        "lease_margin_ms": config.lease_margin_ms,
+        "deadline_margin_ms": config.deadline_margin_ms,
+        "webhook_timeout_ms": config.webhook_timeout_ms,
+        "retry_backoff_base_seconds": 1,
+        "retry_backoff_max_seconds": config.visibility_timeout_s,
+    }
+    # Validated as the function validates its environment: the cross-field rules apply.
+    return Settings.model_validate({**Settings.from_env(function_environment).model_dump(), **overrides})
 
 
 def _webhook_plan(config: ChaosConfig, rng: random.Random, calls: int) -> list[Answer]:

@@ -17,13 +17,18 @@ from local import dead_letters, hot, state, workload
 from local.aws import DUMMY_CREDENTIALS_ENV, client
 from local.event_files import load_event, messages_from_event
 from local.function_output import send_stdout_to
-from local.function_runtime import FunctionRuntime
+from local.invocation import Invocation
+from local.lambda_runtime import EmulatorExited, LambdaFleet, RuntimeStartError
+from local.lambda_venv import LambdaPythonMissing, LambdaVenvError
 from local.poller import BatchReport
 from local.session import FUNCTION_LOG, running_stack
 from local.stack import DeployedStack
 from local.webhook import WebhookSink
 
 NOT_RUNNING = "no local stack is running: start one with `make run` (in another terminal)"
+MEMORY_HELP = "the function's MemorySize instead of the template's (its CPU share follows: 1769 MB = 1 vCPU)"
+# A runtime that cannot start says why in one line; nothing it started is left running.
+RUNTIME_ERRORS = (RuntimeStartError, EmulatorExited, LambdaPythonMissing, LambdaVenvError)
 EXAMPLE_BODY = workload.payment("pay-2024-000017", "p-17", "acc-1", 1250).body
 
 
@@ -64,7 +69,9 @@ Local stack "{stack.resources.stack_name}" is running. Ctrl-C stops it and every
   tables              {tables}
   receipt webhook     {sink.receipts_url}   (GET {sink.url}/requests lists what it received)
   function            {stack.function.handler}, Timeout {stack.function.timeout_s}s, \
-BatchSize {stack.trigger.batch_size}, {pollers} poller(s)
+MemorySize {stack.function.memory_mb} MB, BatchSize {stack.trigger.batch_size}, {pollers} poller(s)
+  runtime             Lambda's Runtime Interface Emulator + awslambdaric on Python 3.12, \
+one execution environment per poller, {_cpu_line(stack)}
   function logs       {FUNCTION_LOG}  (tail -f it)
   state file          {state.STATE_FILE}
 
@@ -76,16 +83,23 @@ Then: make dlq | make redrive | make invoke EVENT=events/payment-single.json
 """
 
 
+def _cpu_line(stack: DeployedStack) -> str:
+    quotas = [environment.quota for environment in stack.fleet.environments if environment.quota is not None]
+    return quotas[0].describe() if quotas else "no CPU quota"
+
+
 def _batch_line(out: TextIO) -> Any:
     lock = threading.Lock()
 
     def show(report: BatchReport) -> None:
         kept = len(report.failed_ids)
         detail = f" ({report.verdict.value}: {report.detail})" if report.verdict.deletes_nothing else ""
+        init_ms = report.invocation.init_duration_ms
+        cold = f" cold start, init {init_ms:.0f} ms" if init_ms is not None else ""
         with lock:
             print(
                 f"{time.strftime('%H:%M:%S')} batch of {report.received}: {report.deleted} done, "
-                f"{kept} back to the queue{detail}  [{report.invocation.duration_s * 1000:.0f} ms]",
+                f"{kept} back to the queue{detail}  [{report.invocation.duration_s * 1000:.0f} ms{cold}]",
                 file=out,
                 flush=True,
             )
@@ -103,12 +117,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopping.set())
     print("starting DynamoDB Local, the moto server and the webhook sink...", file=out, flush=True)
-    with running_stack(stack_name=args.stack_name, parameter_overrides=_parameters(args.param), publish=True) as (
-        stack,
-        sink,
-    ):
-        print(_banner(stack, sink, args.pollers), file=out, flush=True)
+    with running_stack(
+        stack_name=args.stack_name, parameter_overrides=_parameters(args.param), publish=True, memory_mb=args.memory
+    ) as (stack, sink):
         group = stack.pollers(args.pollers, on_batch=_batch_line(out))
+        print(_banner(stack, sink, args.pollers), file=out, flush=True)
         while not stopping.wait(0.5):
             pass
         print("stopping...", file=out, flush=True)
@@ -152,24 +165,34 @@ def cmd_send(args: argparse.Namespace) -> int:
 # -- invoke --------------------------------------------------------------------------------
 
 
-def _invoke_on(runtime: FunctionRuntime, event: dict[str, Any]) -> dict[str, Any]:
-    invocation = runtime.invoke(event)
+def _answer(invocation: Invocation) -> Any:
+    """What Lambda's Invoke API would answer: the response, or its error document."""
+    if invocation.timed_out:
+        message = f"Task timed out after {invocation.duration_s:.2f} seconds"
+        return {"errorType": "Sandbox.Timedout", "errorMessage": message}
     if invocation.error is not None:
-        return {"errorType": type(invocation.error).__name__, "errorMessage": str(invocation.error)}
+        return {"errorType": invocation.error_type, "errorMessage": str(invocation.error)}
     return invocation.response
+
+
+def _failed(answer: Any) -> bool:
+    return isinstance(answer, dict) and "errorType" in answer
 
 
 def cmd_invoke(args: argparse.Namespace) -> int:
     event = load_event(Path(args.event))
     running = state.read()
     if running is not None:
-        with FunctionRuntime(running.function_spec(), running.function_environment) as runtime:
-            response = _invoke_on(runtime, event)
-        print(json.dumps(response, indent=2))
-        return 0
+        fleet = LambdaFleet(
+            running.function_spec(), running.function_environment, memory_mb=args.memory, log_sink=sys.stderr
+        )
+        with fleet:
+            answer = _answer(fleet.start(1).environments[0].invoke(event))
+        print(json.dumps(answer, indent=2))
+        return 1 if _failed(answer) else 0
     print("no local stack is running: starting one for this invocation", file=sys.stderr)
-    with running_stack(stack_name=args.stack_name) as (stack, sink):
-        response = _invoke_on(stack.runtime, event)
+    with running_stack(stack_name=args.stack_name, memory_mb=args.memory, log_sink=sys.stderr) as (stack, sink):
+        response = _answer(stack.runtime.invoke(event))
         sqs = stack.servers.client("sqs")
         parked = dead_letters.peek(sqs, stack.dead_letter_queue.url)
         received = sink.received()
@@ -178,7 +201,7 @@ def cmd_invoke(args: argparse.Namespace) -> int:
         print(f"dead-lettered: {letter.reason}", file=sys.stderr)
     for request in received:
         print(f"webhook received POST {request.path} Idempotency-Key: {request.idempotency_key}", file=sys.stderr)
-    return 0 if "errorType" not in response else 1
+    return 1 if _failed(response) else 0
 
 
 # -- dlq, redrive --------------------------------------------------------------------------
@@ -214,6 +237,7 @@ def parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="start the stack and its pollers in the foreground")
     run.add_argument("--pollers", type=int, default=2, help="concurrent pollers (invocations at once)")
     run.add_argument("--stack-name", default="local")
+    run.add_argument("--memory", type=int, default=None, metavar="MB", help=MEMORY_HELP)
     run.add_argument("--param", action="append", default=[], metavar="Name=Value", help="template parameter")
     run.set_defaults(handler=cmd_run)
 
@@ -230,6 +254,7 @@ def parser() -> argparse.ArgumentParser:
     invoke = commands.add_parser("invoke", help="run the handler once on an event file")
     invoke.add_argument("event")
     invoke.add_argument("--stack-name", default="invoke")
+    invoke.add_argument("--memory", type=int, default=None, metavar="MB", help=MEMORY_HELP)
     invoke.set_defaults(handler=cmd_invoke)
 
     commands.add_parser("dlq", help="list dead-lettered messages and why").set_defaults(handler=cmd_dlq)
@@ -237,6 +262,7 @@ def parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="a realistic workload end to end, checked")
     demo.add_argument("--pollers", type=int, default=4)
+    demo.add_argument("--memory", type=int, default=None, metavar="MB", help=MEMORY_HELP)
     demo.add_argument("--payments", type=int, default=400)
     demo.add_argument("--accounts", type=int, default=12)
     demo.add_argument("--receipts", type=int, default=30)
@@ -256,4 +282,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    return int(args.handler(args) or 0)
+    try:
+        return int(args.handler(args) or 0)
+    except RUNTIME_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1

@@ -192,7 +192,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print(text, file=out, flush=True)
 
     say("1/4 starting DynamoDB Local, the moto SQS server and the webhook sink; creating template.yaml's resources")
-    with running_stack(stack_name=f"demo-{int(time.time())}") as (stack, sink):
+    with running_stack(stack_name=f"demo-{int(time.time())}", memory_mb=args.memory) as (stack, sink):
         first, late = _workload(args, sink)
         sqs = stack.servers.client("sqs")
         say(f"2/4 sending {len(first)} messages (payments, receipts, producer resends, poison)")

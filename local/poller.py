@@ -3,10 +3,14 @@
 Receive up to the batch size (long polling, and within the batching window when the
 template sets one), build the event Lambda would, invoke the handler, then:
 
-- the handler raised, timed out, or (with ``ReportBatchItemFailures``) answered with a
+- the handler raised, timed out, answered something the runtime could not serialise
+  (``Runtime.MarshalError``), or (with ``ReportBatchItemFailures``) answered with a
   malformed response or an ``itemIdentifier`` that is not in the batch: delete nothing,
   the whole batch comes back after its visibility timeout;
 - otherwise delete every record but the reported failures.
+
+The function runs in Lambda's own runtime (``local.lambda_runtime``), one execution
+environment per poller, as Lambda runs one per concurrent invocation.
 
 Nothing else touches the messages: receive counts and the move to the dead-letter
 queue are the queue's own redrive policy. Several pollers may run at once, each
@@ -25,7 +29,7 @@ from enum import StrEnum
 from typing import Any
 
 from local.aws import REGION
-from local.function_runtime import FunctionRuntime, Invocation
+from local.invocation import Invocation, Invoker
 from local.lambda_event import sqs_event
 from local.resources import QueueResource, SqsTrigger
 
@@ -109,7 +113,7 @@ class Poller:
         sqs: Any,
         queue: QueueResource,
         trigger: SqsTrigger,
-        runtime: FunctionRuntime,
+        runtime: Invoker,
         *,
         wait_time_s: int = 1,
         on_batch: Callable[[BatchReport], None] | None = None,
@@ -156,7 +160,7 @@ class Poller:
     def _settle(self, messages: list[dict[str, Any]], invocation: Invocation) -> BatchReport:
         ids = {message["MessageId"] for message in messages}
         if invocation.error is not None:
-            error = f"{type(invocation.error).__name__}: {invocation.error}"
+            error = f"{invocation.error_type}: {invocation.error}"
             return BatchReport(BatchVerdict.RAISED, len(messages), 0, tuple(sorted(ids)), invocation, error)
         if invocation.timed_out:
             detail = f"ran {invocation.duration_s:.1f}s, Timeout is {self._runtime.function.timeout_s}s"

@@ -34,6 +34,17 @@ def free_port(host: str = LOOPBACK) -> int:
         return int(probe.getsockname()[1])
 
 
+def terminate(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM the child we started, SIGKILL it if it lingers, and reap it."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=timeout_s)
+
+
 class ChildServer:
     """One server process: started with a log file, stopped by PID on ``stop`` or at exit."""
 
@@ -103,13 +114,7 @@ class ChildServer:
         if process.stdin is not None:
             with contextlib.suppress(OSError):
                 process.stdin.close()
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=timeout_s)
+        terminate(process, timeout_s)
         if self._log_path is not None:
             with contextlib.suppress(OSError):
                 self._log_path.unlink()

@@ -18,7 +18,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from local.template import ACCOUNT_ID, PARTITION, Template, TemplateError
+from testkit.template import ACCOUNT_ID, PARTITION, Template, TemplateError
 
 QUEUE = "AWS::SQS::Queue"
 TABLE = "AWS::DynamoDB::Table"

@@ -11,7 +11,7 @@ from local.aws import DUMMY_CREDENTIALS_ENV, REGION
 from local.dynamodb_local import DynamoDBLocal
 from local.moto_server import MotoServer
 from local.resources import FunctionSpec, LocalResources, create_resources
-from local.template import TEMPLATE_PATH, Template
+from testkit.template import TEMPLATE_PATH, Template
 
 
 class LocalServers:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TextIO
 
 from local import state
 from local.servers import LocalServers
@@ -17,11 +18,27 @@ FUNCTION_LOG = state.STATE_DIR / "function.log"
 
 @contextlib.contextmanager
 def running_stack(
-    *, stack_name: str = "local", parameter_overrides: Mapping[str, Any] | None = None, publish: bool = False
+    *,
+    stack_name: str = "local",
+    parameter_overrides: Mapping[str, Any] | None = None,
+    publish: bool = False,
+    memory_mb: int | None = None,
+    log_sink: TextIO | None = None,
 ) -> Iterator[tuple[DeployedStack, WebhookSink]]:
-    """Servers, webhook sink and the template deployed; with ``publish``, the state file too."""
+    """Servers, webhook sink and the template deployed; with ``publish``, the state file too.
+
+    The function's log lines go to ``log_sink``, by default this process's stdout at the
+    time of the call (a command that sent its stdout to the function log gets them there).
+    """
     with LocalServers() as servers, WebhookSink() as sink:
-        stack = deploy_stack(servers, stack_name=stack_name, parameter_overrides=parameter_overrides, webhook=sink)
+        stack = deploy_stack(
+            servers,
+            stack_name=stack_name,
+            parameter_overrides=parameter_overrides,
+            webhook=sink,
+            memory_mb=memory_mb,
+            log_sink=log_sink or sys.stdout,
+        )
         try:
             if publish:
                 state.write(describe(stack, sink))
@@ -43,5 +60,5 @@ def describe(stack: DeployedStack, sink: WebhookSink) -> state.StackState:
         tables={logical_id: table.name for logical_id, table in stack.resources.tables.items()},
         webhook_url=sink.receipts_url,
         function=state.StackState.describe(stack.function),
-        function_environment=stack.runtime.environment,
+        function_environment=stack.function_environment,
     )

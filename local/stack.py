@@ -1,32 +1,37 @@
-"""The whole pipeline on one machine: servers, webhook sink, template resources, function, pollers."""
+"""The whole pipeline on one machine: servers, webhook sink, template resources, function, pollers.
+
+The function runs in Lambda's own runtime (``local.lambda_runtime``): each poller
+invokes an execution environment of its own, as Lambda runs one per concurrent invocation.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from local.function_runtime import FunctionRuntime
+from local.lambda_runtime import LambdaEnvironment, LambdaFleet
 from local.poller import BatchReport, Poller, PollerGroup, PollerStats
 from local.resources import LocalResources, QueueResource
 from local.servers import LocalServers
-from local.template import TEMPLATE_PATH
 from local.webhook import WebhookSink
+from testkit.template import TEMPLATE_PATH
 
 
 class DeployedStack:
-    """The template deployed on running servers, its function active in this process.
+    """The template deployed on running servers, its function ready in Lambda's runtime.
 
     Build one with ``deploy_stack``; ``pollers(n)`` feeds the queue to the function the way
-    Lambda's event source mapping would.
+    Lambda's event source mapping would; ``runtime.invoke(event)`` invokes it directly.
     """
 
-    def __init__(self, servers: LocalServers, resources: LocalResources, runtime: FunctionRuntime) -> None:
+    def __init__(self, servers: LocalServers, resources: LocalResources, fleet: LambdaFleet) -> None:
         self.servers = servers
         self.resources = resources
-        self.runtime = runtime
-        self.function = runtime.function
+        self.fleet = fleet
+        self.function = fleet.function
         self.trigger = self.function.triggers[0]
         self.queue: QueueResource = resources.queues[self.trigger.queue_logical_id]
         self.stats = PollerStats()
@@ -48,7 +53,7 @@ class DeployedStack:
             if on_batch is not None:
                 on_batch(report)
 
-        return Poller(self._sqs, self.queue, self.trigger, self.runtime, on_batch=record)
+        return Poller(self._sqs, self.queue, self.trigger, self.fleet.add(), on_batch=record)
 
     def pollers(self, count: int, on_batch: Callable[[BatchReport], None] | None = None) -> PollerGroup:
         """``count`` pollers running in threads; stopped with the stack, or by ``stop()`` on the group."""
@@ -56,11 +61,20 @@ class DeployedStack:
         self._groups.append(group)
         return group
 
+    @cached_property
+    def runtime(self) -> LambdaEnvironment:
+        """An execution environment for direct invocations, apart from the pollers'."""
+        return self.fleet.add()
+
+    @property
+    def function_environment(self) -> dict[str, str]:
+        return self.fleet.environment
+
     def stop(self) -> None:
         for group in self._groups:
             group.stop()
         self._groups.clear()
-        self.runtime.deactivate()
+        self.fleet.stop()
 
 
 def deploy_stack(
@@ -71,15 +85,19 @@ def deploy_stack(
     parameter_overrides: Mapping[str, Any] | None = None,
     webhook: WebhookSink | None = None,
     function_logical_id: str | None = None,
+    memory_mb: int | None = None,
+    log_sink: TextIO | None = None,
 ) -> DeployedStack:
-    """Create the template's resources and activate its function against them.
+    """Create the template's resources and make its function ready against them.
 
-    With a ``webhook`` sink, ``ReceiptWebhookUrl`` points at it unless overridden.
+    With a ``webhook`` sink, ``ReceiptWebhookUrl`` points at it unless overridden;
+    ``memory_mb`` overrides ``MemorySize`` (and with it the CPU share); the function's
+    log lines go to ``log_sink``.
     """
     overrides = dict(parameter_overrides or {})
     if webhook is not None:
         overrides.setdefault("ReceiptWebhookUrl", webhook.receipts_url)
     resources = servers.deploy(template_path, stack_name=stack_name, parameter_overrides=overrides)
     function = resources.function(function_logical_id)
-    runtime = FunctionRuntime(function, servers.function_environment(function)).activate()
-    return DeployedStack(servers, resources, runtime)
+    fleet = LambdaFleet(function, servers.function_environment(function), memory_mb=memory_mb, log_sink=log_sink)
+    return DeployedStack(servers, resources, fleet)

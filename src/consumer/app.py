@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import boto3
 from aws_lambda_powertools import Logger, Metrics
@@ -22,38 +22,53 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.config import Config
 
 from consumer.backoff import VisibilityBackoff
-from consumer.batch import BatchProcessor
+from consumer.batch import BatchRunner
 from consumer.config import Settings
+from consumer.conflicts import ConflictRetry
 from consumer.dead_letter import DeadLetterQueue
-from consumer.handlers import build_handlers
+from consumer.handlers import MessageHandler, build_handlers
 from consumer.idempotency.store import IdempotencyStore
-from consumer.processor import Outcome, RecordProcessor
+from consumer.outcome import Outcome
+from consumer.processor import RecordProcessor
+from consumer.sdk import require_botocore
+
+if TYPE_CHECKING:
+    from types_boto3_sqs import SQSClient
 
 logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "idempotent-consumer"))
 metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "IdempotentConsumer"))
 
+ClientT = TypeVar("ClientT")
 
-class LazyClient:
-    """A boto3 client created on first use (thread-safe), then used as is."""
 
-    def __init__(self, create: Callable[[], Any]) -> None:
+class LazyClient(Generic[ClientT]):
+    """A boto3 client created on first use (thread-safe), then kept."""
+
+    def __init__(self, create: Callable[[], ClientT]) -> None:
         self._create = create
-        self._client: Any = None
+        self._client: ClientT | None = None
         self._lock = threading.Lock()
 
-    def __getattr__(self, name: str) -> Any:
+    def get(self) -> ClientT:
         if self._client is None:
             with self._lock:
                 if self._client is None:
                     self._client = self._create()
-        return getattr(self._client, name)
+        return self._client
 
 
-def wire(settings: Settings, session: boto3.session.Session, clock: Callable[[], float] = time.time) -> BatchProcessor:
+def wire(
+    settings: Settings,
+    session: boto3.session.Session,
+    clock: Callable[[], float] = time.time,
+    *,
+    logger: Any = logger,
+    handlers: Mapping[str, MessageHandler[Any]] | None = None,
+) -> BatchRunner:
     """Build the consumer from settings, a boto3 session and a clock.
 
-    Tests and the fault-injection harness pass their own session (to hook its events)
-    and clock (to skew it); the function itself always uses the defaults.
+    Tests and the fault-injection harness pass their own session (to hook its events),
+    clock (to skew it), logger and extra handlers; the function itself uses the defaults.
     """
     client_config = Config(
         # One connection per worker thread, or threads queue for a socket.
@@ -73,40 +88,69 @@ def wire(settings: Settings, session: boto3.session.Session, clock: Callable[[],
         clock=clock,
     )
     # SQS is only needed for poison and retries: create it then, not on every cold start.
-    sqs = LazyClient(lambda: session.client("sqs", config=client_config))
-    dead_letters = DeadLetterQueue(sqs, settings.dead_letter_queue_url)
-    processor = RecordProcessor(store, build_handlers(settings), dead_letters, settings, logger, clock=clock)
+    sqs: LazyClient[SQSClient] = LazyClient(lambda: session.client("sqs", config=client_config))
+    dead_letters = DeadLetterQueue(sqs.get, settings.dead_letter_queue_url)
+    conflicts = ConflictRetry(
+        base_ms=settings.conflict_retry_base_ms,
+        max_ms=settings.conflict_retry_max_ms,
+        attempts=settings.conflict_retry_attempts,
+        margin_ms=settings.deadline_margin_ms,
+    )
+    processor = RecordProcessor(
+        store,
+        {**build_handlers(settings), **(handlers or {})},
+        dead_letters,
+        settings,
+        logger,
+        conflicts=conflicts,
+        clock=clock,
+    )
     backoff = VisibilityBackoff(
-        sqs,
+        sqs.get,
         base_seconds=settings.retry_backoff_base_seconds,
         max_seconds=settings.retry_backoff_max_seconds,
         logger=logger,
         clock=clock,
     )
-    return BatchProcessor(
-        processor, max_workers=settings.max_workers, deadline_margin_ms=settings.deadline_margin_ms, backoff=backoff
+    return BatchRunner(
+        processor,
+        max_workers=settings.max_workers,
+        deadline_margin_ms=settings.deadline_margin_ms,
+        backoff=backoff,
+        clock=clock,
     )
 
 
 @lru_cache(maxsize=1)
-def build_consumer() -> BatchProcessor:
-    """The consumer of this container, built on first use and kept while the container lives."""
-    return wire(Settings.from_env(), boto3.session.Session())
+def build_consumer() -> BatchRunner:
+    """The consumer of this container, built on the first invocation after its checks.
+
+    Settings and the runtime's SDK are checked first, so a misconfigured function fails
+    its first invocation with the cause named, before any record is touched.
+    """
+    settings = Settings.from_env()
+    session = boto3.session.Session()
+    require_botocore(session._session)
+    return wire(settings, session)
 
 
 @metrics.log_metrics
 @logger.inject_lambda_context(clear_state=True)
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    batch = build_consumer().process(event.get("Records"), context.get_remaining_time_in_millis)
+    consumer = build_consumer()
+    records = event.get("Records") if isinstance(event, Mapping) else None
+    batch = consumer.process(records, context.get_remaining_time_in_millis)
     counts = batch.counts()
     for outcome in Outcome:
         metrics.add_metric(name=outcome.value, unit=MetricUnit.Count, value=counts.get(outcome, 0))
+    metrics.add_metric(name="conflicts_absorbed", unit=MetricUnit.Count, value=batch.conflicts_absorbed())
     response = batch.response()
     logger.info(
         "batch done",
         extra={
             "records": len(batch.results),
             "failures": len(response["batchItemFailures"]),
+            "conflicts_absorbed": batch.conflicts_absorbed(),
             **{outcome.value: counts.get(outcome, 0) for outcome in Outcome},
         },
     )

@@ -12,9 +12,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from consumer.processor import RecordResult
+from consumer.envelope import Record, receive_count
+from consumer.outcome import RecordResult
+
+if TYPE_CHECKING:
+    from types_boto3_sqs import SQSClient
+    from types_boto3_sqs.type_defs import ChangeMessageVisibilityBatchRequestEntryTypeDef
 
 # SQS caps a visibility timeout at 12 hours.
 MAX_VISIBILITY_SECONDS = 12 * 3600
@@ -34,7 +39,7 @@ def queue_url_from_arn(arn: str) -> str:
 class VisibilityBackoff:
     def __init__(
         self,
-        client: Any,
+        client: Callable[[], SQSClient],
         *,
         base_seconds: int,
         max_seconds: int,
@@ -48,39 +53,41 @@ class VisibilityBackoff:
         self._clock = clock
 
     def delay_seconds(self, result: RecordResult, receive_count: int) -> int:
-        backoff = min(self._max, self._base * 2 ** max(0, receive_count - 1))
+        # The shift is capped: a receive count is untrusted input, and 2**count would never end.
+        backoff: int = min(self._max, self._base << min(max(0, receive_count - 1), 32))
         if result.retry_at_ms is None:
             return backoff
         # Never later than the other worker's lease end, but no later than the backoff
         # either: the owner usually finishes in milliseconds, long before its lease ends.
-        wait_s = max(0, math.ceil((result.retry_at_ms - self._clock() * 1000) / 1000))
+        wait_s: int = max(0, math.ceil((result.retry_at_ms - self._clock() * 1000) / 1000))
         return min(wait_s, backoff)
 
-    def schedule(self, records: Sequence[dict[str, Any]], results: Sequence[RecordResult]) -> None:
+    def schedule(self, records: Sequence[Record], results: Sequence[RecordResult]) -> None:
         """Change the visibility of every failed record; never raises (a miss only costs time)."""
-        by_queue: dict[str, list[dict[str, Any]]] = {}
+        by_queue: dict[str, list[ChangeMessageVisibilityBatchRequestEntryTypeDef]] = {}
         for record, result in zip(records, results, strict=True):
-            if not result.outcome.is_failure:
+            arn, receipt = record.get("eventSourceARN"), record.get("receiptHandle")
+            if not result.outcome.is_failure or not isinstance(arn, str) or not isinstance(receipt, str):
                 continue
-            receive_count = int((record.get("attributes") or {}).get("ApproximateReceiveCount", "1"))
             try:
-                url = queue_url_from_arn(record.get("eventSourceARN", ""))
+                url = queue_url_from_arn(arn)
             except ValueError:
                 continue
-            by_queue.setdefault(url, []).append(
+            entries = by_queue.setdefault(url, [])
+            entries.append(
                 {
-                    "Id": str(len(by_queue.get(url, []))),
-                    "ReceiptHandle": record["receiptHandle"],
-                    "VisibilityTimeout": self.delay_seconds(result, receive_count),
+                    "Id": str(len(entries)),
+                    "ReceiptHandle": receipt,
+                    "VisibilityTimeout": self.delay_seconds(result, receive_count(record)),
                 }
             )
         for url, entries in by_queue.items():
             for start in range(0, len(entries), _BATCH_LIMIT):
                 self._change(url, entries[start : start + _BATCH_LIMIT])
 
-    def _change(self, url: str, entries: list[dict[str, Any]]) -> None:
+    def _change(self, url: str, entries: list[ChangeMessageVisibilityBatchRequestEntryTypeDef]) -> None:
         try:
-            response = self._client.change_message_visibility_batch(QueueUrl=url, Entries=entries)
+            response = self._client().change_message_visibility_batch(QueueUrl=url, Entries=entries)
         except Exception as error:
             self._logger.warning("visibility backoff not applied", extra={"queue": url, "error": str(error)})
             return

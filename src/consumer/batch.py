@@ -1,27 +1,33 @@
 """A batch from Lambda's SQS event source: lanes in parallel, records in a lane in order.
 
-A lane is what must stay ordered. On a standard queue that is one idempotency key:
-records with the same key run one after another, so a duplicate inside the batch
-reuses the first one's outcome without touching DynamoDB. On a FIFO queue it is one
-``MessageGroupId``: its records run in order and the first failure stops the group,
-with every later record of the group reported too, as SQS FIFO ordering requires.
+A lane is what must not run concurrently. On a standard queue: records with the
+same idempotency key (so a duplicate inside the batch reuses the first one's outcome
+without touching DynamoDB), and records whose handler names the same contended
+business item (so they do not race for it in transactions DynamoDB would cancel).
+On a FIFO queue it is one ``MessageGroupId``: its records run in order and the first
+failure stops the group, with every later record of the group reported too, as SQS
+FIFO ordering requires.
 
 Near the invocation's deadline no new record is started; unstarted records are
 reported as failures, so SQS delivers them again.
+
+Only a malformed event raises (not a list of SQS records): that is the caller's
+bug, not a message's, and Lambda should fail the invocation loudly.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from consumer.backoff import VisibilityBackoff
-from consumer.envelope import message_group_id
-from consumer.processor import Outcome, Prepared, RecordProcessor, RecordResult, Rejected
+from consumer.envelope import Record, message_group_id
+from consumer.outcome import Outcome, RecordResult
+from consumer.processor import Prepared, RecordProcessor, Rejected
 
 
 @dataclass(frozen=True)
@@ -38,13 +44,17 @@ class BatchResult:
     def counts(self) -> Counter[Outcome]:
         return Counter(result.outcome for result in self.results)
 
+    def conflicts_absorbed(self) -> int:
+        return sum(result.conflicts_absorbed for result in self.results)
 
-def _validate(records: Any) -> list[dict[str, Any]]:
+
+def sqs_records(records: Any) -> list[Record]:
+    """An event's ``Records``, checked; ``ValueError`` when they are not SQS records at all."""
     if not isinstance(records, list):
         raise ValueError("event has no 'Records' list: this function takes SQS events only")
     seen: set[str] = set()
     for index, record in enumerate(records):
-        if not isinstance(record, dict) or not isinstance(record.get("messageId"), str):
+        if not isinstance(record, Mapping) or not isinstance(record.get("messageId"), str) or not record["messageId"]:
             raise ValueError(f"record {index} has no messageId: not an SQS record")
         if record["messageId"] in seen:
             raise ValueError(f"messageId {record['messageId']} appears twice in one batch")
@@ -52,15 +62,29 @@ def _validate(records: Any) -> list[dict[str, Any]]:
     return records
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+def _lanes(items: list[Prepared | Rejected], fifo: bool) -> list[list[int]]:
+    """Indexes of the records that must run one after another, each lane in batch order."""
+    lanes: list[tuple[set[str], list[int]]] = []
+    for index, item in enumerate(items):
+        if fifo:
+            keys = {"group:" + (message_group_id(item.record) or "")}
+        elif isinstance(item, Prepared):
+            keys = {"key:" + item.message.record_id}
+            if item.contention_key is not None:
+                keys.add("item:" + item.contention_key)
+        else:
+            keys = {"message:" + item.record["messageId"]}
+        joined = [lane for lane in lanes if lane[0] & keys]
+        merged_keys, merged = set(keys), [index]
+        for lane in joined:
+            merged_keys |= lane[0]
+            merged += lane[1]
+            lanes.remove(lane)
+        lanes.append((merged_keys, sorted(merged)))
+    return [indexes for _, indexes in lanes]
 
 
-def _is_fifo(records: Iterable[dict[str, Any]]) -> bool:
-    return any(message_group_id(record) for record in records)
-
-
-class BatchProcessor:
+class BatchRunner:
     def __init__(
         self,
         processor: RecordProcessor,
@@ -68,36 +92,34 @@ class BatchProcessor:
         max_workers: int,
         deadline_margin_ms: int,
         backoff: VisibilityBackoff | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._processor = processor
         self._backoff = backoff
         self._max_workers = max_workers
         self._deadline_margin_ms = deadline_margin_ms
+        self._clock = clock
         # One pool per container: threads are reused across warm invocations.
         self._pool: ThreadPoolExecutor | None = None
 
     def process(self, records: Any, remaining_ms: Callable[[], int]) -> BatchResult:
-        records = _validate(records)
-        fifo = _is_fifo(records)
+        records = sqs_records(records)
+        fifo = any(message_group_id(record) for record in records)
         items = [self._processor.prepare(record) for record in records]
-        lanes: dict[str, list[int]] = {}
-        for index, item in enumerate(items):
-            lanes.setdefault(self._lane_key(item, fifo), []).append(index)
-
         results: list[RecordResult | None] = [None] * len(records)
 
         def run(indexes: list[int]) -> None:
-            for index, result in zip(
-                indexes, self._run_lane([items[i] for i in indexes], fifo, remaining_ms), strict=True
-            ):
+            lane = self._run_lane([items[i] for i in indexes], fifo, remaining_ms)
+            for index, result in zip(indexes, lane, strict=True):
                 results[index] = result
 
+        lanes = _lanes(items, fifo)
         if len(lanes) == 1 or self._max_workers == 1:
-            for indexes in lanes.values():
+            for indexes in lanes:
                 run(indexes)
         else:
             pool = self._executor()
-            for future in [pool.submit(run, indexes) for indexes in lanes.values()]:
+            for future in [pool.submit(run, indexes) for indexes in lanes]:
                 future.result()
         done = tuple(result for result in results if result is not None)
         assert len(done) == len(records), "every record ends with exactly one result"
@@ -110,13 +132,8 @@ class BatchProcessor:
             self._pool = ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="record")
         return self._pool
 
-    @staticmethod
-    def _lane_key(item: Prepared | Rejected, fifo: bool) -> str:
-        if fifo:
-            return "group:" + (message_group_id(item.record) or "")
-        if isinstance(item, Prepared):
-            return "key:" + item.message.record_id
-        return "message:" + item.record["messageId"]
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
 
     def _run_lane(
         self, items: list[Prepared | Rejected], fifo: bool, remaining_ms: Callable[[], int]
@@ -128,11 +145,11 @@ class BatchProcessor:
         for item in items:
             message_id = item.record["messageId"]
             if stopped_by is not None:
-                results.append(RecordResult(message_id, Outcome.RETRIED, stopped_by, retry_at_ms=_now_ms()))
+                results.append(RecordResult(message_id, Outcome.RETRIED, stopped_by, retry_at_ms=self._now_ms()))
                 continue
             if remaining_ms() < self._deadline_margin_ms:
                 reason = "not started: the invocation is about to time out"
-                results.append(RecordResult(message_id, Outcome.RETRIED, reason, retry_at_ms=_now_ms()))
+                results.append(RecordResult(message_id, Outcome.RETRIED, reason, retry_at_ms=self._now_ms()))
                 stopped_by = reason
                 continue
             result = self._run_one(item, first_runs, remaining_ms)

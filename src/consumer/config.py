@@ -1,75 +1,90 @@
-"""Settings read once per container from the function's environment."""
+"""Settings read once per container from the function's environment, validated as a whole.
+
+Each field is read from the variable of the same name in upper case
+(``lease_max_ms`` from ``LEASE_MAX_MS``). Rules that tie several fields together are
+checked here, at the first invocation, before any record is touched: a setting that
+could only fail per record would send every record of that kind to the DLQ instead.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from consumer.errors import ConfigurationError
 
-
-def _required(env: Mapping[str, str], name: str) -> str:
-    value = env.get(name, "").strip()
-    if not value:
-        raise ConfigurationError(f"environment variable {name} is required and is empty or unset")
-    return value
+_REQUIRED = ("idempotency_table_name", "ledger_table_name", "dead_letter_queue_url")
 
 
-def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigurationError(f"{name} must be an integer, got {raw!r}") from None
-    if value <= 0:
-        raise ConfigurationError(f"{name} must be greater than 0, got {value}")
-    return value
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-
-@dataclass(frozen=True)
-class Settings:
-    idempotency_table_name: str
-    ledger_table_name: str
-    dead_letter_queue_url: str
-    receipt_webhook_url: str
+    idempotency_table_name: str = Field(min_length=1)
+    ledger_table_name: str = Field(min_length=1)
+    dead_letter_queue_url: str = Field(min_length=1)
+    receipt_webhook_url: str = ""
     # Must outlive every redelivery and producer resend you want caught: SQS keeps
     # messages up to 14 days, producers may resend later still.
-    idempotency_ttl_seconds: int = 7 * 24 * 3600
+    idempotency_ttl_seconds: PositiveInt = 7 * 24 * 3600
     # The lease is the invocation's remaining time minus this margin, capped below.
-    lease_margin_ms: int = 2_000
-    lease_max_ms: int = 15 * 60 * 1000
+    lease_margin_ms: PositiveInt = 2_000
+    lease_max_ms: PositiveInt = 15 * 60 * 1000
     # A lease is never shorter than this, even when the invocation is nearly out of
     # time: a zero lease would let a second worker take the key over at once.
-    lease_min_ms: int = 1_000
+    lease_min_ms: PositiveInt = 1_000
     # No new record is started with less than this left of the invocation.
-    deadline_margin_ms: int = 3_000
-    max_workers: int = 10
+    deadline_margin_ms: PositiveInt = 3_000
+    max_workers: PositiveInt = 10
     # Results bigger than this are stored as a digest to stay far below the 400 KB item limit.
-    result_max_bytes: int = 64 * 1024
-    webhook_timeout_ms: int = 5_000
+    result_max_bytes: PositiveInt = 64 * 1024
+    webhook_timeout_ms: PositiveInt = 5_000
     # A transiently failed record comes back after base x 2^(receives - 1) seconds, capped.
-    retry_backoff_base_seconds: int = 2
-    retry_backoff_max_seconds: int = 300
+    retry_backoff_base_seconds: PositiveInt = 2
+    retry_backoff_max_seconds: PositiveInt = 300
+    # A write refused by a transaction conflict is retried in process after a random
+    # wait of up to base x 2^attempt ms (capped), while the record's time allows.
+    conflict_retry_base_ms: PositiveInt = 5
+    conflict_retry_max_ms: PositiveInt = 200
+    conflict_retry_attempts: PositiveInt = 10
+
+    @model_validator(mode="after")
+    def _fields_fit_together(self) -> Self:
+        def refuse(low: str, high: str, why: str) -> ConfigurationError:
+            values = f"{low.upper()}={getattr(self, low)}, {high.upper()}={getattr(self, high)}"
+            return ConfigurationError(f"{low.upper()} must not exceed {high.upper()} ({values}): {why}")
+
+        if self.lease_min_ms > self.lease_max_ms:
+            raise refuse("lease_min_ms", "lease_max_ms", "no lease could satisfy both")
+        if self.lease_margin_ms > self.deadline_margin_ms:
+            # A record is started with as little as DEADLINE_MARGIN_MS left; its lease is that
+            # less LEASE_MARGIN_MS, so the reverse would start records with no time to work.
+            raise refuse("lease_margin_ms", "deadline_margin_ms", "records would start with no time under their lease")
+        if self.retry_backoff_base_seconds > self.retry_backoff_max_seconds:
+            raise refuse("retry_backoff_base_seconds", "retry_backoff_max_seconds", "the cap would undercut the base")
+        if self.conflict_retry_base_ms > self.conflict_retry_max_ms:
+            raise refuse("conflict_retry_base_ms", "conflict_retry_max_ms", "the cap would undercut the base")
+        return self
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read and validate every setting; raise ``ConfigurationError`` naming each bad variable."""
         env = os.environ if env is None else env
-        return cls(
-            idempotency_table_name=_required(env, "IDEMPOTENCY_TABLE_NAME"),
-            ledger_table_name=_required(env, "LEDGER_TABLE_NAME"),
-            dead_letter_queue_url=_required(env, "DEAD_LETTER_QUEUE_URL"),
-            receipt_webhook_url=env.get("RECEIPT_WEBHOOK_URL", "").strip(),
-            idempotency_ttl_seconds=_positive_int(env, "IDEMPOTENCY_TTL_SECONDS", cls.idempotency_ttl_seconds),
-            lease_margin_ms=_positive_int(env, "LEASE_MARGIN_MS", cls.lease_margin_ms),
-            lease_max_ms=_positive_int(env, "LEASE_MAX_MS", cls.lease_max_ms),
-            lease_min_ms=_positive_int(env, "LEASE_MIN_MS", cls.lease_min_ms),
-            deadline_margin_ms=_positive_int(env, "DEADLINE_MARGIN_MS", cls.deadline_margin_ms),
-            max_workers=_positive_int(env, "MAX_WORKERS", cls.max_workers),
-            result_max_bytes=_positive_int(env, "RESULT_MAX_BYTES", cls.result_max_bytes),
-            webhook_timeout_ms=_positive_int(env, "WEBHOOK_TIMEOUT_MS", cls.webhook_timeout_ms),
-            retry_backoff_base_seconds=_positive_int(env, "RETRY_BACKOFF_BASE_SECONDS", cls.retry_backoff_base_seconds),
-            retry_backoff_max_seconds=_positive_int(env, "RETRY_BACKOFF_MAX_SECONDS", cls.retry_backoff_max_seconds),
-        )
+        values: dict[str, str] = {}
+        for name in cls.model_fields:
+            raw = env.get(name.upper(), "").strip()
+            if raw:
+                values[name] = raw
+            elif name in _REQUIRED:
+                raise ConfigurationError(f"environment variable {name.upper()} is required and is empty or unset")
+        try:
+            return cls.model_validate(values)
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in issue['loc']).upper() or 'settings'} {issue['msg']}"
+                f" (got {issue['input']!r})"
+                for issue in error.errors()
+            )
+            raise ConfigurationError(f"invalid configuration: {problems}") from None

@@ -5,21 +5,48 @@ The idempotency key is the first of: ``metadata.idempotencyKey``, the message
 attribute ``IdempotencyKey`` (String), the SQS ``messageId``. A producer resending
 the same logical message gets a new ``messageId``, so only the first two catch
 producer resends; ``messageId`` still catches SQS's own redeliveries.
+
+Limits (beyond them the message is poison, with the limit in its reason):
+
+- body: ``MAX_BODY_BYTES``, SQS's own maximum; a larger body did not come through
+  SQS, and parsing it would only spend the invocation's memory.
+- nesting: ``MAX_NESTING_DEPTH`` levels of arrays and objects. The envelope needs 3;
+  the limit leaves room for richer payloads while staying far below the depth at
+  which Python's parser raises ``RecursionError``.
+- key: ``MAX_KEY_LENGTH`` characters and ``MAX_KEY_BYTES`` UTF-8 bytes, so the
+  namespaced record id stays under DynamoDB's 2,048-byte partition key limit; no
+  blank keys (a key of only whitespace is a producer's bug, not a key: refused
+  rather than stripped, since stripping could merge two producers' keys); only
+  characters SQS can carry, since the key travels to the DLQ as an attribute.
+
+Record fields that Lambda fills (``attributes``, ``messageAttributes``) are read
+defensively: a malformed one is treated as absent, never as the message's fault.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from consumer.errors import PoisonMessage
+from consumer.errors import ErrorType, PoisonMessage
 
+MAX_BODY_BYTES = 1024 * 1024
+MAX_NESTING_DEPTH = 32
 MAX_KEY_LENGTH = 512
+MAX_KEY_BYTES = 1024
+
+# What SQS accepts in a message body or attribute value, and what it refuses.
+_SQS_TEXT = re.compile("^[\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*$")
+_NOT_SQS_TEXT = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+Record = Mapping[str, Any]
 
 
 class KeySource(StrEnum):
@@ -61,25 +88,49 @@ class Message:
         return f"{self.event_type}#{self.idempotency_key}"
 
 
-def message_group_id(record: dict[str, Any]) -> str | None:
+def sqs_text(text: str) -> tuple[str, int]:
+    """``text`` with each character SQS refuses replaced by U+FFFD, and how many were."""
+    return _NOT_SQS_TEXT.subn("\ufffd", text)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def system_attributes(record: Record) -> Mapping[str, Any]:
+    """The record's ``attributes`` (receive count, group id...), or nothing if malformed."""
+    return _mapping(record.get("attributes"))
+
+
+def message_group_id(record: Record) -> str | None:
     """The FIFO message group of an SQS record; None on a standard queue."""
-    return (record.get("attributes") or {}).get("MessageGroupId")
+    group = system_attributes(record).get("MessageGroupId")
+    return group if isinstance(group, str) and group else None
+
+
+def receive_count(record: Record) -> int:
+    """``ApproximateReceiveCount``, or 1 when it is missing or not a positive number."""
+    raw = system_attributes(record).get("ApproximateReceiveCount", "1")
+    try:
+        return max(1, int(raw))
+    except (TypeError, ValueError):
+        return 1
+
+
+def message_attributes(record: Record) -> dict[str, Mapping[str, Any]]:
+    """The record's message attributes that have the shape Lambda gives them."""
+    return {
+        name: value
+        for name, value in _mapping(record.get("messageAttributes")).items()
+        if isinstance(name, str) and isinstance(value, Mapping)
+    }
 
 
 def payload_hash(payload: dict[str, Any]) -> str:
     """Hash of the canonical JSON so that key order and whitespace do not matter."""
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-def _attribute_key(record: dict[str, Any]) -> str | None:
-    attribute = (record.get("messageAttributes") or {}).get("IdempotencyKey") or {}
-    if attribute.get("dataType", "String").split(".", 1)[0] != "String":
-        return None
-    value = attribute.get("stringValue")
-    if isinstance(value, str) and value.strip():
-        return value
-    return None
+    # surrogatepass: JSON may spell a lone surrogate ("\ud800"); it must hash, not raise.
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def schema_violation(error: ValidationError, prefix: str = "") -> PoisonMessage:
@@ -87,21 +138,80 @@ def schema_violation(error: ValidationError, prefix: str = "") -> PoisonMessage:
     first = error.errors()[0]
     where = ".".join([*([prefix] if prefix else []), *(str(part) for part in first["loc"])]) or "body"
     more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return PoisonMessage("SchemaViolation", f"{where}: {first['msg']}{more}")
+    return PoisonMessage(ErrorType.SCHEMA_VIOLATION, f"{where}: {first['msg']}{more}")
 
 
-def parse_message(record: dict[str, Any]) -> Message:
+def _nesting_depth(value: Any) -> int:
+    """Depth of arrays and objects, iteratively: a recursive walk would be the hazard it measures."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_NESTING_DEPTH:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _parse_body(record: Record) -> dict[str, Any]:
+    body = record.get("body")
+    if not isinstance(body, str):
+        raise PoisonMessage(ErrorType.INVALID_JSON, f"body is not text, got {type(body).__name__}")
+    size = len(body.encode("utf-8", "surrogatepass"))
+    if size > MAX_BODY_BYTES:
+        raise PoisonMessage(ErrorType.BODY_TOO_LARGE, f"body is {size} bytes, the limit is {MAX_BODY_BYTES}")
+    try:
+        parsed = json.loads(body)
+    except json.JSONDecodeError as error:
+        raise PoisonMessage(ErrorType.INVALID_JSON, f"body is not JSON: {error}") from None
+    except RecursionError:
+        raise PoisonMessage(
+            ErrorType.NESTING_TOO_DEEP, f"body nests deeper than the limit of {MAX_NESTING_DEPTH}"
+        ) from None
+    if _nesting_depth(parsed) > MAX_NESTING_DEPTH:
+        raise PoisonMessage(ErrorType.NESTING_TOO_DEEP, f"body nests deeper than the limit of {MAX_NESTING_DEPTH}")
+    if not isinstance(parsed, dict):
+        raise PoisonMessage(ErrorType.SCHEMA_VIOLATION, f"body must be a JSON object, got {type(parsed).__name__}")
+    return parsed
+
+
+def _attribute_key(record: Record) -> str | None:
+    attribute = message_attributes(record).get("IdempotencyKey")
+    if attribute is None:
+        return None
+    data_type = attribute.get("dataType", "String")
+    if not isinstance(data_type, str) or data_type.split(".", 1)[0] != "String":
+        return None
+    value = attribute.get("stringValue")
+    return value if isinstance(value, str) else None
+
+
+def _check_key(key: str, source: KeySource) -> None:
+    def refuse(why: str) -> PoisonMessage:
+        return PoisonMessage(ErrorType.SCHEMA_VIOLATION, f"idempotency key ({source}) {why}")
+
+    if not key.strip():
+        raise refuse("is empty or blank")
+    if len(key) > MAX_KEY_LENGTH:
+        raise refuse(f"is longer than {MAX_KEY_LENGTH} characters")
+    if not _SQS_TEXT.match(key):
+        raise refuse("holds characters SQS cannot carry (control characters or lone surrogates)")
+    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        raise refuse(f"is longer than {MAX_KEY_BYTES} bytes in UTF-8")
+
+
+def parse_message(record: Record) -> Message:
     """Parse one SQS record; raise ``PoisonMessage`` when the body breaks the contract."""
-    message_id = record["messageId"]
-    attributes = record.get("attributes") or {}
+    message_id: str = record["messageId"]
     try:
-        body = json.loads(record.get("body") or "")
-    except (json.JSONDecodeError, TypeError) as error:
-        raise PoisonMessage("InvalidJson", f"body is not JSON: {error}") from None
-    if not isinstance(body, dict):
-        raise PoisonMessage("SchemaViolation", f"body must be a JSON object, got {type(body).__name__}")
-    try:
-        envelope = Envelope.model_validate(body)
+        envelope = Envelope.model_validate(_parse_body(record))
     except ValidationError as error:
         raise schema_violation(error) from None
 
@@ -111,8 +221,7 @@ def parse_message(record: dict[str, Any]) -> Message:
         key, source = attribute_key, KeySource.ATTRIBUTE
     else:
         key, source = message_id, KeySource.MESSAGE_ID
-    if len(key) > MAX_KEY_LENGTH:
-        raise PoisonMessage("SchemaViolation", f"idempotency key longer than {MAX_KEY_LENGTH} characters")
+    _check_key(key, source)
 
     return Message(
         message_id=message_id,
@@ -121,6 +230,6 @@ def parse_message(record: dict[str, Any]) -> Message:
         key_source=source,
         payload=envelope.payload,
         payload_hash=payload_hash(envelope.payload),
-        receive_count=int(attributes.get("ApproximateReceiveCount", "1")),
+        receive_count=receive_count(record),
         message_group_id=message_group_id(record),
     )

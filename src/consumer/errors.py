@@ -1,24 +1,76 @@
-"""The two ways a message can fail, and what each means for the batch.
+"""Every way a message can fail, and what each means for the batch.
 
 A ``PoisonMessage`` will never succeed however often it is retried: it goes to the
-dead-letter queue with its reason and counts as handled. A ``TransientError`` may
-succeed later: the record is reported in ``batchItemFailures`` and SQS redelivers it.
+dead-letter queue with its ``ErrorType`` and counts as handled. A ``TransientError``
+may succeed later: the record is reported in ``batchItemFailures`` and SQS delivers
+it again. A ``ConfigurationError`` is the function's, not a message's: it fails the
+invocation before any record is touched.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from consumer.idempotency.record import IdempotencyRecord
+    from consumer.idempotency.writes import Write
+
+
+class ErrorType(StrEnum):
+    """Why a message was dead-lettered: the ``ErrorType`` attribute of its DLQ copy."""
+
+    INVALID_JSON = "InvalidJson"
+    SCHEMA_VIOLATION = "SchemaViolation"
+    UNKNOWN_EVENT_TYPE = "UnknownEventType"
+    IDEMPOTENCY_KEY_REUSED = "IdempotencyKeyReused"
+    WEBHOOK_REJECTED = "WebhookRejected"
+    BUSINESS_CONDITION_FAILED = "BusinessConditionFailed"
+    BODY_TOO_LARGE = "BodyTooLarge"
+    NESTING_TOO_DEEP = "NestingTooDeep"
+    # Reading the record itself failed in a way no retry can change (a defect the
+    # contract checks did not foresee): dead-lettered with the exception, not retried.
+    UNPROCESSABLE_RECORD = "UnprocessableRecord"
 
 
 class PoisonMessage(Exception):
     """The message can never be applied (bad JSON, schema, unknown type, key reuse...)."""
 
-    def __init__(self, error_type: str, message: str) -> None:
+    def __init__(self, error_type: ErrorType, message: str) -> None:
         super().__init__(f"{error_type}: {message}")
         self.error_type = error_type
         self.message = message
 
 
+class BusinessConditionFailed(PoisonMessage):
+    """A business write's own condition failed, so its transaction was cancelled."""
+
+    def __init__(self, write: Write) -> None:
+        super().__init__(
+            ErrorType.BUSINESS_CONDITION_FAILED,
+            f"condition of a {type(write).__name__} on {write.table} failed: {write.condition}",
+        )
+
+
 class TransientError(Exception):
     """The message may be applied on a later delivery (throttling, 5xx, timeout...)."""
+
+
+class TransactionConflict(TransientError):
+    """DynamoDB refused the write because another transaction holds one of its items.
+
+    Worth retrying at once, in the same invocation: the other transaction lasts
+    milliseconds, so handing the record back to SQS would only add seconds.
+    """
+
+
+class LeaseLost(TransientError):
+    """The claim was taken over before commit; the record belongs to someone else now."""
+
+    def __init__(self, record_id: str, current: IdempotencyRecord | None) -> None:
+        owner = "nobody" if current is None else f"{current.status.value} by another owner"
+        super().__init__(f"lease on {record_id} lost before commit; record is now held {owner}")
+        self.current = current
 
 
 class ConfigurationError(Exception):

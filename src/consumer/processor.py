@@ -1,77 +1,51 @@
 """One record, start to finish: parse, route, run under the idempotency store, classify.
 
 ``prepare`` is pure (no I/O) so the batch can group records before any round trip;
-``execute`` does the round trips. Neither raises: every record ends with exactly
-one ``RecordResult``, so one bad record never fails its batch.
+``execute`` does the round trips. Neither raises for a record's sake: every record
+ends with exactly one ``RecordResult``, so one bad record never fails its batch.
 """
 
 from __future__ import annotations
 
-import logging
+import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, assert_never
 
 from pydantic import BaseModel, ValidationError
 
 from consumer.config import Settings
+from consumer.conflicts import ConflictCount, ConflictRetry
 from consumer.dead_letter import DeadLetterQueue
-from consumer.envelope import Message, parse_message, schema_violation
-from consumer.errors import PoisonMessage, TransientError
+from consumer.envelope import Message, Record, parse_message, schema_violation
+from consumer.errors import ErrorType, LeaseLost, PoisonMessage, TransactionConflict, TransientError
 from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.lease import lease_duration
-from consumer.idempotency.store import (
-    Applied,
-    Claimed,
-    Duplicate,
-    IdempotencyStore,
-    InFlight,
-    LeaseLost,
-    PayloadMismatch,
-)
+from consumer.idempotency.store import Applied, Claimed, Duplicate, IdempotencyStore, InFlight, PayloadMismatch
+from consumer.outcome import Outcome, RecordResult
 
-
-class Outcome(StrEnum):
-    APPLIED = "applied"
-    DUPLICATE = "duplicate"
-    IN_FLIGHT = "in_flight"
-    RETRIED = "retried"
-    POISON = "poison"
-
-    @property
-    def is_failure(self) -> bool:
-        """Reported in ``batchItemFailures``: SQS will deliver the record again."""
-        return self in (Outcome.IN_FLIGHT, Outcome.RETRIED)
-
-
-@dataclass(frozen=True)
-class RecordResult:
-    message_id: str
-    outcome: Outcome
-    reason: str | None = None
-    # When a retry could succeed: the end of another worker's lease, epoch ms.
-    retry_at_ms: int | None = None
-    # What made it poison, so a copy later in the batch is dead-lettered alike.
-    poison: PoisonMessage | None = None
+# A record still in conflict comes back this soon (at random within it), not after the backoff.
+_CONFLICT_REDELIVERY_MS = 1_000
 
 
 @dataclass(frozen=True)
 class Prepared:
     """A record that passed the contract and its handler's schema."""
 
-    record: dict[str, Any]
+    record: Record
     message: Message
-    handler: MessageHandler
+    handler: MessageHandler[Any]
     payload: BaseModel
+    # What its writes contend on besides its own key (a hot business item), if anything.
+    contention_key: str | None = None
 
 
 @dataclass(frozen=True)
 class Rejected:
     """A record that can never succeed; it goes to the dead-letter queue."""
 
-    record: dict[str, Any]
+    record: Record
     poison: PoisonMessage
     idempotency_key: str = ""
 
@@ -80,10 +54,12 @@ class RecordProcessor:
     def __init__(
         self,
         store: IdempotencyStore,
-        handlers: dict[str, MessageHandler],
+        handlers: dict[str, MessageHandler[Any]],
         dead_letters: DeadLetterQueue,
         settings: Settings,
-        logger: logging.Logger | Any,
+        logger: Any,
+        *,
+        conflicts: ConflictRetry,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
@@ -91,9 +67,20 @@ class RecordProcessor:
         self._dead_letters = dead_letters
         self._settings = settings
         self._logger = logger
+        self._conflicts = conflicts
         self._clock = clock
 
-    def prepare(self, record: dict[str, Any]) -> Prepared | Rejected:
+    def prepare(self, record: Record) -> Prepared | Rejected:
+        try:
+            return self._prepare(record)
+        except MemoryError:
+            raise
+        except Exception as error:
+            # Reading a record is deterministic: what failed once fails on every delivery.
+            self._logger.exception("record could not be read", extra={"message_id": record["messageId"]})
+            return Rejected(record, PoisonMessage(ErrorType.UNPROCESSABLE_RECORD, f"{type(error).__name__}: {error}"))
+
+    def _prepare(self, record: Record) -> Prepared | Rejected:
         try:
             message = parse_message(record)
         except PoisonMessage as poison:
@@ -101,30 +88,35 @@ class RecordProcessor:
         handler = self._handlers.get(message.event_type)
         if handler is None:
             known = ", ".join(sorted(self._handlers))
-            poison = PoisonMessage(
-                "UnknownEventType", f"no handler for eventType {message.event_type!r} (known: {known})"
+            unknown = PoisonMessage(
+                ErrorType.UNKNOWN_EVENT_TYPE, f"no handler for eventType {message.event_type!r} (known: {known})"
             )
-            return Rejected(record, poison, message.idempotency_key)
+            return Rejected(record, unknown, message.idempotency_key)
         try:
             payload = handler.payload_model.model_validate(message.payload)
         except ValidationError as error:
             return Rejected(record, schema_violation(error, prefix="payload"), message.idempotency_key)
-        return Prepared(record, message, handler, payload)
+        return Prepared(record, message, handler, payload, handler.contention_key(payload))
 
     def execute(self, item: Prepared | Rejected, remaining_ms: Callable[[], int]) -> RecordResult:
         if isinstance(item, Rejected):
             return self.dead_letter(item.record, item.poison, item.idempotency_key)
+        conflicts = ConflictCount()
         try:
             if item.handler.mode is Mode.OPTIMISTIC:
-                return self._run_optimistic(item, remaining_ms)
-            return self._run_locked(item, remaining_ms)
+                result = self._run_optimistic(item, remaining_ms, conflicts)
+            else:
+                result = self._run_locked(item, remaining_ms, conflicts)
         except PoisonMessage as poison:
-            return self.dead_letter(item.record, poison, item.message.idempotency_key)
+            result = self.dead_letter(item.record, poison, item.message.idempotency_key)
+        except TransactionConflict as conflict:
+            result = self._still_in_conflict(item, conflict, conflicts)
         except TransientError as error:
-            return self._retry(item, str(error))
+            result = self._retry(item, str(error))
         except Exception as error:  # a bug or an unknown failure: retry, the redrive policy bounds it
             self._logger.exception("unexpected error", extra=self._log_keys(item))
-            return self._retry(item, f"{type(error).__name__}: {error}")
+            result = self._retry(item, f"{type(error).__name__}: {error}")
+        return replace(result, conflicts_absorbed=conflicts.absorbed) if conflicts.absorbed else result
 
     def reuse(self, item: Prepared, first: RecordResult) -> RecordResult:
         """A duplicate inside the batch takes the first copy's outcome, with no round trip."""
@@ -137,31 +129,41 @@ class RecordProcessor:
         self._logger.info("retry with the first copy", extra={**self._log_keys(item), "first": first.message_id})
         return RecordResult(item.message.message_id, first.outcome, first.reason, first.retry_at_ms)
 
-    def dead_letter(self, record: dict[str, Any], poison: PoisonMessage, idempotency_key: str = "") -> RecordResult:
-        keys = {"message_id": record["messageId"], "idempotency_key": idempotency_key}
+    def dead_letter(self, record: Record, poison: PoisonMessage, idempotency_key: str = "") -> RecordResult:
+        message_id: str = record["messageId"]
+        keys = {"message_id": message_id, "idempotency_key": idempotency_key}
         try:
             self._dead_letters.send(record, poison.error_type, poison.message, idempotency_key)
         except Exception as error:
             # Not in the DLQ means not handled: SQS must keep the message.
             self._logger.error("dead-letter send failed", extra={**keys, "error": str(error)})
-            return RecordResult(record["messageId"], Outcome.RETRIED, f"dead-letter send failed: {error}")
+            return RecordResult(message_id, Outcome.RETRIED, f"dead-letter send failed: {error}")
         self._logger.warning("dead-lettered", extra={**keys, "error_type": poison.error_type, "reason": poison.message})
-        return RecordResult(
-            record["messageId"], Outcome.POISON, f"{poison.error_type}: {poison.message}", poison=poison
-        )
+        return RecordResult(message_id, Outcome.POISON, f"{poison.error_type}: {poison.message}", poison=poison)
 
     # -- the two modes ----------------------------------------------------------------
 
-    def _run_optimistic(self, item: Prepared, remaining_ms: Callable[[], int]) -> RecordResult:
+    def _run_optimistic(
+        self, item: Prepared, remaining_ms: Callable[[], int], conflicts: ConflictCount
+    ) -> RecordResult:
         effect = self._handle(item, remaining_ms)
-        result = self._store.apply_once(
-            item.message.record_id, item.message.payload_hash, effect.result, tuple(effect.writes)
+        message = item.message
+        result = self._conflicts.run(
+            lambda: self._store.apply_once(
+                message.record_id, message.payload_hash, effect.result, tuple(effect.writes)
+            ),
+            remaining_ms,
+            conflicts,
         )
-        if isinstance(result, Applied):
-            return self._done(item, Outcome.APPLIED)
-        return self._conflict(item, result)
+        match result:
+            case Applied():
+                return self._done(item, Outcome.APPLIED)
+            case Duplicate() | InFlight() | PayloadMismatch():
+                return self._settled_elsewhere(item, result)
+            case _:
+                assert_never(result)
 
-    def _run_locked(self, item: Prepared, remaining_ms: Callable[[], int]) -> RecordResult:
+    def _run_locked(self, item: Prepared, remaining_ms: Callable[[], int], conflicts: ConflictCount) -> RecordResult:
         settings = self._settings
         lease_ms = lease_duration(
             remaining_ms(),
@@ -169,23 +171,45 @@ class RecordProcessor:
             min_ms=settings.lease_min_ms,
             max_ms=settings.lease_max_ms,
         )
-        claim = self._store.claim(item.message.record_id, item.message.payload_hash, lease_ms)
-        if not isinstance(claim, Claimed):
-            return self._conflict(item, claim)
+        message = item.message
+        claim = self._conflicts.run(
+            lambda: self._store.claim(message.record_id, message.payload_hash, lease_ms), remaining_ms, conflicts
+        )
+        match claim:
+            case Claimed():
+                pass
+            case Duplicate() | InFlight() | PayloadMismatch():
+                return self._settled_elsewhere(item, claim)
+            case _:
+                assert_never(claim)
 
         def lease_remaining_ms() -> int:
             return min(remaining_ms(), claim.lease_expires_at_ms - int(self._clock() * 1000))
 
         try:
             effect = self._handle(item, lease_remaining_ms)
-            self._store.commit(claim, effect.result, tuple(effect.writes))
+        except Exception:
+            self._release_quietly(item, claim, remaining_ms)
+            raise
+        try:
+            # Fenced, and the same request each time: repeating it is safe, while releasing
+            # would let the next delivery make the external call again.
+            self._conflicts.run(
+                lambda: self._store.commit(claim, effect.result, tuple(effect.writes)),
+                lease_remaining_ms,
+                conflicts,
+                until_out_of_time=True,
+            )
         except LeaseLost as lost:
             # Fenced out: whoever took the key over owns the outcome now.
             return self._retry(item, str(lost))
+        except TransactionConflict:
+            # Keep the claim: until its lease ends nobody repeats the external call.
+            raise
         except Exception:
             # Safe even when the commit was in fact applied: release is fenced on IN_PROGRESS.
             # (A process that dies releases nothing; its lease runs out instead.)
-            self._release_quietly(item, claim)
+            self._release_quietly(item, claim, remaining_ms)
             raise
         return self._done(item, Outcome.APPLIED)
 
@@ -198,9 +222,9 @@ class RecordProcessor:
         )
         return item.handler.handle(item.payload, context)
 
-    def _release_quietly(self, item: Prepared, claim: Claimed) -> None:
+    def _release_quietly(self, item: Prepared, claim: Claimed, remaining_ms: Callable[[], int]) -> None:
         try:
-            if not self._store.release(claim):
+            if not self._conflicts.run(lambda: self._store.release(claim), remaining_ms, ConflictCount()):
                 self._logger.warning(
                     "release found no claim of ours (taken over, or an earlier release lost its answer)",
                     extra=self._log_keys(item),
@@ -211,22 +235,36 @@ class RecordProcessor:
 
     # -- outcomes ---------------------------------------------------------------------
 
-    def _conflict(self, item: Prepared, result: Duplicate | InFlight | PayloadMismatch) -> RecordResult:
-        if isinstance(result, Duplicate):
-            return self._done(item, Outcome.DUPLICATE)
-        if isinstance(result, InFlight):
-            self._logger.info("in flight elsewhere", extra=self._log_keys(item))
-            return RecordResult(
-                item.message.message_id,
-                Outcome.IN_FLIGHT,
-                "claimed by another worker",
-                retry_at_ms=result.record.lease_expires_at_ms,
-            )
-        poison = PoisonMessage(
-            "IdempotencyKeyReused",
-            f"key {item.message.idempotency_key!r} was used before for a different payload",
+    def _settled_elsewhere(self, item: Prepared, result: Duplicate | InFlight | PayloadMismatch) -> RecordResult:
+        """The key's record decided this message: already done, held by another worker, or reused."""
+        match result:
+            case Duplicate():
+                return self._done(item, Outcome.DUPLICATE)
+            case InFlight():
+                self._logger.info("in flight elsewhere", extra=self._log_keys(item))
+                return RecordResult(
+                    item.message.message_id,
+                    Outcome.IN_FLIGHT,
+                    "claimed by another worker",
+                    retry_at_ms=result.record.lease_expires_at_ms,
+                )
+            case PayloadMismatch():
+                poison = PoisonMessage(
+                    ErrorType.IDEMPOTENCY_KEY_REUSED,
+                    f"key {item.message.idempotency_key!r} was used before for a different payload",
+                )
+                return self.dead_letter(item.record, poison, item.message.idempotency_key)
+            case _:
+                assert_never(result)
+
+    def _still_in_conflict(
+        self, item: Prepared, conflict: TransactionConflict, conflicts: ConflictCount
+    ) -> RecordResult:
+        self._logger.warning(
+            "transaction conflict not absorbed", extra={**self._log_keys(item), "absorbed": conflicts.absorbed}
         )
-        return self.dead_letter(item.record, poison, item.message.idempotency_key)
+        retry_at_ms = int(self._clock() * 1000) + random.randrange(_CONFLICT_REDELIVERY_MS)  # noqa: S311
+        return RecordResult(item.message.message_id, Outcome.CONFLICT, str(conflict), retry_at_ms=retry_at_ms)
 
     def _done(self, item: Prepared, outcome: Outcome) -> RecordResult:
         self._logger.info(outcome.value, extra=self._log_keys(item))

@@ -20,7 +20,7 @@ import boto3
 import pytest
 
 from consumer.app import wire
-from consumer.batch import BatchProcessor
+from consumer.batch import BatchRunner
 from consumer.config import Settings
 from local.servers import LocalServers
 from tests.unit.conftest import Remaining, payment_body, receipt_body, sqs_record
@@ -49,11 +49,11 @@ def settings(local_stack: LocalServers, monkeypatch: pytest.MonkeyPatch) -> Iter
     )
 
 
-def consumers(settings: Settings) -> list[BatchProcessor]:
+def consumers(settings: Settings) -> list[BatchRunner]:
     return [wire(settings, boto3.session.Session()) for _ in range(CONSUMERS)]
 
 
-def deliver_until_done(consumer: BatchProcessor, records: list[dict[str, Any]], failures: Counter[str]) -> None:
+def deliver_until_done(consumer: BatchRunner, records: list[dict[str, Any]], failures: Counter[str]) -> None:
     """Process in batches; redeliver what was reported failed, as SQS would."""
     pending = records
     for delivery in range(MAX_REDELIVERIES):
@@ -82,7 +82,7 @@ def run_concurrently(settings: Settings, bodies: list[str]) -> Counter[str]:
     errors: list[BaseException] = []
     barrier = threading.Barrier(CONSUMERS)
 
-    def work(index: int, consumer: BatchProcessor) -> None:
+    def work(index: int, consumer: BatchRunner) -> None:
         # Every consumer gets every message, in its own order and under its own ids.
         order = list(range(len(bodies)))
         random.Random(index).shuffle(order)

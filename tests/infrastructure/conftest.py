@@ -4,12 +4,13 @@ from typing import Any
 
 import pytest
 
-from tests.infrastructure.template import Resolver, load_source_template, transform
+from testkit.template import Template, load_template, transform
+from tests.infrastructure.lookups import read
 
 
 @pytest.fixture(scope="session")
 def source_template() -> dict[str, Any]:
-    return load_source_template()
+    return load_template()
 
 
 @pytest.fixture(scope="session")
@@ -18,6 +19,6 @@ def transformed_template(source_template: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def resolver(transformed_template: dict[str, Any]) -> Resolver:
-    """The transformed template evaluated with every parameter at its default."""
-    return Resolver(transformed_template)
+def resolver(transformed_template: dict[str, Any]) -> Template:
+    """The transformed template read with every parameter at its default."""
+    return read(transformed_template)

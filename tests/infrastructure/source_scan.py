@@ -15,7 +15,7 @@ from pathlib import Path
 import botocore.session
 from botocore import xform_name
 
-from tests.infrastructure.template import REPO_ROOT
+from testkit.template import REPO_ROOT
 
 PACKAGE_ROOT = REPO_ROOT / "src" / "consumer"
 

@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
-from tests.infrastructure.template import Resolver, ResourceRef, resources_of_type
+from testkit.template import ResourceRef, Template
+from tests.infrastructure.lookups import read, resources_of_type
 
 TOPIC = "arn:aws:sns:us-east-1:123456789012:payments-oncall"
 
 
-def _alarm(resolver: Resolver, template: dict[str, Any], namespace: str, metric: str) -> dict[str, Any]:
+def _alarm(resolver: Template, template: dict[str, Any], namespace: str, metric: str) -> dict[str, Any]:
     matching = [
         resolver.resolve(alarm["Properties"])
         for alarm in resources_of_type(template, "AWS::CloudWatch::Alarm").values()
@@ -27,7 +28,7 @@ def _dimensions(alarm: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_dead_letter_queue_alarm_fires_on_the_first_message(
-    transformed_template: dict[str, Any], resolver: Resolver
+    transformed_template: dict[str, Any], resolver: Template
 ) -> None:
     alarm = _alarm(resolver, transformed_template, "AWS/SQS", "ApproximateNumberOfMessagesVisible")
     assert _dimensions(alarm) == {"QueueName": ResourceRef("ConsumerDeadLetterQueue", "QueueName")}
@@ -39,13 +40,13 @@ def test_dead_letter_queue_alarm_fires_on_the_first_message(
 
 
 def test_oldest_message_alarm_watches_the_consumer_queue_at_the_parameterised_age(
-    transformed_template: dict[str, Any], resolver: Resolver
+    transformed_template: dict[str, Any], resolver: Template
 ) -> None:
     alarm = _alarm(resolver, transformed_template, "AWS/SQS", "ApproximateAgeOfOldestMessage")
     assert _dimensions(alarm) == {"QueueName": ResourceRef("ConsumerQueue", "QueueName")}
     assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("GreaterThanThreshold", 300)
     overridden = _alarm(
-        Resolver(transformed_template, {"OldestMessageAgeAlarmSeconds": 900}),
+        read(transformed_template, **{"OldestMessageAgeAlarmSeconds": 900}),
         transformed_template,
         "AWS/SQS",
         "ApproximateAgeOfOldestMessage",
@@ -53,7 +54,7 @@ def test_oldest_message_alarm_watches_the_consumer_queue_at_the_parameterised_ag
     assert overridden["Threshold"] == 900
 
 
-def test_function_errors_alarm_fires_on_any_error(transformed_template: dict[str, Any], resolver: Resolver) -> None:
+def test_function_errors_alarm_fires_on_any_error(transformed_template: dict[str, Any], resolver: Template) -> None:
     alarm = _alarm(resolver, transformed_template, "AWS/Lambda", "Errors")
     assert _dimensions(alarm) == {"FunctionName": ResourceRef("ConsumerFunction")}
     assert (alarm["Statistic"], alarm["ComparisonOperator"], alarm["Threshold"]) == ("Sum", "GreaterThanThreshold", 0)
@@ -63,7 +64,7 @@ def test_function_errors_alarm_fires_on_any_error(transformed_template: dict[str
 def test_alarms_notify_the_topic_only_when_one_is_given(
     transformed_template: dict[str, Any], topic: str, actions: list[str] | None
 ) -> None:
-    resolver = Resolver(transformed_template, {"AlarmTopicArn": topic})
+    resolver = read(transformed_template, **{"AlarmTopicArn": topic})
     alarms = resources_of_type(transformed_template, "AWS::CloudWatch::Alarm")
     assert len(alarms) == 3
     for name, alarm in alarms.items():

@@ -4,25 +4,14 @@ from __future__ import annotations
 
 import ast
 import importlib
-import itertools
 import re
 from typing import Any
 
 from consumer.config import Settings
+from testkit.template import REPO_ROOT, ResourceRef, Template
+from tests.infrastructure.lookups import parameter_name, properties, read
 from tests.infrastructure.source_scan import package_modules
-from tests.infrastructure.template import (
-    REPO_ROOT,
-    Resolver,
-    ResourceRef,
-    event_source_mapping,
-    parameter_candidates,
-    parameter_name,
-    properties,
-)
 
-# Lambda's SQS rule: more than 10 records per batch needs a batching window of at least 1 s.
-SQS_UNWINDOWED_MAX_BATCH = 10
-MAXIMUM_CONCURRENCY_RANGE = range(2, 1001)
 _VARIABLE_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
 # The variables the function is documented to take from its stack.
 STACK_PROVIDED_VARIABLES = {
@@ -38,15 +27,11 @@ STACK_PROVIDED_VARIABLES = {
 
 
 def _variables_the_code_reads() -> set[str]:
-    """Names passed to ``env.get``, ``os.environ.get``, ``_required`` or ``_positive_int`` in src/consumer."""
-    readers = {"get", "_required", "_positive_int"}
-    names: set[str] = set()
+    """Settings' fields (read as upper-case variables), and names passed to ``env.get`` or ``os.environ.get``."""
+    names = {field.upper() for field in Settings.model_fields}
     for tree in package_modules().values():
         for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
-                continue
-            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if called in readers:
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
                 names.update(
                     arg.value
                     for arg in node.args
@@ -78,30 +63,6 @@ def test_function_runs_the_handler_on_python_3_12_arm64(
     assert callable(getattr(importlib.import_module(module_name), attribute))
 
 
-def test_queue_drives_the_function_with_partial_batch_responses(
-    transformed_template: dict[str, Any], resolver: Resolver
-) -> None:
-    mapping = resolver.resolve(event_source_mapping(transformed_template))
-    assert mapping["EventSourceArn"] == ResourceRef("ConsumerQueue", "Arn")
-    assert mapping["FunctionName"] == ResourceRef("ConsumerFunction")
-    assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
-    assert mapping["BatchSize"] == 10
-    assert mapping["MaximumBatchingWindowInSeconds"] in {0, 1}
-    assert mapping["ScalingConfig"] == {"MaximumConcurrency": 5}
-
-
-def test_every_allowed_batching_setting_is_one_lambda_accepts(transformed_template: dict[str, Any]) -> None:
-    mapping = event_source_mapping(transformed_template)
-    batch_sizes = parameter_candidates(transformed_template, parameter_name(mapping["BatchSize"]))
-    windows = parameter_candidates(transformed_template, parameter_name(mapping["MaximumBatchingWindowInSeconds"]))
-    for batch_size, window in itertools.product(batch_sizes, windows):
-        assert batch_size <= SQS_UNWINDOWED_MAX_BATCH or window >= 1, (batch_size, window)
-    for concurrency in parameter_candidates(
-        transformed_template, parameter_name(mapping["ScalingConfig"]["MaximumConcurrency"])
-    ):
-        assert concurrency in MAXIMUM_CONCURRENCY_RANGE
-
-
 def test_environment_provides_what_the_function_reads_and_nothing_it_does_not(
     transformed_template: dict[str, Any],
 ) -> None:
@@ -113,7 +74,7 @@ def test_environment_provides_what_the_function_reads_and_nothing_it_does_not(
 
 
 def test_environment_at_the_defaults_is_accepted_by_the_settings(
-    transformed_template: dict[str, Any], resolver: Resolver
+    transformed_template: dict[str, Any], resolver: Template
 ) -> None:
     variables = resolver.resolve(properties(transformed_template, "ConsumerFunction")["Environment"]["Variables"])
     settings = Settings.from_env({name: _as_environment_value(value) for name, value in variables.items()})
@@ -125,11 +86,11 @@ def test_environment_at_the_defaults_is_accepted_by_the_settings(
 
 
 def test_function_logs_to_its_own_log_group_with_bounded_retention(
-    transformed_template: dict[str, Any], resolver: Resolver
+    transformed_template: dict[str, Any], resolver: Template
 ) -> None:
     function = resolver.resolve(properties(transformed_template, "ConsumerFunction"))
     assert function["LoggingConfig"]["LogGroup"] == ResourceRef("ConsumerLogGroup")
     log_group = properties(transformed_template, "ConsumerLogGroup")
     assert resolver.resolve(log_group["RetentionInDays"]) == 30
     retention_parameter = parameter_name(log_group["RetentionInDays"])
-    assert Resolver(transformed_template, {retention_parameter: 90}).resolve(log_group["RetentionInDays"]) == 90
+    assert read(transformed_template, **{retention_parameter: 90}).resolve(log_group["RetentionInDays"]) == 90

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.infrastructure.template import (
+from tests.infrastructure.lookups import (
     EVENT_SOURCE_POLLING,
-    Resolver,
     as_list,
     grants_by_resource,
     policy_statements,
     properties,
+    read,
     resources_of_type,
 )
 
@@ -26,7 +26,7 @@ def test_function_assumes_the_stacks_own_role_with_no_managed_policies(transform
 
 
 def test_no_statement_in_the_stack_uses_a_wildcard(transformed_template: dict[str, Any]) -> None:
-    resolver = Resolver(transformed_template)
+    resolver = read(transformed_template)
     roles = resources_of_type(transformed_template, "AWS::IAM::Role")
     assert roles, "the stack should create the function's role"
     for role_id in roles:

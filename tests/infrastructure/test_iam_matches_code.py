@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from tests.infrastructure.lookups import EVENT_SOURCE_POLLING, grants_by_resource
 from tests.infrastructure.source_scan import (
     PACKAGE_ROOT,
     TRANSACTION_ITEM_ACTIONS,
@@ -26,7 +27,6 @@ from tests.infrastructure.source_scan import (
     operation_uses,
     transaction_item_kinds,
 )
-from tests.infrastructure.template import EVENT_SOURCE_POLLING, grants_by_resource
 
 ROLE = "ConsumerFunctionRole"
 IDEMPOTENCY_STORE = "consumer/idempotency/store.py"

@@ -6,7 +6,10 @@ import re
 import tomllib
 from typing import Any
 
-from tests.infrastructure.template import SAMCONFIG_PATH, Resolver, ResourceRef, properties
+import pytest
+
+from testkit.template import ResourceRef, Template
+from tests.infrastructure.lookups import SAMCONFIG_PATH, SQS_QUEUE_NAME, properties
 
 # Output -> what it must evaluate to. Scripts and the README read these names.
 REQUIRED_OUTPUTS = {
@@ -24,7 +27,6 @@ IAM_NAME_PROPERTIES = {
     "AWS::IAM::Group": "GroupName",
     "AWS::IAM::InstanceProfile": "InstanceProfileName",
 }
-SQS_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
 STACK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,127}")
 
 
@@ -37,7 +39,7 @@ def _deploy_setting(name: str) -> Any:
     return default.get("deploy", {}).get("parameters", {}).get(name, default["global"]["parameters"].get(name))
 
 
-def test_outputs_name_the_stack_resources(transformed_template: dict[str, Any], resolver: Resolver) -> None:
+def test_outputs_name_the_stack_resources(transformed_template: dict[str, Any], resolver: Template) -> None:
     outputs = {name: resolver.resolve(output["Value"]) for name, output in transformed_template["Outputs"].items()}
     assert {name: outputs.get(name) for name in REQUIRED_OUTPUTS} == REQUIRED_OUTPUTS
 
@@ -56,16 +58,15 @@ def test_samconfig_acknowledges_the_capabilities_the_template_needs(transformed_
         assert capabilities & {"CAPABILITY_IAM", "CAPABILITY_NAMED_IAM"}
 
 
-def test_samconfig_stack_name_gives_a_valid_queue_name(transformed_template: dict[str, Any]) -> None:
+@pytest.mark.parametrize("queue_type", ["standard", "fifo"])
+def test_samconfig_stack_name_gives_a_valid_queue_name(transformed_template: dict[str, Any], queue_type: str) -> None:
     # The consumer queue is named after the stack (for the dead-letter queue's redrive allow policy).
     stack_name = _deploy_setting("stack_name")
     assert STACK_NAME.fullmatch(stack_name)
-    resolver = Resolver(transformed_template, stack_name=stack_name)
-    queue_name = resolver.resolve(properties(transformed_template, "ConsumerQueue")["QueueName"])
+    reading = Template(transformed_template, stack_name=stack_name, parameter_overrides={"QueueType": queue_type})
+    queue_name = reading.resolve(properties(transformed_template, "ConsumerQueue")["QueueName"])
     assert SQS_QUEUE_NAME.fullmatch(queue_name), queue_name
-    allowed_sources = resolver.resolve(
-        properties(transformed_template, "ConsumerDeadLetterQueue")["RedriveAllowPolicy"]
-    )
+    allowed_sources = reading.resolve(properties(transformed_template, "ConsumerDeadLetterQueue")["RedriveAllowPolicy"])
     assert allowed_sources["sourceQueueArns"][0].endswith(f":{queue_name}")
 
 

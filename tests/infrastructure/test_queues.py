@@ -3,35 +3,32 @@
 from __future__ import annotations
 
 import itertools
-import re
 from typing import Any
 
-from tests.infrastructure.template import (
-    ACCOUNT_ID,
-    REGION,
-    Resolver,
-    ResourceRef,
+from testkit.template import ACCOUNT_ID, REGION, ResourceRef, Template
+from tests.infrastructure.lookups import (
+    SQS_QUEUE_NAME,
     event_source_mapping,
     parameter_candidates,
     parameter_name,
     properties,
+    read,
     resources_of_type,
 )
 
 SQS_MAX_VISIBILITY_TIMEOUT = 12 * 3600
 SQS_MAX_RETENTION = 14 * 24 * 3600
-SQS_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 
 
 def test_queue_redrives_to_the_dead_letter_queue_after_the_parameterised_receive_count(
-    transformed_template: dict[str, Any], resolver: Resolver
+    transformed_template: dict[str, Any], resolver: Template
 ) -> None:
     redrive = resolver.resolve(properties(transformed_template, "ConsumerQueue")["RedrivePolicy"])
     assert redrive["deadLetterTargetArn"] == ResourceRef("ConsumerDeadLetterQueue", "Arn")
     assert redrive["maxReceiveCount"] == 5
 
     parameter = parameter_name(properties(transformed_template, "ConsumerQueue")["RedrivePolicy"]["maxReceiveCount"])
-    overridden = Resolver(transformed_template, {parameter: 9}).resolve(
+    overridden = read(transformed_template, **{parameter: 9}).resolve(
         properties(transformed_template, "ConsumerQueue")["RedrivePolicy"]
     )
     assert overridden["maxReceiveCount"] == 9
@@ -40,7 +37,7 @@ def test_queue_redrives_to_the_dead_letter_queue_after_the_parameterised_receive
 
 
 def test_dead_letter_queue_accepts_redrives_from_the_consumer_queue_only(
-    transformed_template: dict[str, Any], resolver: Resolver
+    transformed_template: dict[str, Any], resolver: Template
 ) -> None:
     allow = resolver.resolve(properties(transformed_template, "ConsumerDeadLetterQueue")["RedriveAllowPolicy"])
     queue_name = resolver.resolve(properties(transformed_template, "ConsumerQueue")["QueueName"])
@@ -56,7 +53,7 @@ def test_every_queue_is_encrypted(transformed_template: dict[str, Any]) -> None:
         assert queue["Properties"].get("SqsManagedSseEnabled") is True, name
 
 
-def test_dead_letter_queue_keeps_messages_longest(transformed_template: dict[str, Any], resolver: Resolver) -> None:
+def test_dead_letter_queue_keeps_messages_longest(transformed_template: dict[str, Any], resolver: Template) -> None:
     dead_letter = resolver.resolve(properties(transformed_template, "ConsumerDeadLetterQueue"))
     queue = resolver.resolve(properties(transformed_template, "ConsumerQueue"))
     assert dead_letter["MessageRetentionPeriod"] == SQS_MAX_RETENTION
@@ -82,8 +79,40 @@ def test_visibility_timeout_covers_six_function_timeouts_and_the_batching_window
         parameter_candidates(transformed_template, timeout_parameter),
         parameter_candidates(transformed_template, window_parameter),
     ):
-        resolver = Resolver(transformed_template, {timeout_parameter: timeout, window_parameter: window})
+        resolver = read(transformed_template, **{timeout_parameter: timeout, window_parameter: window})
         visibility = resolver.resolve(properties(transformed_template, "ConsumerQueue")["VisibilityTimeout"])
         assert 6 * timeout + window <= visibility <= SQS_MAX_VISIBILITY_TIMEOUT, (timeout, window, visibility)
         checked += 1
     assert checked > 1
+
+
+FIFO_PROPERTIES = {
+    "FifoQueue": True,
+    "ContentBasedDeduplication": False,
+    "DeduplicationScope": "messageGroup",
+    "FifoThroughputLimit": "perMessageGroupId",
+}
+
+
+def test_fifo_queue_type_makes_both_queues_high_throughput_fifo_without_content_deduplication(
+    transformed_template: dict[str, Any],
+) -> None:
+    reading = read(transformed_template, QueueType="fifo")
+    queue = reading.resolve(properties(transformed_template, "ConsumerQueue"))
+    dead_letter = reading.resolve(properties(transformed_template, "ConsumerDeadLetterQueue"))
+    for name, resolved in (("ConsumerQueue", queue), ("ConsumerDeadLetterQueue", dead_letter)):
+        assert {key: resolved.get(key) for key in FIFO_PROPERTIES} == FIFO_PROPERTIES, name
+    assert queue["QueueName"] == "idempotent-sqs-consumer-consumer.fifo"
+    # CloudFormation adds .fifo to the name it generates for an unnamed FIFO queue.
+    assert "QueueName" not in dead_letter
+    assert dead_letter["RedriveAllowPolicy"]["sourceQueueArns"] == [
+        f"arn:aws:sqs:{REGION}:{ACCOUNT_ID}:{queue['QueueName']}"
+    ]
+    assert queue["RedrivePolicy"]["deadLetterTargetArn"] == ResourceRef("ConsumerDeadLetterQueue", "Arn")
+
+
+def test_standard_queue_type_sets_no_fifo_property(transformed_template: dict[str, Any], resolver: Template) -> None:
+    for logical_id in ("ConsumerQueue", "ConsumerDeadLetterQueue"):
+        resolved = resolver.resolve(properties(transformed_template, logical_id))
+        assert set(resolved) & set(FIFO_PROPERTIES) == set(), logical_id
+    assert not resolver.resolve(properties(transformed_template, "ConsumerQueue"))["QueueName"].endswith(".fifo")

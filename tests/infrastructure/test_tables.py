@@ -8,7 +8,7 @@ from consumer.handlers.base import MessageContext
 from consumer.handlers.payment_received import PaymentReceived, PaymentReceivedHandler
 from consumer.idempotency import store
 from consumer.idempotency.writes import Put
-from tests.infrastructure.template import properties, resources_of_type
+from tests.infrastructure.lookups import properties, resources_of_type
 
 
 def _key_schema(table: dict[str, Any]) -> dict[str, tuple[str, str]]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from local.template import load_template
+from testkit.template import load_template
 
 Document = dict[str, Any]
 

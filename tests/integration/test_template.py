@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from local.servers import LocalServers
-from local.template import TEMPLATE_PATH, Template, TemplateError, load_template
+from testkit.template import TEMPLATE_PATH, Template, TemplateError, load_template
 from tests.integration.template_copies import (
     function_properties,
     queue_properties,

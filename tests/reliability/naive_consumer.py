@@ -22,10 +22,10 @@ from consumer.batch import BatchResult
 from consumer.config import Settings
 from consumer.dead_letter import DeadLetterQueue
 from consumer.envelope import Message, parse_message
-from consumer.errors import PoisonMessage
+from consumer.errors import ErrorType, PoisonMessage
 from consumer.handlers.payment_received import PaymentReceived
 from consumer.handlers.receipt_requested import ReceiptRequested
-from consumer.processor import Outcome, RecordResult
+from consumer.outcome import Outcome, RecordResult
 
 _MODELS = {"PaymentReceived": PaymentReceived, "ReceiptRequested": ReceiptRequested}
 
@@ -34,7 +34,8 @@ class NaiveConsumer:
     def __init__(self, settings: Settings, session: boto3.session.Session, clock: Callable[[], float]) -> None:
         config = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=2, read_timeout=5)
         self._dynamodb = session.client("dynamodb", config=config)
-        self._dead_letters = DeadLetterQueue(session.client("sqs", config=config), settings.dead_letter_queue_url)
+        sqs = session.client("sqs", config=config)
+        self._dead_letters = DeadLetterQueue(lambda: sqs, settings.dead_letter_queue_url)
         self._settings = settings
         self._clock = clock
 
@@ -47,11 +48,11 @@ class NaiveConsumer:
             message = parse_message(record)
             model = _MODELS.get(message.event_type)
             if model is None:
-                raise PoisonMessage("UnknownEventType", message.event_type)
+                raise PoisonMessage(ErrorType.UNKNOWN_EVENT_TYPE, message.event_type)
             try:
                 payload = model.model_validate(message.payload)
             except ValidationError as error:
-                raise PoisonMessage("SchemaViolation", str(error)) from None
+                raise PoisonMessage(ErrorType.SCHEMA_VIOLATION, str(error)) from None
         except PoisonMessage as poison:
             self._dead_letters.send(record, poison.error_type, poison.message)
             return RecordResult(message_id, Outcome.POISON, poison.error_type)

@@ -7,7 +7,8 @@ import uuid
 
 import pytest
 
-from consumer.idempotency.store import Claimed, IdempotencyStore, LeaseLost
+from consumer.errors import LeaseLost
+from consumer.idempotency.store import Claimed, IdempotencyStore
 from consumer.idempotency.writes import Update
 from local.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory

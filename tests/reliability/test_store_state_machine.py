@@ -42,7 +42,7 @@ from hypothesis.stateful import (
 )
 
 from chaos.wire import WireCall, WireFault, WirePlan, install
-from consumer.errors import TransientError
+from consumer.errors import LeaseLost, TransientError
 from consumer.idempotency import store as store_module
 from consumer.idempotency.record import Status
 from consumer.idempotency.store import (
@@ -51,7 +51,6 @@ from consumer.idempotency.store import (
     Duplicate,
     IdempotencyStore,
     InFlight,
-    LeaseLost,
     PayloadMismatch,
 )
 from consumer.idempotency.writes import Update
@@ -351,8 +350,10 @@ def machine_for(tables: Tables, store_class: type[IdempotencyStore] = Idempotenc
             if owned:
                 record = self.model[held.key]
                 assert record is not None
+                # The completed record lives its TTL from the lease's end (the commit is a fixed request).
+                assert record.lease_ms is not None
                 self.model[held.key] = replace(
-                    record, status=Status.COMPLETED, lease_ms=None, expires_s=worker.now_ms() // 1000 + TTL_SECONDS
+                    record, status=Status.COMPLETED, lease_ms=None, expires_s=record.lease_ms // 1000 + TTL_SECONDS
                 )
                 self.effects[held.key] += int(with_effect)
             if isinstance(result, TransientError):

@@ -17,12 +17,11 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from consumer.batch import BatchProcessor
+from consumer.app import wire
+from consumer.batch import BatchRunner
 from consumer.config import Settings
-from consumer.dead_letter import DeadLetterQueue
-from consumer.handlers import MessageHandler, build_handlers
+from consumer.handlers import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
-from consumer.processor import RecordProcessor
 
 REGION = "us-east-1"
 IDEMPOTENCY_TABLE = "idempotency"
@@ -185,7 +184,7 @@ class Remaining:
 
 @dataclass
 class Consumer:
-    batch: BatchProcessor
+    batch: BatchRunner
     store: IdempotencyStore
     dynamodb: Any
     sqs: Any
@@ -218,7 +217,8 @@ def make_consumer(
     clock: Clock,
     webhook_url: str = "",
     dlq_url: str | None = None,
-    extra_handlers: dict[str, MessageHandler] | None = None,
+    extra_handlers: dict[str, MessageHandler[Any]] | None = None,
+    session: boto3.session.Session | None = None,
     **overrides: Any,
 ) -> Consumer:
     dlq_url = dlq_url or sqs.create_queue(QueueName="consumer-dlq")["QueueUrl"]
@@ -232,10 +232,15 @@ def make_consumer(
         receipt_webhook_url=webhook_url,
         **overrides,
     )
+    batch = wire(
+        settings,
+        session or boto3.session.Session(region_name=REGION),
+        clock=clock,
+        logger=_quiet_logger(),
+        handlers=extra_handlers,
+    )
+    # The test's own view of the same table, to read records and play other workers.
     store = IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=settings.idempotency_ttl_seconds, clock=clock)
-    handlers = {**build_handlers(settings), **(extra_handlers or {})}
-    processor = RecordProcessor(store, handlers, DeadLetterQueue(sqs, dlq_url), settings, _quiet_logger(), clock=clock)
-    batch = BatchProcessor(processor, max_workers=settings.max_workers, deadline_margin_ms=settings.deadline_margin_ms)
     return Consumer(batch, store, dynamodb, sqs, dlq_url, settings)
 
 

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from consumer import app
+from consumer.errors import ConfigurationError
+from consumer.outcome import Outcome
 from tests.unit.conftest import IDEMPOTENCY_TABLE, LEDGER_TABLE, balance, payment_body, sqs_record
 
 
@@ -88,9 +90,17 @@ def test_one_metric_per_outcome_is_emitted(function_env: str, capsys: pytest.Cap
 
     (emf,) = [line for line in lines if "_aws" in line]
     assert emf["_aws"]["CloudWatchMetrics"][0]["Namespace"]
-    counts = {name: emf[name] for name in ("applied", "duplicate", "poison", "in_flight", "retried")}
+    counts = {outcome.value: emf[outcome.value] for outcome in Outcome}
     # Powertools writes each metric as a list of the values added in this invocation.
-    assert counts == {"applied": [1.0], "duplicate": [1.0], "poison": [1.0], "in_flight": [0.0], "retried": [0.0]}
+    assert counts == {
+        "applied": [1.0],
+        "duplicate": [1.0],
+        "poison": [1.0],
+        "in_flight": [0.0],
+        "retried": [0.0],
+        "conflict": [0.0],
+    }
+    assert emf["conflicts_absorbed"] == [0.0]
 
 
 def test_a_missing_setting_fails_the_invocation_with_its_name(
@@ -101,3 +111,36 @@ def test_a_missing_setting_fails_the_invocation_with_its_name(
 
     with pytest.raises(Exception, match="LEDGER_TABLE_NAME"):
         app.handler({"Records": [sqs_record("a", payment_body("p-1"))]}, LambdaContext())
+
+
+def test_settings_that_cannot_work_together_fail_the_first_invocation_before_any_record(
+    function_env: str, dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LEASE_MIN_MS", "5000")
+    monkeypatch.setenv("LEASE_MAX_MS", "1000")
+    app.build_consumer.cache_clear()
+
+    with pytest.raises(ConfigurationError, match="LEASE_MIN_MS must not exceed LEASE_MAX_MS"):
+        app.handler({"Records": [sqs_record("a", payment_body("p-1"))]}, LambdaContext())
+
+    # Refused before the payment was looked at: nothing applied, nothing claimed.
+    assert balance(dynamodb, "acc-1") == 0
+    assert dynamodb.scan(TableName=IDEMPOTENCY_TABLE)["Count"] == 0
+
+
+@pytest.mark.parametrize("event", [{}, {"Records": None}, {"Records": [{"body": "{}"}]}, [], "text"])
+def test_an_event_that_is_not_an_sqs_event_fails_the_invocation_loudly(function_env: str, event: Any) -> None:
+    with pytest.raises(ValueError, match="SQS"):
+        app.handler(event, LambdaContext())
+
+
+def test_a_runtime_sdk_too_old_for_the_store_fails_the_first_invocation_naming_the_version(
+    function_env: str, dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("consumer.sdk.missing_features", lambda model: ["UpdateItem"])
+    app.build_consumer.cache_clear()
+
+    with pytest.raises(ConfigurationError, match="botocore>="):
+        app.handler({"Records": [sqs_record("a", payment_body("p-1"))]}, LambdaContext())
+
+    assert balance(dynamodb, "acc-1") == 0

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from consumer.backoff import VisibilityBackoff, queue_url_from_arn
-from consumer.batch import BatchProcessor
+from consumer.batch import BatchRunner
 from consumer.envelope import payload_hash
 from consumer.idempotency.store import Claimed
-from consumer.processor import Outcome, RecordResult
+from consumer.outcome import Outcome, RecordResult
 from tests.unit.conftest import Clock, Consumer, Remaining, make_consumer, payment_body, sqs_record
 
 QUEUE = "consumer-queue"
@@ -21,7 +21,9 @@ QUEUE = "consumer-queue"
 
 @pytest.fixture
 def backoff(sqs: Any, clock: Clock) -> VisibilityBackoff:
-    return VisibilityBackoff(sqs, base_seconds=2, max_seconds=300, logger=logging.getLogger("test"), clock=clock)
+    return VisibilityBackoff(
+        lambda: sqs, base_seconds=2, max_seconds=300, logger=logging.getLogger("test"), clock=clock
+    )
 
 
 @pytest.mark.parametrize(("receive_count", "expected"), [(1, 2), (2, 4), (4, 16), (9, 300), (40, 300)])
@@ -76,8 +78,8 @@ def visible(sqs: Any, url: str) -> set[str]:
     return {message["MessageId"] for message in messages}
 
 
-def with_backoff(consumer: Consumer, backoff: VisibilityBackoff) -> BatchProcessor:
-    return BatchProcessor(consumer.batch._processor, max_workers=1, deadline_margin_ms=3_000, backoff=backoff)
+def with_backoff(consumer: Consumer, backoff: VisibilityBackoff) -> BatchRunner:
+    return BatchRunner(consumer.batch._processor, max_workers=1, deadline_margin_ms=3_000, backoff=backoff)
 
 
 def test_unstarted_records_are_made_visible_again_at_once(
@@ -102,7 +104,7 @@ def test_a_record_in_flight_elsewhere_is_hidden_for_its_backoff(dynamodb: Any, s
     busy = consumer.store.claim("PaymentReceived#pay-p-0", _hash(records[0]["body"]), 120_000)
     assert isinstance(busy, Claimed)
     backoff = VisibilityBackoff(
-        sqs, base_seconds=2, max_seconds=300, logger=logging.getLogger("test"), clock=wall_clock
+        lambda: sqs, base_seconds=2, max_seconds=300, logger=logging.getLogger("test"), clock=wall_clock
     )
     batch = with_backoff(consumer, backoff)
 

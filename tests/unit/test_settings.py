@@ -35,11 +35,39 @@ def test_a_missing_required_variable_is_named_in_the_error(missing: str) -> None
 
 
 @pytest.mark.parametrize(
-    ("raw", "message"), [("ten", "must be an integer"), ("0", "greater than 0"), ("-5", "greater")]
+    ("raw", "message"), [("ten", "valid integer"), ("0", "greater than 0"), ("-5", "greater than 0"), ("1.5", "")]
 )
 def test_an_invalid_number_is_refused_with_its_name(raw: str, message: str) -> None:
-    with pytest.raises(ConfigurationError, match=f"IDEMPOTENCY_TTL_SECONDS {message}|{message}"):
+    with pytest.raises(ConfigurationError, match=f"IDEMPOTENCY_TTL_SECONDS .*{message}"):
         Settings.from_env({**REQUIRED, "IDEMPOTENCY_TTL_SECONDS": raw})
+
+
+def test_an_unknown_setting_name_cannot_slip_in_through_the_model() -> None:
+    with pytest.raises(ValueError, match="lease_max"):
+        Settings.model_validate(
+            {"idempotency_table_name": "i", "ledger_table_name": "l", "dead_letter_queue_url": "q", "lease_max": 5}
+        )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"LEASE_MIN_MS": "5000", "LEASE_MAX_MS": "1000"}, "LEASE_MIN_MS must not exceed LEASE_MAX_MS"),
+        ({"LEASE_MARGIN_MS": "3001", "DEADLINE_MARGIN_MS": "3000"}, "LEASE_MARGIN_MS must not exceed DEADLINE_MARGIN"),
+        ({"RETRY_BACKOFF_BASE_SECONDS": "600"}, "RETRY_BACKOFF_BASE_SECONDS must not exceed RETRY_BACKOFF_MAX"),
+        ({"CONFLICT_RETRY_BASE_MS": "500"}, "CONFLICT_RETRY_BASE_MS must not exceed CONFLICT_RETRY_MAX_MS"),
+    ],
+)
+def test_settings_that_cannot_work_together_are_refused_with_their_names(overrides: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        Settings.from_env({**REQUIRED, **overrides})
+
+
+def test_the_defaults_satisfy_every_cross_field_rule() -> None:
+    settings = Settings.from_env(REQUIRED)
+
+    assert settings.lease_min_ms <= settings.lease_max_ms
+    assert settings.lease_margin_ms <= settings.deadline_margin_ms
 
 
 @pytest.mark.parametrize(

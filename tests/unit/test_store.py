@@ -9,16 +9,14 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
-from consumer.errors import TransientError
+from consumer.errors import BusinessConditionFailed, LeaseLost, TransientError
 from consumer.idempotency.record import Status
 from consumer.idempotency.store import (
     Applied,
-    BusinessConditionFailed,
     Claimed,
     Duplicate,
     IdempotencyStore,
     InFlight,
-    LeaseLost,
     PayloadMismatch,
 )
 from consumer.idempotency.writes import Put, Update
@@ -100,11 +98,23 @@ def test_claim_after_the_lease_ran_out_takes_the_key_over(store: IdempotencyStor
     assert second.attempts == 2
 
 
+def test_a_completed_record_lives_its_ttl_from_the_leases_end(store: IdempotencyStore, clock: Clock) -> None:
+    first = store.claim("Pay#1", "hash-a", LEASE_MS)
+    assert isinstance(first, Claimed)
+    clock.advance(1)
+    store.commit(first, "done")
+
+    record = store.get("Pay#1")
+    assert record is not None
+    assert record.expires_at == first.lease_expires_at_ms // 1000 + 3600
+
+
 def test_an_expired_record_counts_as_absent_before_ttl_deletes_it(store: IdempotencyStore, clock: Clock) -> None:
     first = store.claim("Pay#1", "hash-a", LEASE_MS)
     assert isinstance(first, Claimed)
     store.commit(first, "done")
-    clock.advance(3601)  # past expiresAt; the item is still in the table, as after a lazy TTL
+    # Past expiresAt (the TTL counts from the lease's end); the item is still in the table, as after a lazy TTL.
+    clock.advance(LEASE_MS / 1000 + 3601)
 
     assert store.get("Pay#1") is not None
     again = store.claim("Pay#1", "another-payload", LEASE_MS)

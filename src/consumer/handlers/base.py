@@ -55,3 +55,11 @@ class MessageHandler(ABC, Generic[PayloadT]):
     @abstractmethod
     def handle(self, payload: PayloadT, context: MessageContext) -> Effect:
         """Apply the message. Raise ``PoisonMessage`` or ``TransientError`` to fail it."""
+
+    def contention_key(self, payload: PayloadT) -> str | None:
+        """The business item this message's writes contend on, if many messages share it.
+
+        Records of one batch with the same key run one after another instead of racing
+        for the item in parallel transactions, which DynamoDB would cancel as conflicts.
+        """
+        return None

@@ -34,6 +34,10 @@ class PaymentReceivedHandler(MessageHandler[PaymentReceived]):
     def __init__(self, ledger_table: str) -> None:
         self._table = ledger_table
 
+    def contention_key(self, payload: PaymentReceived) -> str:
+        # Every payment to an account updates its BALANCE item.
+        return f"{self._table}/{payload.accountId}"
+
     def handle(self, payload: PaymentReceived, context: MessageContext) -> Effect:
         credit = Update(
             table=self._table,

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from consumer.errors import ConfigurationError, PoisonMessage, TransientError
+from consumer.errors import ConfigurationError, ErrorType, PoisonMessage, TransientError
 from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import Put
 
@@ -77,7 +77,7 @@ class ReceiptRequestedHandler(MessageHandler[ReceiptRequested]):
         except urllib.error.HTTPError as error:
             detail = error.read(200).decode("utf-8", "replace")
             if 400 <= error.code < 500 and error.code not in _RETRYABLE_4XX:
-                raise PoisonMessage("WebhookRejected", f"HTTP {error.code}: {detail}") from None
+                raise PoisonMessage(ErrorType.WEBHOOK_REJECTED, f"HTTP {error.code}: {detail}") from None
             raise TransientError(f"webhook answered HTTP {error.code}: {detail}") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
             raise TransientError(f"webhook unreachable: {error}") from None

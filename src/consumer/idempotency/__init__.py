@@ -1,19 +1,19 @@
 """Fenced conditional-write idempotency on DynamoDB: claim, commit, release, apply_once."""
 
-from consumer.idempotency.record import IdempotencyRecord, Status
+from consumer.idempotency.record import Attr, IdempotencyRecord, Status
 from consumer.idempotency.store import (
     Applied,
     Claimed,
     Duplicate,
     IdempotencyStore,
     InFlight,
-    LeaseLost,
     PayloadMismatch,
 )
 from consumer.idempotency.writes import ConditionCheck, Delete, Put, Update, Write
 
 __all__ = [
     "Applied",
+    "Attr",
     "Claimed",
     "ConditionCheck",
     "Delete",
@@ -21,7 +21,6 @@ __all__ = [
     "IdempotencyRecord",
     "IdempotencyStore",
     "InFlight",
-    "LeaseLost",
     "PayloadMismatch",
     "Put",
     "Status",

@@ -4,9 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
+
+
+class Attr:
+    """The record's attribute names, as stored: one place for the store, the tests and the tooling."""
+
+    ID: Final = "id"
+    STATUS: Final = "status"
+    EXPIRES_AT: Final = "expiresAt"  # epoch seconds; the table's TTL attribute
+    LEASE_EXPIRES_AT: Final = "leaseExpiresAt"  # epoch milliseconds; only while IN_PROGRESS
+    OWNER_TOKEN: Final = "ownerToken"  # noqa: S105 (an attribute name, not a secret)
+    PAYLOAD_HASH: Final = "payloadHash"
+    RESULT: Final = "result"
+    ATTEMPTS: Final = "attempts"
 
 
 class Status(StrEnum):
@@ -26,17 +40,17 @@ class IdempotencyRecord:
     attempts: int
 
     @classmethod
-    def from_item(cls, item: dict[str, dict[str, str]]) -> IdempotencyRecord:
+    def from_item(cls, item: Mapping[str, Any]) -> IdempotencyRecord:
         """Build from a low-level DynamoDB item (``{"id": {"S": ...}, ...}``)."""
         return cls(
-            id=item["id"]["S"],
-            status=Status(item["status"]["S"]),
-            expires_at=int(item["expiresAt"]["N"]),
-            lease_expires_at_ms=int(item["leaseExpiresAt"]["N"]) if "leaseExpiresAt" in item else None,
-            owner_token=item.get("ownerToken", {}).get("S", ""),
-            payload_hash=item.get("payloadHash", {}).get("S", ""),
-            result=item["result"]["S"] if "result" in item else None,
-            attempts=int(item.get("attempts", {}).get("N", "0")),
+            id=item[Attr.ID]["S"],
+            status=Status(item[Attr.STATUS]["S"]),
+            expires_at=int(item[Attr.EXPIRES_AT]["N"]),
+            lease_expires_at_ms=int(item[Attr.LEASE_EXPIRES_AT]["N"]) if Attr.LEASE_EXPIRES_AT in item else None,
+            owner_token=item.get(Attr.OWNER_TOKEN, {}).get("S", ""),
+            payload_hash=item.get(Attr.PAYLOAD_HASH, {}).get("S", ""),
+            result=item[Attr.RESULT]["S"] if Attr.RESULT in item else None,
+            attempts=int(item.get(Attr.ATTEMPTS, {}).get("N", "0")),
         )
 
     def result_value(self) -> Any:

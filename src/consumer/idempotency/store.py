@@ -21,26 +21,31 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
-from consumer.errors import PoisonMessage, TransientError
-from consumer.idempotency.record import IdempotencyRecord, Status, encode_result
+from consumer.errors import BusinessConditionFailed, LeaseLost, TransactionConflict, TransientError
+from consumer.idempotency.record import Attr, IdempotencyRecord, Status, encode_result
 from consumer.idempotency.writes import MAX_BUSINESS_WRITES, Write
 
+if TYPE_CHECKING:
+    from types_boto3_dynamodb import DynamoDBClient
+
+_T = TypeVar("_T")
+
 _NAMES = {
-    "#id": "id",
-    "#status": "status",
-    "#expires": "expiresAt",
-    "#lease": "leaseExpiresAt",
-    "#owner": "ownerToken",
-    "#hash": "payloadHash",
-    "#result": "result",
-    "#attempts": "attempts",
+    "#id": Attr.ID,
+    "#status": Attr.STATUS,
+    "#expires": Attr.EXPIRES_AT,
+    "#lease": Attr.LEASE_EXPIRES_AT,
+    "#owner": Attr.OWNER_TOKEN,
+    "#hash": Attr.PAYLOAD_HASH,
+    "#result": Attr.RESULT,
+    "#attempts": Attr.ATTEMPTS,
 }
 
 # Free to take: nothing there, an expired record, or an abandoned claim on the same payload.
@@ -60,9 +65,10 @@ _TRANSIENT_CODES = frozenset(
         "InternalFailure",
         "ServiceUnavailable",
         "TransactionInProgressException",
-        "TransactionConflictException",
     }
 )
+# A single-item write to an item that an in-flight transaction holds.
+_CONFLICT_CODE = "TransactionConflictException"
 
 _COMMIT_TOKEN_NAMESPACE = uuid.UUID("6f1c2f4e-4b0a-4a53-9a43-1c3c8e0e9d11")
 
@@ -110,25 +116,6 @@ ClaimResult = Claimed | Duplicate | InFlight | PayloadMismatch
 ApplyResult = Applied | Duplicate | InFlight | PayloadMismatch
 
 
-class LeaseLost(TransientError):
-    """The claim was taken over before commit; the record belongs to someone else now."""
-
-    def __init__(self, record_id: str, current: IdempotencyRecord | None) -> None:
-        owner = "nobody" if current is None else f"{current.status.value} by another owner"
-        super().__init__(f"lease on {record_id} lost before commit; record is now held {owner}")
-        self.current = current
-
-
-class BusinessConditionFailed(PoisonMessage):
-    """A business write's own condition failed, so its transaction was cancelled."""
-
-    def __init__(self, write: Write) -> None:
-        super().__init__(
-            "BusinessConditionFailed",
-            f"condition of a {type(write).__name__} on {write.table} failed: {write.condition}",
-        )
-
-
 def _new_token() -> str:
     return str(uuid.uuid4())
 
@@ -136,7 +123,7 @@ def _new_token() -> str:
 class IdempotencyStore:
     def __init__(
         self,
-        client: Any,
+        client: DynamoDBClient,
         table_name: str,
         *,
         ttl_seconds: int,
@@ -164,7 +151,7 @@ class IdempotencyStore:
             response = self._call(
                 self._client.update_item,
                 TableName=self._table,
-                Key={"id": {"S": record_id}},
+                Key={Attr.ID: {"S": record_id}},
                 UpdateExpression=(
                     "SET #status = :in_progress, #expires = :expires_at, #lease = :lease,"
                     " #owner = :owner, #hash = :hash,"
@@ -185,21 +172,23 @@ class IdempotencyStore:
             if current.owner_token == token:
                 # Ambiguous success: botocore retried a claim whose first attempt was
                 # applied but whose answer was lost. The item carries our token: ours.
-                return Claimed(record_id, token, current.lease_expires_at_ms or lease_end, current.attempts)
+                lease_end = current.lease_expires_at_ms or lease_end
+                return Claimed(record_id, token, lease_end, current.attempts)
             return self._conflict(current, payload_hash)
-        attempts = int(response.get("Attributes", {}).get("attempts", {}).get("N", "1"))
+        attempts = int(response.get("Attributes", {}).get(Attr.ATTEMPTS, {}).get("N", "1"))
         return Claimed(record_id, token, lease_end, attempts)
 
     def commit(self, claim: Claimed, result: Any = None, writes: Sequence[Write] = ()) -> None:
         """Lock mode, step 2: complete the record, with the business writes, if still ours.
 
-        Raises ``LeaseLost`` when the claim was taken over (fencing), and
-        ``BusinessConditionFailed`` when a business write's condition failed.
+        Raises ``LeaseLost`` when the claim was taken over (fencing),
+        ``BusinessConditionFailed`` when a business write's condition failed, and
+        ``TransactionConflict`` when another transaction held an item: the same call
+        may then be repeated, it sends the same request.
         """
-        now_ms = self._now_ms()
-        completion = {
+        completion: dict[str, Any] = {
             "TableName": self._table,
-            "Key": {"id": {"S": claim.record_id}},
+            "Key": {Attr.ID: {"S": claim.record_id}},
             "UpdateExpression": "SET #status = :completed, #result = :result, #expires = :expires_at REMOVE #lease",
             "ConditionExpression": _OWNED,
             "ExpressionAttributeNames": _COMMIT_NAMES,
@@ -207,7 +196,10 @@ class IdempotencyStore:
                 ":completed": {"S": Status.COMPLETED.value},
                 ":in_progress": {"S": Status.IN_PROGRESS.value},
                 ":result": {"S": encode_result(result, self._result_max_bytes)},
-                ":expires_at": {"N": str(now_ms // 1000 + self._ttl_seconds)},
+                # From the lease's end, not from now: a retried commit must send the very same
+                # request (its ClientRequestToken allows nothing else), and a commit comes
+                # before the lease ends, so the record lives at least its TTL.
+                ":expires_at": {"N": str(claim.lease_expires_at_ms // 1000 + self._ttl_seconds)},
                 ":owner": {"S": claim.owner_token},
             },
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
@@ -233,7 +225,7 @@ class IdempotencyStore:
             self._call(
                 self._client.delete_item,
                 TableName=self._table,
-                Key={"id": {"S": claim.record_id}},
+                Key={Attr.ID: {"S": claim.record_id}},
                 ConditionExpression=_OWNED,
                 ExpressionAttributeNames=_RELEASE_NAMES,
                 ExpressionAttributeValues={
@@ -253,9 +245,9 @@ class IdempotencyStore:
         """Optimistic mode: claim, complete and apply the business writes in one round trip."""
         now_ms = self._now_ms()
         token = self._new_token()
-        record_write = {
+        record_write: dict[str, Any] = {
             "TableName": self._table,
-            "Key": {"id": {"S": record_id}},
+            "Key": {Attr.ID: {"S": record_id}},
             "UpdateExpression": (
                 "SET #status = :completed, #expires = :expires_at, #owner = :owner, #hash = :hash,"
                 " #result = :result, #attempts = if_not_exists(#attempts, :zero) + :one"
@@ -289,7 +281,7 @@ class IdempotencyStore:
     def get(self, record_id: str) -> IdempotencyRecord | None:
         """Read a record (strongly consistent); for operators and tests, not the hot path."""
         response = self._call(
-            self._client.get_item, TableName=self._table, Key={"id": {"S": record_id}}, ConsistentRead=True
+            self._client.get_item, TableName=self._table, Key={Attr.ID: {"S": record_id}}, ConsistentRead=True
         )
         item = response.get("Item")
         return IdempotencyRecord.from_item(item) if item else None
@@ -357,6 +349,8 @@ class IdempotencyStore:
                 if reason.get("Code") == "ConditionalCheckFailed":
                     raise BusinessConditionFailed(write) from None
             codes = sorted({str(reason.get("Code")) for reason in reasons} - {"None"})
+            if "TransactionConflict" in codes:
+                raise TransactionConflict(f"transaction cancelled: {', '.join(codes)}") from None
             raise TransientError(f"transaction cancelled: {', '.join(codes) or 'no reason given'}") from None
         return True, None
 
@@ -365,7 +359,7 @@ class IdempotencyStore:
         if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
             raise error
         item = error.response.get("Item")
-        return IdempotencyRecord.from_item(item) if item else None
+        return IdempotencyRecord.from_item(item) if isinstance(item, Mapping) and item else None
 
     @classmethod
     def _failed_condition_item(cls, error: ClientError) -> IdempotencyRecord:
@@ -375,13 +369,15 @@ class IdempotencyStore:
         return current
 
     @staticmethod
-    def _call(operation: Callable[..., Any], **kwargs: Any) -> Any:
+    def _call(operation: Callable[..., _T], **kwargs: Any) -> _T:
         """Call DynamoDB; throttling and server errors become ``TransientError``."""
         try:
             return operation(**kwargs)
         except ClientError as error:
             code = error.response.get("Error", {}).get("Code", "")
             status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            if code == _CONFLICT_CODE:
+                raise TransactionConflict(f"DynamoDB {code}: {error}") from error
             if code in _TRANSIENT_CODES or status >= 500:
                 raise TransientError(f"DynamoDB {code or status}: {error}") from error
             raise

@@ -1,80 +1,107 @@
-"""Read ``template.yaml`` and resolve it the way CloudFormation would, for the local stack.
+"""The one reader of ``template.yaml``: load it, transform it, evaluate its intrinsics.
 
-The local stack creates its queues and tables from the template itself, so that local
-and deployed cannot drift: names, visibility timeout, redrive policy, keys, TTL, the
-function's handler, timeout and environment, and the SQS event's batch settings.
+The local stack deploys what this module reads, and the infrastructure tests assert on what
+it reads, so the two cannot disagree about what the template means.
 
-What is resolved: parameters (defaults, overrides, allowed values and bounds),
-pseudo parameters, conditions, ``Ref``, ``Fn::GetAtt``, ``Fn::Sub``, ``Fn::If``,
-``Fn::FindInMap``, ``Fn::Join``, ``Fn::Select``, ``Fn::Split``, ``Fn::Equals``,
-``Fn::Not``, ``Fn::And``, ``Fn::Or`` and SAM's ``Globals.Function``. Physical ids of
-the resources are supplied by the caller (``PhysicalIds``), so resolution stays free
-of I/O and creating resources happens in ``local.resources``.
+Parsing is cfn-lint's decoder (the one ``make validate`` lints with) and the SAM transform is
+aws-sam-translator (the one ``sam deploy`` runs), both offline. Neither library evaluates
+intrinsic functions for given parameters, so that part is here: parameters (defaults,
+overrides, allowed values and bounds), ``Rules``, pseudo parameters, conditions, ``Ref``,
+``Fn::GetAtt``, ``Fn::Sub``, ``Fn::If``, ``Fn::FindInMap``, ``Fn::Join``, ``Fn::Select``,
+``Fn::Split``, ``Fn::Equals``, ``Fn::Not``, ``Fn::And``, ``Fn::Or`` and SAM's
+``Globals.Function``. What a resource is called is supplied by the caller (``PhysicalIds``):
+the local stack creates the resource on first reference, the tests keep it symbolic
+(``SYMBOLIC``).
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
+import boto3
+from cfnlint.decode import cfn_yaml
+from samtranslator.public.parser import Parser
+from samtranslator.public.translator import Translator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_PATH = REPO_ROOT / "template.yaml"
 ACCOUNT_ID = "123456789012"  # moto's default account: queue URLs and ARNs match what it returns
 PARTITION = "aws"
+REGION = "us-east-1"
+# What `sam package` puts in place of a local CodeUri before CloudFormation transforms the template.
+PACKAGED_CODE_URI = "s3://packaged-artifacts/consumer.zip"
 
 
 class TemplateError(ValueError):
-    """The template uses something the local stack cannot resolve, or a parameter is invalid."""
-
-
-# -- YAML with CloudFormation's short tags ------------------------------------------------
-
-
-class _CloudFormationLoader(yaml.SafeLoader):
-    """SafeLoader that turns ``!Ref x`` into ``{"Ref": "x"}``, ``!Sub s`` into ``{"Fn::Sub": s}``..."""
-
-
-def _short_tag(loader: yaml.SafeLoader, tag_suffix: str, node: yaml.Node) -> dict[str, Any]:
-    if isinstance(node, yaml.ScalarNode):
-        value: Any = loader.construct_scalar(node)
-    elif isinstance(node, yaml.SequenceNode):
-        value = loader.construct_sequence(node, deep=True)
-    else:
-        value = loader.construct_mapping(node, deep=True)
-    if tag_suffix in ("Ref", "Condition"):
-        return {tag_suffix: value}
-    if tag_suffix == "GetAtt" and isinstance(value, str):
-        # The short form is "Resource.Attribute"; attributes may contain dots themselves.
-        resource, _, attribute = value.partition(".")
-        value = [resource, attribute]
-    return {f"Fn::{tag_suffix}": value}
-
-
-_CloudFormationLoader.add_multi_constructor("!", _short_tag)
+    """The template uses something this reader cannot resolve, or a parameter value is invalid."""
 
 
 def load_template(path: Path = TEMPLATE_PATH) -> dict[str, Any]:
-    with Path(path).open(encoding="utf-8") as stream:
-        document = yaml.load(stream, Loader=_CloudFormationLoader)
+    """The template as plain data, short-form tags (``!Ref x``) in their long form (``{"Ref": "x"}``)."""
+    decoded = cfn_yaml.loads(Path(path).read_text(encoding="utf-8"), str(path))
+    # The decoder's nodes carry line numbers; plain dicts and lists are what callers copy and dump.
+    document = json.loads(json.dumps(decoded))
     if not isinstance(document, dict) or not isinstance(document.get("Resources"), dict):
         raise TemplateError(f"{path} is not a CloudFormation template (no Resources)")
     return document
 
 
-# -- resolution --------------------------------------------------------------------------
+def transform(source: Mapping[str, Any]) -> dict[str, Any]:
+    """The CloudFormation template the AWS::Serverless transform produces from ``source``.
+
+    The template grants no managed policies, so the translator never needs IAM to look one
+    up; it fails if it tries.
+    """
+    packaged = copy.deepcopy(dict(source))
+    for resource in packaged["Resources"].values():
+        if resource["Type"] == "AWS::Serverless::Function":
+            resource["Properties"]["CodeUri"] = PACKAGED_CODE_URI
+    translator = Translator({}, Parser(), boto_session=boto3.session.Session(region_name=REGION))
+    return translator.translate(packaged, {}, get_managed_policy_map=_refuse_managed_policy_lookup)
+
+
+def _refuse_managed_policy_lookup() -> dict[str, str]:
+    raise TemplateError("the template refers to an AWS managed policy; it should grant explicit statements only")
+
+
+# -- physical ids ------------------------------------------------------------------------
 
 
 class PhysicalIds(Protocol):
-    """Where resolution learns what a resource is called locally (``Ref``) and its attributes."""
+    """Where resolution learns what a resource is called (``Ref``) and its attributes (``GetAtt``)."""
 
-    def ref(self, logical_id: str) -> str: ...
+    def ref(self, logical_id: str) -> Any: ...
 
-    def get_att(self, logical_id: str, attribute: str) -> str: ...
+    def get_att(self, logical_id: str, attribute: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ResourceRef:
+    """A resource's value before deployment: ``Ref`` (attribute None) or ``Fn::GetAtt``."""
+
+    logical_id: str
+    attribute: str | None = None
+
+    def __str__(self) -> str:
+        # Inside Fn::Sub the reference stays recognisable, e.g. "ConsumerQueue.QueueName".
+        return self.logical_id if self.attribute is None else f"{self.logical_id}.{self.attribute}"
+
+
+class _SymbolicIds:
+    def ref(self, logical_id: str) -> ResourceRef:
+        return ResourceRef(logical_id)
+
+    def get_att(self, logical_id: str, attribute: str) -> ResourceRef:
+        return ResourceRef(logical_id, attribute)
+
+
+SYMBOLIC: PhysicalIds = _SymbolicIds()
 
 
 class _NoValue:
@@ -84,6 +111,9 @@ class _NoValue:
 NO_VALUE = _NoValue()
 
 
+# -- resolution --------------------------------------------------------------------------
+
+
 @dataclass
 class Template:
     """A loaded template with its parameters fixed; ``resolve`` evaluates intrinsic functions."""
@@ -91,12 +121,13 @@ class Template:
     document: dict[str, Any]
     path: Path | None = None
     stack_name: str = "local"
-    region: str = "us-east-1"
+    region: str = REGION
     parameter_overrides: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.parameters = self._parameters()
         self._conditions: dict[str, bool] = {}
+        self.parameters = self._parameters()
+        self._check_rules()
 
     @classmethod
     def from_file(cls, path: Path = TEMPLATE_PATH, **options: Any) -> Template:
@@ -109,7 +140,7 @@ class Template:
     def resources_of_type(self, resource_type: str) -> list[str]:
         return [name for name, resource in self.resources.items() if resource.get("Type") == resource_type]
 
-    def properties(self, logical_id: str, ids: PhysicalIds | None) -> dict[str, Any]:
+    def properties(self, logical_id: str, ids: PhysicalIds = SYMBOLIC) -> dict[str, Any]:
         """The resource's properties with every intrinsic function resolved."""
         resource = self.resources.get(logical_id)
         if resource is None:
@@ -135,10 +166,10 @@ class Template:
             definitions = self.document.get("Conditions") or {}
             if name not in definitions:
                 raise TemplateError(f"no condition {name!r} in the template")
-            self._conditions[name] = bool(self._evaluate(definitions[name], None))
+            self._conditions[name] = bool(self._evaluate(definitions[name], SYMBOLIC))
         return self._conditions[name]
 
-    def resolve(self, value: Any, ids: PhysicalIds | None) -> Any:
+    def resolve(self, value: Any, ids: PhysicalIds = SYMBOLIC) -> Any:
         """Evaluate intrinsic functions in ``value``; ``AWS::NoValue`` entries disappear."""
         resolved = self._evaluate(value, ids)
         return None if resolved is NO_VALUE else resolved
@@ -161,7 +192,16 @@ class Template:
             values[name] = _checked_parameter(name, spec, value)
         return values
 
-    def _evaluate(self, value: Any, ids: PhysicalIds | None) -> Any:
+    def _check_rules(self) -> None:
+        """CloudFormation refuses a stack whose parameters break a rule; so does this reader."""
+        for name, rule in (self.document.get("Rules") or {}).items():
+            if "RuleCondition" in rule and not self._evaluate(rule["RuleCondition"], SYMBOLIC):
+                continue
+            for assertion in rule.get("Assertions") or []:
+                if not self._evaluate(assertion["Assert"], SYMBOLIC):
+                    raise TemplateError(f"rule {name}: {assertion.get('AssertDescription', 'assertion failed')}")
+
+    def _evaluate(self, value: Any, ids: PhysicalIds) -> Any:
         if isinstance(value, list):
             items = [self._evaluate(item, ids) for item in value]
             return [item for item in items if item is not NO_VALUE]
@@ -175,7 +215,7 @@ class Template:
         items = {key: self._evaluate(item, ids) for key, item in value.items()}
         return {key: item for key, item in items.items() if item is not NO_VALUE}
 
-    def _functions(self) -> dict[str, Callable[[Any, PhysicalIds | None], Any]]:
+    def _functions(self) -> dict[str, Callable[[Any, PhysicalIds], Any]]:
         return {
             "Ref": self._ref,
             "Fn::GetAtt": self._get_att,
@@ -192,7 +232,7 @@ class Template:
             "Condition": lambda arg, ids: self.condition(arg),
         }
 
-    def _ref(self, name: Any, ids: PhysicalIds | None) -> Any:
+    def _ref(self, name: Any, ids: PhysicalIds) -> Any:
         if name == "AWS::NoValue":
             return NO_VALUE
         if name in self.parameters:
@@ -200,17 +240,17 @@ class Template:
         pseudo = self.pseudo_parameters()
         if name in pseudo:
             return pseudo[name]
-        if name in self.resources and ids is not None:
+        if name in self.resources:
             return ids.ref(name)
         raise TemplateError(f"cannot resolve Ref {name!r}")
 
-    def _get_att(self, argument: Any, ids: PhysicalIds | None) -> str:
+    def _get_att(self, argument: Any, ids: PhysicalIds) -> Any:
         logical_id, attribute = (self._evaluate(part, ids) for part in argument)
-        if logical_id not in self.resources or ids is None:
+        if logical_id not in self.resources:
             raise TemplateError(f"cannot resolve GetAtt {logical_id}.{attribute}")
         return ids.get_att(logical_id, attribute)
 
-    def _sub(self, argument: Any, ids: PhysicalIds | None) -> str:
+    def _sub(self, argument: Any, ids: PhysicalIds) -> str:
         if isinstance(argument, list):
             text, variables = argument[0], {k: self._evaluate(v, ids) for k, v in (argument[1] or {}).items()}
         else:
@@ -228,11 +268,11 @@ class Template:
 
         return re.sub(r"\$\{([^}]+)\}", replace, str(text))
 
-    def _if(self, argument: Any, ids: PhysicalIds | None) -> Any:
+    def _if(self, argument: Any, ids: PhysicalIds) -> Any:
         name, when_true, when_false = argument
         return self._evaluate(when_true if self.condition(name) else when_false, ids)
 
-    def _find_in_map(self, argument: Any, ids: PhysicalIds | None) -> Any:
+    def _find_in_map(self, argument: Any, ids: PhysicalIds) -> Any:
         map_name, top, second = (str(self._evaluate(part, ids)) for part in argument[:3])
         try:
             return self._evaluate(self.document["Mappings"][map_name][top][second], ids)

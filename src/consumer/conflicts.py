@@ -1,0 +1,73 @@
+"""Absorb DynamoDB transaction conflicts in process, as AWS advises for ``TransactionConflict``.
+
+Another transaction holding one of our items lasts milliseconds. Handing the record
+back to SQS for it would cost seconds of visibility timeout and, repeated, could
+dead-letter a healthy message; so the same write is tried again after a jittered
+exponential wait, as long as the record's own time allows.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from consumer.errors import TransactionConflict
+
+T = TypeVar("T")
+
+
+@dataclass
+class ConflictCount:
+    """Conflicts one record met and absorbed: what the batch reports and counts."""
+
+    absorbed: int = 0
+
+
+class ConflictRetry:
+    def __init__(
+        self,
+        *,
+        base_ms: int,
+        max_ms: int,
+        attempts: int,
+        margin_ms: int,
+        sleep: Callable[[float], None] = time.sleep,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self._base_ms = base_ms
+        self._max_ms = max_ms
+        self._attempts = attempts
+        self._margin_ms = margin_ms
+        self._sleep = sleep
+        self._jitter = jitter
+
+    def run(
+        self,
+        write: Callable[[], T],
+        remaining_ms: Callable[[], int],
+        count: ConflictCount,
+        *,
+        until_out_of_time: bool = False,
+    ) -> T:
+        """Call ``write`` until no conflict refuses it; re-raise the last conflict when out of tries.
+
+        ``write`` must be safe to repeat: a conflict means DynamoDB applied nothing.
+        ``until_out_of_time`` lifts the attempt limit, for a write whose failure costs
+        more than waiting (a commit after an external call).
+        """
+        attempt = 0
+        while True:
+            try:
+                return write()
+            except TransactionConflict:
+                # Full jitter: contenders that collided once must not collide again in step.
+                wait_ms = self._jitter() * min(self._max_ms, self._base_ms * 2 ** min(attempt, 16))
+                attempt += 1
+                out_of_tries = attempt >= self._attempts and not until_out_of_time
+                if out_of_tries or remaining_ms() - wait_ms < self._margin_ms:
+                    raise
+                count.absorbed += 1
+                self._sleep(wait_ms / 1000)

@@ -1,0 +1,37 @@
+"""How one record ended: the vocabulary shared by the processor, the batch and the metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from consumer.errors import PoisonMessage
+
+
+class Outcome(StrEnum):
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    IN_FLIGHT = "in_flight"
+    RETRIED = "retried"
+    # Still refused by a transaction conflict after the in-process retries.
+    CONFLICT = "conflict"
+    POISON = "poison"
+
+    @property
+    def is_failure(self) -> bool:
+        """Reported in ``batchItemFailures``: SQS will deliver the record again."""
+        return self in (Outcome.IN_FLIGHT, Outcome.RETRIED, Outcome.CONFLICT)
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    message_id: str
+    outcome: Outcome
+    reason: str | None = None
+    # When a retry could succeed, epoch ms: the end of another worker's lease, or
+    # "now" for a record that was never started or lost a conflict.
+    retry_at_ms: int | None = None
+    # What made it poison, so a copy later in the batch is dead-lettered alike.
+    poison: PoisonMessage | None = None
+    # Transaction conflicts met and retried in process before this outcome.
+    conflicts_absorbed: int = 0

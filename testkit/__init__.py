@@ -1,0 +1,1 @@
+"""What tests/, local/, chaos/ and bench/ share: written once, used by all."""

@@ -1,0 +1,90 @@
+"""Questions the infrastructure tests ask of the transformed template, read by ``testkit.template``."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from testkit.template import REPO_ROOT, ResourceRef, Template
+
+SAMCONFIG_PATH = REPO_ROOT / "samconfig.toml"
+# SQS: up to 80 characters, a FIFO queue's ending in ".fifo".
+SQS_QUEUE_NAME = re.compile(r"(?=.{1,80}$)[A-Za-z0-9_-]+(\.fifo)?")
+STACK_NAME = "idempotent-sqs-consumer"
+# What Lambda's event source mapping does with the function's role: poll, delete, read attributes.
+EVENT_SOURCE_POLLING = frozenset({"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"})
+
+
+def read(document: Mapping[str, Any], **overrides: Any) -> Template:
+    """``document`` with the given parameter values (the others at their defaults)."""
+    return Template(dict(document), stack_name=STACK_NAME, parameter_overrides=overrides)
+
+
+def resources_of_type(template: Mapping[str, Any], resource_type: str) -> dict[str, dict[str, Any]]:
+    return {name: body for name, body in template["Resources"].items() if body["Type"] == resource_type}
+
+
+def properties(template: Mapping[str, Any], logical_id: str) -> dict[str, Any]:
+    return template["Resources"][logical_id].get("Properties", {})
+
+
+def event_source_mapping(template: Mapping[str, Any]) -> dict[str, Any]:
+    """Properties of the stack's only event source mapping (the SQS event of the function)."""
+    (mapping,) = resources_of_type(template, "AWS::Lambda::EventSourceMapping").values()
+    return mapping["Properties"]
+
+
+def parameter_name(expression: Any) -> str:
+    """The one parameter a property takes its value from, directly or in a branch of ``Fn::If``; fails on a literal."""
+    names = set(_referenced_names(expression)) - {"AWS::NoValue"}
+    assert len(names) == 1, f"expected a value from one parameter, got {expression!r}"
+    return names.pop()
+
+
+def _referenced_names(expression: Any) -> list[str]:
+    if isinstance(expression, list):
+        return [name for item in expression for name in _referenced_names(item)]
+    if not isinstance(expression, dict):
+        return []
+    if set(expression) == {"Ref"}:
+        return [expression["Ref"]]
+    if set(expression) == {"Fn::If"}:
+        return _referenced_names(expression["Fn::If"][1:])
+    raise AssertionError(f"expected a parameter reference, got {expression!r}")
+
+
+def parameter_candidates(template: Mapping[str, Any], name: str) -> list[Any]:
+    """Every value a parameter can take, or its extremes and default when it is a range."""
+    spec = template["Parameters"][name]
+    if "AllowedValues" in spec:
+        return list(spec["AllowedValues"])
+    return sorted({spec[key] for key in ("MinValue", "Default", "MaxValue") if key in spec})
+
+
+def policy_statements(template: Mapping[str, Any], role_id: str) -> list[dict[str, Any]]:
+    """Every statement granted to a role: its inline policies and any AWS::IAM::Policy attached to it."""
+    role = properties(template, role_id)
+    documents = [policy["PolicyDocument"] for policy in role.get("Policies", [])]
+    for policy in resources_of_type(template, "AWS::IAM::Policy").values():
+        if {"Ref": role_id} in policy["Properties"].get("Roles", []):
+            documents.append(policy["Properties"]["PolicyDocument"])
+    return [statement for document in documents for statement in as_list(document["Statement"])]
+
+
+def grants_by_resource(template: Mapping[str, Any], role_id: str) -> dict[str, set[str]]:
+    """Allowed actions per logical id of the stack resource they apply to (via its Arn)."""
+    reading = read(template)
+    grants: dict[str, set[str]] = {}
+    for statement in policy_statements(template, role_id):
+        if statement["Effect"] != "Allow":
+            continue
+        for resource in as_list(reading.resolve(statement["Resource"])):
+            if not isinstance(resource, ResourceRef) or resource.attribute != "Arn":
+                raise AssertionError(f"statement {statement.get('Sid')} grants on {resource!r}, not a stack resource")
+            grants.setdefault(resource.logical_id, set()).update(as_list(statement["Action"]))
+    return grants
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]

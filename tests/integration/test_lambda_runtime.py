@@ -1,0 +1,244 @@
+"""The function in Lambda's own runtime (emulator + awslambdaric on Python 3.12), through its failure paths.
+
+One execution environment per handler, shared by the tests of this module: cold starts
+are the expensive part, so only the tests about cold starts make new ones.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from consumer.envelope import payload_hash
+from local.event_files import load_event
+from local.invocation import Invocation
+from local.lambda_runtime import EmulatorExited, HandlerImportError, LambdaEnvironment, LambdaFleet, PortTaken
+from local.lambda_venv import venv_python
+from local.poller import BatchVerdict, Poller
+from local.processes import LOOPBACK
+from local.resources import FunctionSpec
+from local.servers import LocalServers
+from local.stack import DeployedStack, deploy_stack
+from local.webhook import Answer, WebhookSink
+
+EVENTS = Path(__file__).resolve().parents[2] / "events"
+
+FAULTY = """
+import time
+
+
+def raises(event, context):
+    raise ValueError("the handler failed on purpose")
+
+
+def sleeps(event, context):
+    time.sleep(float(event.get("sleep_s", 5)))
+    return {"slept": True}
+
+
+def unserialisable(event, context):
+    return {"batchItemFailures": {1, 2}}
+
+
+def echo(event, context):
+    return {"remaining_ms": context.get_remaining_time_in_millis(), "memory": context.memory_limit_in_mb,
+            "function_name": context.function_name}
+"""
+
+
+@pytest.fixture(scope="module")
+def consumer(local_stack: LocalServers, webhook_sink: WebhookSink) -> Iterator[DeployedStack]:
+    """The template's function in one execution environment, on tables and queues of its own."""
+    stack = deploy_stack(local_stack, webhook=webhook_sink)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="module")
+def faulty_code(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    code_dir = tmp_path_factory.mktemp("faulty")
+    (code_dir / "faulty.py").write_text(FAULTY, encoding="utf-8")
+    return code_dir
+
+
+def _faulty(consumer: DeployedStack, code_dir: Path, handler: str, timeout_s: int = 3) -> FunctionSpec:
+    return replace(consumer.function, handler=f"faulty.{handler}", code_dir=code_dir, timeout_s=timeout_s)
+
+
+def _environment(consumer: DeployedStack, function: FunctionSpec) -> LambdaEnvironment:
+    return LambdaEnvironment(function, consumer.function_environment, python=venv_python(), name="test").start()
+
+
+def _invoke_event(consumer: DeployedStack, name: str) -> Invocation:
+    invocation = consumer.runtime.invoke(load_event(EVENTS / name))
+    assert invocation.succeeded, invocation.error
+    return invocation
+
+
+def _not_visible(consumer: DeployedStack) -> int:
+    attributes = consumer.servers.client("sqs").get_queue_attributes(
+        QueueUrl=consumer.queue.url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"]
+    )["Attributes"]
+    return int(attributes["ApproximateNumberOfMessagesNotVisible"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# -- the consumer, one sample event per outcome ------------------------------------------------
+
+
+def test_applied_then_duplicate_in_the_same_warm_environment(consumer: DeployedStack) -> None:
+    first = _invoke_event(consumer, "payment-single.json")
+    again = _invoke_event(consumer, "payment-single.json")
+
+    assert first.response == again.response == {"batchItemFailures": []}
+    assert again.init_duration_ms is None  # warm: the same runtime process answered
+    ledger = consumer.servers.client("dynamodb").get_item(
+        TableName=consumer.table_name("LedgerTable"), Key={"accountId": {"S": "acc-1"}, "entryId": {"S": "BALANCE"}}
+    )
+    assert ledger["Item"]["balanceCents"]["N"] == "1250"
+
+
+def test_poison_is_handled_not_failed(consumer: DeployedStack) -> None:
+    assert _invoke_event(consumer, "poison-schema-violation.json").response == {"batchItemFailures": []}
+
+
+def test_a_webhook_5xx_is_retried(consumer: DeployedStack, webhook_sink: WebhookSink) -> None:
+    event = load_event(EVENTS / "receipt-requested.json")
+    webhook_sink.answer_next(Answer(503))
+
+    invocation = consumer.runtime.invoke(event)
+
+    assert invocation.response == {"batchItemFailures": [{"itemIdentifier": event["Records"][0]["messageId"]}]}
+
+
+def test_a_key_held_by_another_worker_is_in_flight(consumer: DeployedStack) -> None:
+    event = load_event(EVENTS / "receipt-requested.json")
+    record = event["Records"][0]
+    record["body"] = record["body"].replace("rcpt-2024-000017", "rcpt-held-elsewhere")
+    body = __import__("json").loads(record["body"])
+    now = time.time()
+    consumer.servers.client("dynamodb").put_item(
+        TableName=consumer.table_name("IdempotencyTable"),
+        Item={
+            "id": {"S": "ReceiptRequested#rcpt-held-elsewhere"},
+            "status": {"S": "IN_PROGRESS"},
+            "expiresAt": {"N": str(int(now) + 3600)},
+            "leaseExpiresAt": {"N": str(int(now * 1000) + 600_000)},
+            "ownerToken": {"S": "another-worker"},
+            "payloadHash": {"S": payload_hash(body["payload"])},
+            "attempts": {"N": "1"},
+        },
+    )
+
+    invocation = consumer.runtime.invoke(event)
+
+    assert invocation.response == {"batchItemFailures": [{"itemIdentifier": record["messageId"]}]}
+
+
+# -- the runtime's own behaviour ---------------------------------------------------------------
+
+
+def test_the_runtime_gets_lambdas_variables_and_deadline(consumer: DeployedStack, faulty_code: Path) -> None:
+    function = replace(_faulty(consumer, faulty_code, "echo"), memory_mb=1024)
+    with _environment(consumer, function) as environment:
+        invocation = environment.invoke({})
+
+    assert invocation.init_duration_ms is not None
+    assert invocation.response["memory"] == "1024"  # a string, as in Lambda's Python runtime
+    assert invocation.response["function_name"] == function.name
+    assert 2_000 < invocation.response["remaining_ms"] <= 3_000
+
+
+def test_a_timeout_kills_the_runtime_and_the_next_invocation_starts_cold(
+    consumer: DeployedStack, faulty_code: Path
+) -> None:
+    with _environment(consumer, _faulty(consumer, faulty_code, "sleeps", timeout_s=1)) as environment:
+        warm = environment.invoke({"sleep_s": 0})
+        first_runtime = environment.runtime_pid
+        timed_out = environment.invoke({"sleep_s": 5})
+        after = environment.invoke({"sleep_s": 0})
+
+    assert warm.succeeded and warm.init_duration_ms is not None
+    assert timed_out.timed_out and not timed_out.succeeded
+    assert 1.0 <= timed_out.duration_s < 4.0
+    assert first_runtime is not None and not _alive(first_runtime)
+    assert after.succeeded and after.init_duration_ms is not None
+    assert environment.cold_starts == 2
+
+
+def test_a_handler_that_does_not_import_is_a_clear_error(consumer: DeployedStack, faulty_code: Path) -> None:
+    function = replace(consumer.function, handler="no_such_module.handler")
+    with pytest.raises(HandlerImportError, match=r"'no_such_module.handler' does not import.*No module named"):
+        LambdaFleet(function, consumer.function_environment)
+
+    with _environment(consumer, function) as environment:
+        invocation = environment.invoke({})
+    assert invocation.error_type == "Runtime.ImportModuleError"
+
+
+def test_a_taken_port_is_a_clear_error_and_nothing_runs(consumer: DeployedStack, faulty_code: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind((LOOPBACK, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        environment = LambdaEnvironment(
+            _faulty(consumer, faulty_code, "echo"),
+            consumer.function_environment,
+            python=venv_python(),
+            emulator_port=port,
+        )
+        with pytest.raises(PortTaken, match=f"port 127.0.0.1:{port} is already in use"):
+            environment.start()
+    assert environment.pid is None
+
+
+def test_an_emulator_that_dies_is_a_clear_error(consumer: DeployedStack, faulty_code: Path) -> None:
+    environment = _environment(consumer, _faulty(consumer, faulty_code, "echo"))
+    try:
+        assert environment.pid is not None
+        os.kill(environment.pid, signal.SIGKILL)
+        time.sleep(0.2)
+        with pytest.raises(EmulatorExited, match=r"emulator of test \(pid \d+\) exited with code -9"):
+            environment.invoke({})
+    finally:
+        environment.stop()
+
+
+# -- whole-batch failures, as the event source mapping sees them ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("handler", "error_type"), [("raises", "ValueError"), ("unserialisable", "Runtime.MarshalError")]
+)
+def test_a_failed_invocation_deletes_nothing(
+    consumer: DeployedStack, faulty_code: Path, handler: str, error_type: str
+) -> None:
+    sqs = consumer.servers.client("sqs")
+    held_before = _not_visible(consumer)
+    for body in ("one", "two"):
+        sqs.send_message(QueueUrl=consumer.queue.url, MessageBody=body)
+    with _environment(consumer, _faulty(consumer, faulty_code, handler)) as environment:
+        report = Poller(sqs, consumer.queue, consumer.trigger, environment).poll_once()
+
+    assert report is not None
+    assert report.verdict is BatchVerdict.RAISED
+    assert report.invocation.error_type == error_type
+    assert (report.received, report.deleted) == (2, 0)
+    # Undeleted, they wait out their visibility timeout and come back.
+    assert _not_visible(consumer) == held_before + 2

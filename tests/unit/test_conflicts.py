@@ -1,0 +1,251 @@
+"""Transaction conflicts: retried in process, counted apart, never a second external call.
+
+The conflicts are injected on the wire as DynamoDB answers them (a cancelled
+transaction with ``TransactionConflict`` at an item's index, or
+``TransactionConflictException`` on a single-item write), through the function's own
+assembly. That the local stack produces them under real contention is proven on
+DynamoDB Local behind the conflict emulation, not here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.awsrequest import AWSResponse
+
+from consumer.batch import _lanes
+from consumer.conflicts import ConflictCount, ConflictRetry
+from consumer.errors import TransactionConflict
+from consumer.idempotency.record import Status
+from consumer.outcome import Outcome
+from consumer.processor import Prepared, Rejected
+from tests.unit.conftest import (
+    REGION,
+    Clock,
+    Consumer,
+    Remaining,
+    balance,
+    make_consumer,
+    payment_body,
+    receipt_body,
+    sqs_record,
+)
+from tests.unit.webhook import Webhook, running_webhook
+
+
+class Conflicts:
+    """Answers the next ``count`` calls of ``operation`` with a transaction conflict instead of sending them."""
+
+    def __init__(self, session: boto3.session.Session, operation: str, count: int) -> None:
+        self.left = count
+        self.operation = operation
+        session.events.register(f"before-call.dynamodb.{operation}", self._answer)
+
+    def _answer(self, params: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict[str, Any]] | None:
+        if self.left <= 0:
+            return None
+        self.left -= 1
+        if self.operation == "TransactWriteItems":
+            reasons = [{"Code": "None"}] * len(json.loads(params["body"])["TransactItems"])
+            reasons[1] = {"Code": "TransactionConflict", "Message": "Transaction is ongoing for the item"}
+            error = {"Code": "TransactionCanceledException", "Message": "Transaction cancelled"}
+            return AWSResponse("", 400, {}, None), {"Error": error, "CancellationReasons": reasons}
+        error = {"Code": "TransactionConflictException", "Message": "Transaction is ongoing for the item"}
+        return AWSResponse("", 400, {}, None), {"Error": error}
+
+
+@pytest.fixture
+def session(aws: None) -> boto3.session.Session:
+    return boto3.session.Session(region_name=REGION)
+
+
+@pytest.fixture
+def webhook() -> Iterator[Webhook]:
+    with running_webhook() as hook:
+        yield hook
+
+
+def retry_policy(attempts: int = 10) -> ConflictRetry:
+    return ConflictRetry(base_ms=1, max_ms=4, attempts=attempts, margin_ms=1_000, sleep=lambda _: None)
+
+
+def result_of(consumer: Consumer, record: dict[str, Any]) -> Any:
+    (result,) = consumer.batch.process([record], consumer.remaining).results
+    return result
+
+
+# -- the retry policy ----------------------------------------------------------------------------
+
+
+def test_a_conflicted_write_is_repeated_until_it_goes_through_and_the_retries_are_counted() -> None:
+    answers: list[Exception | str] = [TransactionConflict("a"), TransactionConflict("b"), "done"]
+
+    def write() -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    count = ConflictCount()
+    assert retry_policy().run(write, lambda: 30_000, count) == "done"
+    assert count.absorbed == 2
+
+
+def test_the_last_conflict_is_raised_when_the_attempts_run_out() -> None:
+    calls: list[int] = []
+
+    def write() -> None:
+        calls.append(1)
+        raise TransactionConflict("held")
+
+    with pytest.raises(TransactionConflict):
+        retry_policy(attempts=3).run(write, lambda: 30_000, ConflictCount())
+    assert len(calls) == 3
+
+
+def test_no_retry_waits_past_the_records_time() -> None:
+    calls: list[int] = []
+
+    def write() -> None:
+        calls.append(1)
+        raise TransactionConflict("held")
+
+    remaining = Remaining(5_000, then=[5_000, 5_000, 900])
+    with pytest.raises(TransactionConflict):
+        retry_policy(attempts=100).run(write, remaining, ConflictCount(), until_out_of_time=True)
+    assert len(calls) == 3
+
+
+def test_waits_grow_exponentially_with_full_jitter_and_stop_at_the_cap() -> None:
+    waits: list[float] = []
+    policy = ConflictRetry(base_ms=10, max_ms=50, attempts=6, margin_ms=0, sleep=waits.append, jitter=lambda: 1.0)
+
+    def write() -> None:
+        raise TransactionConflict("held")
+
+    with pytest.raises(TransactionConflict):
+        policy.run(write, lambda: 30_000, ConflictCount())
+    assert waits == [0.01, 0.02, 0.04, 0.05, 0.05]
+
+
+# -- through the function's assembly ------------------------------------------------------------
+
+
+def test_an_optimistic_payment_that_meets_conflicts_is_applied_once_in_the_same_invocation(
+    dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session
+) -> None:
+    Conflicts(session, "TransactWriteItems", 3)
+    consumer = make_consumer(dynamodb, sqs, clock, session=session)
+
+    result = result_of(consumer, sqs_record("m", payment_body("p-1")))
+
+    assert (result.outcome, result.conflicts_absorbed) == (Outcome.APPLIED, 3)
+    assert balance(dynamodb, "acc-1") == 1250
+
+
+def test_a_payment_still_in_conflict_after_the_retries_is_its_own_outcome_and_comes_back_soon(
+    dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session
+) -> None:
+    Conflicts(session, "TransactWriteItems", 1_000)
+    consumer = make_consumer(dynamodb, sqs, clock, session=session, conflict_retry_attempts=4)
+
+    result = result_of(consumer, sqs_record("m", payment_body("p-1")))
+
+    assert result.outcome is Outcome.CONFLICT
+    assert result.outcome.is_failure
+    assert result.conflicts_absorbed == 3
+    # Back after at most a second, not after the transient-error backoff.
+    assert result.retry_at_ms is not None
+    assert 0 <= result.retry_at_ms - clock() * 1000 < 1_000
+    assert balance(dynamodb, "acc-1") == 0
+
+
+def test_a_receipt_whose_commit_conflicts_is_committed_without_a_second_webhook_call(
+    dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session, webhook: Webhook
+) -> None:
+    Conflicts(session, "TransactWriteItems", 5)
+    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=webhook.url)
+
+    result = result_of(consumer, sqs_record("r", receipt_body("1")))
+
+    assert (result.outcome, result.conflicts_absorbed) == (Outcome.APPLIED, 5)
+    assert webhook.keys() == ["receipt-1"]
+
+
+def test_a_receipt_whose_commit_stays_in_conflict_keeps_its_claim_so_a_redelivery_cannot_call_again(
+    dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session, webhook: Webhook
+) -> None:
+    conflicts = Conflicts(session, "TransactWriteItems", 10_000)
+    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=webhook.url)
+    consumer.remaining = Remaining(30_000, then=[30_000, 30_000, 30_000, *[30_000] * 20, 1_000])
+
+    first = result_of(consumer, sqs_record("r", receipt_body("1")))
+    conflicts.left = 0
+    consumer.remaining = Remaining(30_000)
+    again = result_of(consumer, sqs_record("r2", receipt_body("1")))
+
+    assert first.outcome is Outcome.CONFLICT
+    # Not released: the redelivery finds the claim in flight and does not call.
+    assert again.outcome is Outcome.IN_FLIGHT
+    assert webhook.keys() == ["receipt-1"]
+    record = consumer.store.get("ReceiptRequested#receipt-1")
+    assert record is not None and record.status is Status.IN_PROGRESS
+
+
+def test_a_claim_refused_by_a_conflict_is_retried(
+    dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session, webhook: Webhook
+) -> None:
+    Conflicts(session, "UpdateItem", 2)
+    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=webhook.url)
+
+    result = result_of(consumer, sqs_record("r", receipt_body("1")))
+
+    assert (result.outcome, result.conflicts_absorbed) == (Outcome.APPLIED, 2)
+    assert webhook.keys() == ["receipt-1"]
+
+
+# -- lanes ----------------------------------------------------------------------------------------
+
+
+def prepared(consumer: Consumer, records: list[dict[str, Any]]) -> list[Prepared | Rejected]:
+    return [consumer.batch._processor.prepare(record) for record in records]
+
+
+def test_payments_to_one_account_share_a_lane_and_other_accounts_run_beside_them(consumer: Consumer) -> None:
+    records = [
+        sqs_record("a1", payment_body("p-1", account_id="hot")),
+        sqs_record("b1", payment_body("p-2", account_id="cold")),
+        sqs_record("a2", payment_body("p-3", account_id="hot")),
+        sqs_record("bad", "{oops"),
+        sqs_record("a3", payment_body("p-4", account_id="hot")),
+    ]
+
+    lanes = _lanes(prepared(consumer, records), fifo=False)
+
+    assert sorted(lanes) == [[0, 2, 4], [1], [3]]
+
+
+def test_a_shared_key_and_a_shared_account_join_lanes_transitively(consumer: Consumer) -> None:
+    records = [
+        sqs_record("x", payment_body("p-1", account_id="acc-a", key="k-1")),
+        sqs_record("y", payment_body("p-2", account_id="acc-b", key="k-2")),
+        # Same key as x, same account as y: x, y and z must not run concurrently.
+        sqs_record("z", json.dumps({**json.loads(payment_body("p-1", account_id="acc-b", key="k-1"))})),
+    ]
+
+    lanes = _lanes(prepared(consumer, records), fifo=False)
+
+    assert lanes == [[0, 1, 2]]
+
+
+def test_a_hot_account_batch_applies_every_payment_once_in_order(consumer: Consumer) -> None:
+    records = [sqs_record(f"m{i}", payment_body(f"p-{i}", account_id="hot", amount=100 + i)) for i in range(10)]
+
+    response = consumer.process(records)
+
+    assert response == {"batchItemFailures": []}
+    assert balance(consumer.dynamodb, "hot") == sum(100 + i for i in range(10))

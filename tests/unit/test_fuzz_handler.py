@@ -1,0 +1,272 @@
+"""The whole handler, fuzzed: no message can fail its batch, and valid ones are applied once.
+
+Batches of 1 to 10 records mix valid payments and receipts with arbitrary bodies (any
+JSON, deep, wide, huge strings, non-JSON text, unicode edge cases), arbitrary message
+attributes and record fields. ``make test`` runs a bounded number of examples;
+``make fuzz`` runs the ``fuzz`` profile (about 20 minutes). Every failing example
+found is pinned as a regular test in ``test_hostile_input.py``.
+
+Events that are not SQS events at all must still fail the invocation loudly: the
+split is checked too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from moto import mock_aws
+
+from consumer import app
+from consumer.config import Settings
+from consumer.envelope import MAX_BODY_BYTES, parse_message
+from consumer.errors import ErrorType, PoisonMessage
+from consumer.handlers import build_handlers
+from tests.unit.conftest import IDEMPOTENCY_TABLE, LEDGER_TABLE, REGION, balance, create_tables, sqs_record
+from tests.unit.test_app import LambdaContext
+from tests.unit.webhook import Webhook, running_webhook
+
+settings.register_profile(
+    "bounded", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+settings.register_profile(
+    "fuzz", max_examples=7_000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+PROFILE = os.environ.get("FUZZ_PROFILE", "bounded")
+
+_ids = itertools.count()
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{os.getpid()}-{next(_ids)}"
+
+
+# -- what a batch holds -----------------------------------------------------------------------------
+
+# Only what SQS can carry: it refuses other characters before they reach the function.
+sqs_chars = st.characters(
+    codec="utf-8", exclude_categories=["Cs"], exclude_characters="\x00\x01\x02\x03\x04\x05\x06\x07\x08\x0b\x0c\x0e"
+)
+sqs_text = st.text(sqs_chars, max_size=60)
+json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**40), max_value=10**40),
+    st.floats(allow_nan=True, allow_infinity=True),
+    sqs_text,
+)
+any_json = st.recursive(
+    json_leaf,
+    lambda inner: st.one_of(st.lists(inner, max_size=6), st.dictionaries(sqs_text, inner, max_size=6)),
+    max_leaves=30,
+)
+
+
+def _deep(depth: int, opener: str) -> str:
+    closer = {"[": "]", '{"a":': "}"}[opener]
+    core = "[]" if opener == "[" else "1"
+    return '{"eventType":"PaymentReceived","payload":' + opener * depth + core + closer * depth + "}"
+
+
+hostile_body = st.one_of(
+    any_json.map(lambda value: json.dumps(value, allow_nan=True)),
+    sqs_text,
+    st.builds(_deep, st.integers(0, 6_000), st.sampled_from(["[", '{"a":'])),
+    st.integers(MAX_BODY_BYTES - 64, MAX_BODY_BYTES + 64).map(lambda size: '{"x":"' + "y" * (size - 8) + '"}'),
+    st.fixed_dictionaries(
+        {
+            "eventType": st.one_of(st.sampled_from(["PaymentReceived", "ReceiptRequested", "Nope", ""]), any_json),
+            "metadata": st.one_of(st.fixed_dictionaries({"idempotencyKey": st.one_of(sqs_text, any_json)}), any_json),
+            "payload": any_json,
+        }
+    ).map(lambda envelope: json.dumps(envelope, allow_nan=True)),
+)
+
+hostile_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "attributes": st.one_of(
+            any_json, st.fixed_dictionaries({"ApproximateReceiveCount": st.one_of(sqs_text, any_json)})
+        ),
+        "messageAttributes": st.one_of(
+            any_json,
+            st.dictionaries(
+                sqs_text,
+                st.one_of(
+                    any_json,
+                    st.fixed_dictionaries(
+                        {
+                            "dataType": st.sampled_from(["String", "Number", "Binary", "String.x"]),
+                            "stringValue": sqs_text,
+                        }
+                    ),
+                ),
+                max_size=12,
+            ),
+        ),
+        "eventSourceARN": any_json,
+        "receiptHandle": any_json,
+        "md5OfBody": any_json,
+    },
+)
+
+
+def valid_payment() -> dict[str, Any]:
+    account, payment = _unique("fz-acc"), _unique("fz-pay")
+    body = {
+        "eventType": "PaymentReceived",
+        "metadata": {"idempotencyKey": _unique("fz-key")},
+        "payload": {"paymentId": payment, "accountId": account, "amountCents": 777, "currency": "EUR"},
+    }
+    return sqs_record(_unique("valid"), json.dumps(body))
+
+
+def valid_receipt() -> dict[str, Any]:
+    body = {
+        "eventType": "ReceiptRequested",
+        "metadata": {"idempotencyKey": _unique("fz-receipt")},
+        "payload": {
+            "receiptId": _unique("r"),
+            "paymentId": "p-1",
+            "accountId": "acc-1",
+            "amountCents": 5,
+            "currency": "EUR",
+        },
+    }
+    return sqs_record(_unique("valid"), json.dumps(body))
+
+
+@st.composite
+def hostile_record(draw: st.DrawFn) -> dict[str, Any]:
+    record = sqs_record(_unique("hostile"), draw(hostile_body))
+    record.update(draw(hostile_fields))
+    return record
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> list[dict[str, Any]]:
+    size = draw(st.integers(1, 10))
+    kinds = draw(st.lists(st.sampled_from(["payment", "receipt", "hostile", "hostile"]), min_size=size, max_size=size))
+    makers = {"payment": valid_payment, "receipt": valid_receipt}
+    return [makers[kind]() if kind in makers else draw(hostile_record()) for kind in kinds]
+
+
+# -- the oracle ---------------------------------------------------------------------------------------
+
+
+def is_valid(record: dict[str, Any]) -> bool:
+    """Whether the record passes the contract and its handler's schema (what may be applied)."""
+    handlers = build_handlers(Settings(idempotency_table_name="i", ledger_table_name="l", dead_letter_queue_url="q"))
+    try:
+        message = parse_message(record)
+    except PoisonMessage:
+        return False
+    handler = handlers.get(message.event_type)
+    if handler is None:
+        return False
+    try:
+        handler.payload_model.model_validate(message.payload)
+    except ValueError:
+        return False
+    return True
+
+
+class Function:
+    """The deployed handler's view: its environment on moto, and what reached the DLQ."""
+
+    def __init__(self, webhook: Webhook) -> None:
+        self.dynamodb = boto3.client("dynamodb", region_name=REGION)
+        self.sqs = boto3.client("sqs", region_name=REGION)
+        create_tables(self.dynamodb)
+        self.dlq_url = self.sqs.create_queue(QueueName="fuzz-dlq")["QueueUrl"]
+        self.env = {
+            "IDEMPOTENCY_TABLE_NAME": IDEMPOTENCY_TABLE,
+            "LEDGER_TABLE_NAME": LEDGER_TABLE,
+            "DEAD_LETTER_QUEUE_URL": self.dlq_url,
+            "RECEIPT_WEBHOOK_URL": webhook.url,
+            "MAX_WORKERS": "1",  # moto in process is not thread-safe
+        }
+
+    def dead_letters(self) -> dict[str, str]:
+        found: dict[str, str] = {}
+        while True:
+            messages = self.sqs.receive_message(
+                QueueUrl=self.dlq_url, MaxNumberOfMessages=10, MessageAttributeNames=["All"]
+            ).get("Messages", [])
+            if not messages:
+                return found
+            for message in messages:
+                attributes = message["MessageAttributes"]
+                found[attributes["OriginalMessageId"]["StringValue"]] = attributes["ErrorType"]["StringValue"]
+                self.sqs.delete_message(QueueUrl=self.dlq_url, ReceiptHandle=message["ReceiptHandle"])
+
+
+@pytest.fixture(scope="module")
+def function() -> Iterator[Function]:
+    with pytest.MonkeyPatch.context() as patch, running_webhook() as webhook:
+        for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS", "AWS_PROFILE"):
+            patch.delenv(name, raising=False)
+        for name, value in {
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+        }.items():
+            patch.setenv(name, value)
+        with mock_aws():
+            fn = Function(webhook)
+            for name, value in fn.env.items():
+                patch.setenv(name, value)
+            app.build_consumer.cache_clear()
+            yield fn
+            app.build_consumer.cache_clear()
+
+
+@settings(settings.get_profile(PROFILE))
+@given(records=batches())
+def test_every_record_of_any_batch_ends_in_exactly_one_place(function: Function, records: list[dict[str, Any]]) -> None:
+    ids = [record["messageId"] for record in records]
+
+    response = app.handler({"Records": records}, LambdaContext())
+
+    assert set(response) == {"batchItemFailures"}
+    reported = [failure["itemIdentifier"] for failure in response["batchItemFailures"]]
+    assert set(reported) <= set(ids)
+    dead = function.dead_letters()
+    assert set(dead) <= set(ids)
+    assert not set(dead) & set(reported), "a record both dead-lettered and retried would reach the DLQ twice"
+    assert set(dead.values()) <= {error_type.value for error_type in ErrorType}
+    for record in records:
+        message_id = record["messageId"]
+        if message_id in reported or message_id in dead:
+            continue
+        # Neither retried nor dead-lettered: it must have been applied (or a duplicate), so valid.
+        assert is_valid(record), f"{message_id} vanished: not reported, not dead-lettered, not valid"
+    for record in records:
+        if record["messageId"].startswith("valid"):
+            # Nothing injects faults here: every valid message is applied at once, and exactly once.
+            assert record["messageId"] not in reported and record["messageId"] not in dead
+            payload = json.loads(record["body"])["payload"]
+            if "amountCents" in payload and "receiptId" not in payload:
+                assert balance(function.dynamodb, payload["accountId"]) == 777
+
+
+not_sqs_events = st.one_of(
+    any_json.filter(lambda value: not isinstance(value, dict) or not isinstance(value.get("Records"), list)),
+    st.lists(st.one_of(any_json, st.fixed_dictionaries({"body": sqs_text})), min_size=1, max_size=3)
+    .filter(lambda records: any(not isinstance(r, dict) or not isinstance(r.get("messageId"), str) for r in records))
+    .map(lambda records: {"Records": records}),
+)
+
+
+@settings(settings.get_profile(PROFILE), max_examples=min(settings.get_profile(PROFILE).max_examples, 200))
+@given(event=not_sqs_events)
+def test_an_event_that_is_not_an_sqs_event_fails_the_invocation_loudly(function: Function, event: Any) -> None:
+    with pytest.raises(ValueError, match="SQS"):
+        app.handler(event, LambdaContext())

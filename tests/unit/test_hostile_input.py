@@ -1,0 +1,204 @@
+"""No record can fail its batch: hostile bodies, keys and record fields each end in one outcome.
+
+Each case sits beside a valid payment in the same batch: the payment must be applied
+once, the hostile record dead-lettered with a precise ``ErrorType`` (or applied, where
+the input is in fact valid), and the handler must return a partial batch response.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from consumer.dead_letter import MAX_MESSAGE_BYTES, DeadLetterQueue, message_size
+from consumer.envelope import MAX_BODY_BYTES, MAX_KEY_BYTES, MAX_KEY_LENGTH, MAX_NESTING_DEPTH
+from consumer.errors import ErrorType
+from tests.unit.conftest import Consumer, balance, payment_body, sqs_record
+
+
+def body_with(payload: Any, key: Any = "k-hostile", event_type: Any = "PaymentReceived") -> str:
+    return json.dumps({"eventType": event_type, "metadata": {"idempotencyKey": key}, "payload": payload})
+
+
+def nested(depth: int) -> str:
+    return '{"eventType":"PaymentReceived","payload":' + "[" * depth + "]" * depth + "}"
+
+
+def error_types(consumer: Consumer) -> dict[str, str]:
+    return {
+        message["MessageAttributes"]["OriginalMessageId"]["StringValue"]: message["MessageAttributes"]["ErrorType"][
+            "StringValue"
+        ]
+        for message in consumer.dead_letters()
+    }
+
+
+def run_beside_a_payment(consumer: Consumer, hostile: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    response = consumer.process([sqs_record("good", payment_body("p-good", account_id="acc-good")), hostile])
+    assert balance(consumer.dynamodb, "acc-good") == 1250
+    return response, error_types(consumer)
+
+
+HOSTILE_BODIES = [
+    pytest.param(nested(5_000), ErrorType.NESTING_TOO_DEEP, id="5000-nested-arrays"),
+    pytest.param(nested(MAX_NESTING_DEPTH + 1), ErrorType.NESTING_TOO_DEEP, id="just-past-the-depth-limit"),
+    pytest.param("[" * 100_000, ErrorType.NESTING_TOO_DEEP, id="unterminated-deep-array"),
+    pytest.param('{"a":' * 3_000 + "1" + "}" * 3_000, ErrorType.NESTING_TOO_DEEP, id="deep-objects"),
+    pytest.param("x" * (MAX_BODY_BYTES + 1), ErrorType.BODY_TOO_LARGE, id="over-the-body-limit"),
+    pytest.param(body_with({"note": "é" * 600_000}), ErrorType.BODY_TOO_LARGE, id="multibyte-over-the-limit"),
+    pytest.param("", ErrorType.INVALID_JSON, id="empty"),
+    pytest.param("null", ErrorType.SCHEMA_VIOLATION, id="null"),
+    pytest.param("[1,2]", ErrorType.SCHEMA_VIOLATION, id="array"),
+    pytest.param("\ud800", ErrorType.INVALID_JSON, id="lone-surrogate-text"),
+    pytest.param(body_with({"paymentId": "p", "accountId": "a", "amountCents": float("nan"), "currency": "EUR"}),
+                 ErrorType.SCHEMA_VIOLATION, id="nan-amount"),
+    pytest.param(body_with({"paymentId": "p", "accountId": "a", "amountCents": 10**30, "currency": "EUR"}),
+                 ErrorType.SCHEMA_VIOLATION, id="huge-amount"),
+    pytest.param(body_with("not an object"), ErrorType.SCHEMA_VIOLATION, id="string-payload"),
+    pytest.param(body_with({}, event_type="Payment#Received"), ErrorType.SCHEMA_VIOLATION, id="hash-in-event-type"),
+    pytest.param(body_with({}, key=""), ErrorType.SCHEMA_VIOLATION, id="empty-key"),
+    pytest.param(body_with({}, key="   \t"), ErrorType.SCHEMA_VIOLATION, id="blank-key"),
+    pytest.param(body_with({}, key="k" * (MAX_KEY_LENGTH + 1)), ErrorType.SCHEMA_VIOLATION, id="long-key"),
+    pytest.param(body_with({}, key="\U0001f600" * (MAX_KEY_BYTES // 4 + 1)), ErrorType.SCHEMA_VIOLATION,
+                 id="key-over-the-byte-limit"),
+    pytest.param(body_with({}, key="a\u0000b"), ErrorType.SCHEMA_VIOLATION, id="control-character-in-key"),
+    pytest.param(body_with({}, key="\ud800"), ErrorType.SCHEMA_VIOLATION, id="lone-surrogate-in-key"),
+    pytest.param(body_with({}, key=7), ErrorType.SCHEMA_VIOLATION, id="numeric-key"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "error_type"), HOSTILE_BODIES)
+def test_a_hostile_body_is_dead_lettered_with_its_reason_and_never_fails_the_batch(
+    consumer: Consumer, body: str, error_type: ErrorType
+) -> None:
+    response, dead = run_beside_a_payment(consumer, sqs_record("hostile", body))
+
+    assert response == {"batchItemFailures": []}
+    assert dead == {"hostile": error_type.value}
+
+
+def test_the_deepest_nesting_allowed_is_read_and_judged_by_the_schema(consumer: Consumer) -> None:
+    # The limit counts the body object itself, the payload, and what the payload holds.
+    payload = {"paymentId": "p", "accountId": "a", "amountCents": 5, "currency": "EUR", "x": json.loads(nested(29))}
+    assert json.dumps(payload).count("[") == 29
+
+    _, dead = run_beside_a_payment(consumer, sqs_record("deep-but-fine", body_with(payload)))
+
+    # Read, then refused by the handler's schema (extra field), not by the depth limit.
+    assert dead == {"deep-but-fine": ErrorType.SCHEMA_VIOLATION.value}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"attributes": {"ApproximateReceiveCount": "many"}}, id="non-numeric-receive-count"),
+        pytest.param({"attributes": {"ApproximateReceiveCount": "1000000000000"}}, id="huge-receive-count"),
+        pytest.param({"attributes": ["not", "a", "map"]}, id="attributes-a-list"),
+        pytest.param({"attributes": None}, id="attributes-null"),
+        pytest.param({"messageAttributes": "text"}, id="message-attributes-a-string"),
+        pytest.param({"messageAttributes": {"IdempotencyKey": "flat"}}, id="attribute-not-a-map"),
+        pytest.param({"messageAttributes": {"IdempotencyKey": {"dataType": 5, "stringValue": 3}}}, id="typed-wrong"),
+        pytest.param(
+            {"messageAttributes": {"IdempotencyKey": {"dataType": "Binary", "binaryValue": "AAEC"}}}, id="binary-key"
+        ),
+        pytest.param({"eventSourceARN": 42, "receiptHandle": None}, id="source-fields-wrong"),
+    ],
+)
+def test_malformed_record_fields_are_read_as_absent_and_the_payment_is_applied(
+    consumer: Consumer, fields: dict[str, Any]
+) -> None:
+    record = {**sqs_record("odd", payment_body("p-odd", account_id="acc-odd")), **fields}
+
+    response, dead = run_beside_a_payment(consumer, record)
+
+    assert response == {"batchItemFailures": []}
+    assert dead == {}
+    assert balance(consumer.dynamodb, "acc-odd") == 1250
+
+
+def test_a_blank_idempotency_key_attribute_is_refused_not_replaced_by_the_message_id(consumer: Consumer) -> None:
+    body = json.dumps({"eventType": "PaymentReceived", "payload": json.loads(payment_body("p-9"))["payload"]})
+    attributes = {"IdempotencyKey": {"dataType": "String", "stringValue": "  "}}
+
+    _, dead = run_beside_a_payment(consumer, sqs_record("blank-attr", body, message_attributes=attributes))
+
+    assert dead == {"blank-attr": ErrorType.SCHEMA_VIOLATION.value}
+
+
+def test_a_record_that_breaks_an_unforeseen_step_is_dead_lettered_as_unprocessable(
+    consumer: Consumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A defect in reading a record fails the same way on every delivery: dead-letter it.
+    def broken(payload: Any) -> str:
+        raise RuntimeError("hashing broke")
+
+    monkeypatch.setattr("consumer.envelope.payload_hash", broken)
+
+    response = consumer.process([sqs_record("x", payment_body("p-x"))])
+
+    assert response == {"batchItemFailures": []}
+    (message,) = consumer.dead_letters()
+    assert message["MessageAttributes"]["ErrorType"]["StringValue"] == ErrorType.UNPROCESSABLE_RECORD.value
+    assert "RuntimeError: hashing broke" in message["MessageAttributes"]["ErrorMessage"]["StringValue"]
+
+
+# -- the dead-letter copy stays within SQS's message limit --------------------------------------
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def send_message(self, **request: Any) -> dict[str, Any]:
+        self.sent.append(request)
+        return {}
+
+
+def many_attributes() -> dict[str, Any]:
+    return {f"Attr{i}": {"dataType": "String", "stringValue": "v" * 200} for i in range(6)}
+
+
+@pytest.mark.parametrize("body_bytes", [MAX_BODY_BYTES - 500, MAX_BODY_BYTES - 10, MAX_BODY_BYTES])
+def test_a_poison_message_at_the_size_limit_reaches_the_dlq_with_its_reason_within_the_limit(body_bytes: int) -> None:
+    recorder = Recorder()
+    record = sqs_record("big", "b" * body_bytes, message_attributes=many_attributes())
+
+    DeadLetterQueue(lambda: recorder, "https://dlq").send(record, ErrorType.SCHEMA_VIOLATION, "too odd", "key-1")
+
+    (sent,) = recorder.sent
+    attributes = sent["MessageAttributes"]
+    assert message_size(sent["MessageBody"], attributes) <= MAX_MESSAGE_BYTES
+    assert attributes["ErrorType"]["StringValue"] == "SchemaViolation"
+    assert attributes["ErrorMessage"]["StringValue"] == "too odd"
+    # The original attributes give way first, and say so.
+    assert attributes["DroppedAttributes"]["StringValue"] == ",".join(sorted(many_attributes()))
+    if "BodyTruncated" in attributes:
+        assert attributes["BodyTruncated"]["StringValue"].startswith(f"{body_bytes} bytes, sha256:")
+        assert sent["MessageBody"] == "b" * len(sent["MessageBody"])
+    else:
+        assert sent["MessageBody"] == "b" * body_bytes
+
+
+def test_a_small_poison_message_keeps_its_body_and_attributes_untouched() -> None:
+    recorder = Recorder()
+    record = sqs_record("small", "{oops", message_attributes=many_attributes())
+
+    DeadLetterQueue(lambda: recorder, "https://dlq").send(record, ErrorType.INVALID_JSON, "bad", "")
+
+    (sent,) = recorder.sent
+    assert sent["MessageBody"] == "{oops"
+    assert set(sent["MessageAttributes"]) == {*many_attributes(), "ErrorType", "ErrorMessage", "OriginalMessageId"}
+
+
+def test_a_truncated_body_is_cut_on_a_character_boundary() -> None:
+    recorder = Recorder()
+    record = sqs_record("wide", "€" * (MAX_BODY_BYTES // 3))
+
+    DeadLetterQueue(lambda: recorder, "https://dlq").send(record, ErrorType.BODY_TOO_LARGE, "x" * 5_000, "k")
+
+    (sent,) = recorder.sent
+    assert set(sent["MessageBody"]) == {"€"}
+    assert len(sent["MessageAttributes"]["ErrorMessage"]["StringValue"]) == 1_000
+    assert message_size(sent["MessageBody"], sent["MessageAttributes"]) <= MAX_MESSAGE_BYTES
