@@ -37,9 +37,10 @@ from local.conflict_emulation import DEFAULT_HOLD_MS, ConflictEmulation
 from local.demo import ledger_totals
 from local.dynamodb_local import DynamoDBLocal
 from local.function_output import outcome_counts, send_stdout_to
-from local.function_runtime import FunctionRuntime, Invocation
-from local.lambda_event import LambdaContext, sqs_event
+from local.invocation import Invocation, Invoker
+from local.lambda_event import sqs_event
 from local.poller import Poller, PollerGroup, reported_failures
+from local.resources import FunctionSpec
 from local.servers import LocalServers
 from local.stack import DeployedStack, deploy_stack
 from local.state import STATE_DIR
@@ -85,15 +86,18 @@ class Tracker:
 
 
 class TimedRuntime:
-    """The function runtime, telling the tracker which records of each invocation ended and which went back."""
+    """An execution environment, telling the tracker which records of each invocation ended and which went back."""
 
-    def __init__(self, runtime: FunctionRuntime, tracker: Tracker) -> None:
+    def __init__(self, runtime: Invoker, tracker: Tracker) -> None:
         self._runtime = runtime
         self._tracker = tracker
-        self.function = runtime.function
 
-    def invoke(self, event: dict[str, Any], context: LambdaContext | None = None) -> Invocation:
-        invocation = self._runtime.invoke(event, context)
+    @property
+    def function(self) -> FunctionSpec:
+        return self._runtime.function
+
+    def invoke(self, event: dict[str, Any]) -> Invocation:
+        invocation = self._runtime.invoke(event)
         ids = [record["messageId"] for record in event["Records"]]
         failed, _ = reported_failures(invocation.response, set(ids)) if invocation.succeeded else (None, "")
         # A raised, timed-out or malformed invocation deletes nothing: every record goes back.
@@ -190,9 +194,11 @@ def _pipeline(
     """Send everything while the pollers consume; returns the tracker, first send and last completion."""
     tracker = Tracker()
     sqs = stack.servers.client("sqs", max_pool_connections=50, timeout_s=30.0)
-    timed = TimedRuntime(stack.runtime, tracker)
     group = PollerGroup(
-        [Poller(sqs, stack.queue, stack.trigger, timed, on_batch=stack.stats.add) for _ in range(pollers)]
+        [
+            Poller(sqs, stack.queue, stack.trigger, TimedRuntime(stack.fleet.add(), tracker), on_batch=stack.stats.add)
+            for _ in range(pollers)
+        ]
     ).start()
     try:
         first_sent = time.time()
@@ -235,43 +241,47 @@ def measure(
     say: Callable[[str], None],
     function_log: Path = HOT_LOG,
 ) -> Figures:
-    """One spread: the serial run, then the pipeline; the consumer's outcomes are read from ``function_log``."""
+    """One spread: the serial run, then the pipeline; the function logs (and its EMF) into ``function_log``."""
     rng = random.Random(args.seed + accounts)
     run = f"hot{accounts}-{uuid.uuid4().hex[:6]}"
-    stack = deploy_stack(servers, stack_name=run, parameter_overrides={"BatchSize": args.batch_size}, webhook=sink)
-    try:
-        say(f"\n[{accounts} account(s)] serial run: {args.serial} payments, one at a time")
-        serial = serial_limit(stack, args.serial, rng)
-        say(f"[{accounts} account(s)] pipeline: {args.messages} messages")
-        messages = _messages(args.messages, accounts, args.receipts, rng, run)
-        sink.clear()
-        outcomes_before = outcome_counts(function_log, OUTCOMES)
-        proxy_before = dynamodb.proxy.stats() if dynamodb.proxy else {}
-        tracker, first_sent, last_done = _pipeline(stack, messages, args.pollers, args.timeout, say)
-        proxy_after = dynamodb.proxy.stats() if dynamodb.proxy else {}
-        latencies = [tracker.done_at[i] - tracker.sent_at[i] for i in tracker.done_at if i in tracker.sent_at]
-        balances, _, _ = ledger_totals(stack)
-        # Against what was applied: a payment still waiting at the timeout is not a wrong balance.
-        expected = workload.expected_balances(tracker.applied())
-        keys = Counter(request.idempotency_key for request in sink.received())
-        return Figures(
-            accounts=accounts,
-            messages=len(messages),
-            serial_per_s=serial,
-            throughput_per_s=len(tracker.done_at) / max(last_done - first_sent, 1e-9),
-            p50_s=_percentile(latencies, 0.50),
-            p99_s=_percentile(latencies, 0.99),
-            deliveries=tracker.deliveries,
-            returned=tracker.returned,
-            not_done=len(tracker.sent_at) - len(tracker.done_at),
-            dead_lettered=_dead_lettered(stack),
-            webhook_repeats=sum(count - 1 for count in keys.values() if count > 1),
-            proxy={name: proxy_after.get(name, 0) - proxy_before.get(name, 0) for name in proxy_after},
-            outcomes=dict(outcome_counts(function_log, OUTCOMES) - outcomes_before),
-            wrong_balances=sum(balances.get(account, 0) != total for account, total in expected.items()),
+    with function_log.open("a", encoding="utf-8", buffering=1) as log_sink:
+        stack = deploy_stack(
+            servers, stack_name=run, parameter_overrides={"BatchSize": args.batch_size}, webhook=sink, log_sink=log_sink
         )
-    finally:
-        stack.stop()
+        try:
+            say(f"\n[{accounts} account(s)] serial run: {args.serial} payments, one at a time")
+            serial = serial_limit(stack, args.serial, rng)
+            say(f"[{accounts} account(s)] pipeline: {args.messages} messages")
+            messages = _messages(args.messages, accounts, args.receipts, rng, run)
+            sink.clear()
+            outcomes_before = outcome_counts(function_log, OUTCOMES)
+            proxy_before = dynamodb.proxy.stats() if dynamodb.proxy else {}
+            tracker, first_sent, last_done = _pipeline(stack, messages, args.pollers, args.timeout, say)
+            proxy_after = dynamodb.proxy.stats() if dynamodb.proxy else {}
+            dead_lettered = _dead_lettered(stack)
+            balances, _, _ = ledger_totals(stack)
+        finally:
+            stack.stop()
+    latencies = [tracker.done_at[i] - tracker.sent_at[i] for i in tracker.done_at if i in tracker.sent_at]
+    # Against what was applied: a payment still waiting at the timeout is not a wrong balance.
+    expected = workload.expected_balances(tracker.applied())
+    keys = Counter(request.idempotency_key for request in sink.received())
+    return Figures(
+        accounts=accounts,
+        messages=len(messages),
+        serial_per_s=serial,
+        throughput_per_s=len(tracker.done_at) / max(last_done - first_sent, 1e-9),
+        p50_s=_percentile(latencies, 0.50),
+        p99_s=_percentile(latencies, 0.99),
+        deliveries=tracker.deliveries,
+        returned=tracker.returned,
+        not_done=len(tracker.sent_at) - len(tracker.done_at),
+        dead_lettered=dead_lettered,
+        webhook_repeats=sum(count - 1 for count in keys.values() if count > 1),
+        proxy={name: proxy_after.get(name, 0) - proxy_before.get(name, 0) for name in proxy_after},
+        outcomes=dict(outcome_counts(function_log, OUTCOMES) - outcomes_before),
+        wrong_balances=sum(balances.get(account, 0) != total for account, total in expected.items()),
+    )
 
 
 def report(figures: Figures, args: argparse.Namespace, say: Callable[[str], None]) -> None:

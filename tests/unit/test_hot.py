@@ -10,8 +10,8 @@ import pytest
 
 from local import workload
 from local.cli import parser
-from local.function_runtime import Invocation
 from local.hot import Figures, TimedRuntime, Tracker
+from local.invocation import Invocation
 
 _MESSAGES = [workload.payment(f"k{index}", f"p{index}", "acc-1", 100) for index in range(3)]
 
@@ -26,8 +26,8 @@ class _Runtime:
     def __init__(self, invocation: Invocation) -> None:
         self.invocation = invocation
 
-    def invoke(self, event: dict[str, Any], context: Any = None) -> Invocation:
-        del event, context
+    def invoke(self, event: dict[str, Any]) -> Invocation:
+        del event
         return self.invocation
 
 
