@@ -4,8 +4,10 @@ The figures issue 9 sets targets for. For each spread of payments (every one on 
 account, then over 100 accounts), on the local stack with the conflict emulation and a
 latency injected on every DynamoDB call:
 
-- the serial limit: one worker applying payments of one account one after another (the
-  function invoked with one record at a time, no SQS in between), same stack, same run;
+- the serial limit: ONE poller applying payments of one account (the same pipeline and
+  batch size; the consumer runs a batch's payments to one account one after another), same
+  stack, same run; and for context the item's ceiling: payment-shaped transactions sent one
+  after another straight to DynamoDB, no consumer at all;
 - the pipeline: the payments, and a share of receipt requests (lock mode, webhook) on the
   same accounts, sent as fast as SQS takes them while the pollers consume them.
 
@@ -19,7 +21,6 @@ distinct payments. Exit 1 when a target is missed.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import random
 import statistics
 import threading
@@ -32,13 +33,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from local import workload
-from local.aws import REGION
 from local.conflict_emulation import DEFAULT_HOLD_MS, ConflictEmulation
 from local.demo import ledger_totals
 from local.dynamodb_local import DynamoDBLocal
 from local.function_output import outcome_counts, send_stdout_to
 from local.invocation import Invocation, Invoker
-from local.lambda_event import sqs_event
 from local.poller import Poller, PollerGroup, reported_failures
 from local.resources import FunctionSpec
 from local.servers import LocalServers
@@ -110,6 +109,7 @@ class Figures:
     accounts: int
     messages: int
     serial_per_s: float
+    ceiling_per_s: float
     throughput_per_s: float
     p50_s: float
     p99_s: float
@@ -152,35 +152,47 @@ def _messages(count: int, accounts: int, receipt_share: float, rng: random.Rando
     return made
 
 
-def _received_message(body: str) -> dict[str, Any]:
-    """What ``ReceiveMessage`` would have returned for ``body``, first delivery."""
-    return {
-        "MessageId": str(uuid.uuid4()),
-        "ReceiptHandle": f"serial-{uuid.uuid4().hex}",
-        "Body": body,
-        "MD5OfBody": hashlib.md5(body.encode(), usedforsecurity=False).hexdigest(),
-        "Attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": str(int(time.time() * 1000))},
-    }
-
-
-def serial_limit(stack: DeployedStack, payments: int, rng: random.Random) -> float:
-    """Payments per second one worker applies to one account, one record per invocation."""
-    # One more than timed: the first invocation pays the cold start, which the pipeline pays once too.
-    # An account of its own, so the pipeline's balances stay the sums of the pipeline's payments.
+def serial_limit(
+    stack: DeployedStack, payments: int, rng: random.Random, timeout_s: float, say: Callable[[str], None]
+) -> float:
+    """Payments per second ONE poller applies to one account: the same pipeline, batches in one lane each."""
     run = f"serial-{uuid.uuid4().hex[:6]}"
+    # An account of its own, so the measured pipeline's balances stay the sums of its own payments.
     messages = [
         workload.payment(f"{run}-{index}", f"{run}-p{index}", run, rng.randrange(100, 100_000))
-        for index in range(payments + 1)
+        for index in range(payments)
     ]
+    tracker, first_sent, last_done = _pipeline(stack, messages, 1, timeout_s, say)
+    if not tracker.all_done():
+        raise RuntimeError(f"the serial run applied {len(tracker.done_at)} of {payments} payments in {timeout_s:.0f}s")
+    return payments / max(last_done - first_sent, 1e-9)
+
+
+def item_ceiling(stack: DeployedStack, payments: int) -> float:
+    """Payment-shaped transactions per second on one item, one after another, straight to DynamoDB.
+
+    What the hot item allows at all, whatever a consumer does: the record, the entry and the
+    balance in one transaction, as the optimistic payment handler commits them.
+    """
+    dynamodb = stack.servers.client("dynamodb")
+    records, ledger = stack.table_name("IdempotencyTable"), stack.table_name("LedgerTable")
+    account = f"ceiling-{uuid.uuid4().hex[:6]}"
     started = time.monotonic()
-    for index, message in enumerate(messages):
-        if index == 1:
-            started = time.monotonic()
-        event = sqs_event([_received_message(message.body)], queue_arn=stack.queue.arn, region=REGION)
-        invocation = stack.runtime.invoke(event)
-        failed, detail = reported_failures(invocation.response, {event["Records"][0]["messageId"]})
-        if not invocation.succeeded or failed:
-            raise RuntimeError(f"the serial run could not apply a payment: {invocation.error or detail or failed}")
+    for index in range(payments):
+        dynamodb.transact_write_items(
+            TransactItems=[
+                {"Put": {"TableName": records, "Item": {"id": {"S": f"{account}#{index}"}}}},
+                {"Put": {"TableName": ledger, "Item": {"accountId": {"S": account}, "entryId": {"S": f"P#{index}"}}}},
+                {
+                    "Update": {
+                        "TableName": ledger,
+                        "Key": {"accountId": {"S": account}, "entryId": {"S": "BALANCE"}},
+                        "UpdateExpression": "ADD balanceCents :amount",
+                        "ExpressionAttributeValues": {":amount": {"N": "100"}},
+                    }
+                },
+            ]
+        )
     return payments / (time.monotonic() - started)
 
 
@@ -194,10 +206,14 @@ def _pipeline(
     """Send everything while the pollers consume; returns the tracker, first send and last completion."""
     tracker = Tracker()
     sqs = stack.servers.client("sqs", max_pool_connections=50, timeout_s=30.0)
+    environments = [stack.fleet.add() for _ in range(pollers)]
+    # Cold starts out of the measurement: each environment initialises on an empty batch first.
+    for environment in environments:
+        environment.invoke({"Records": []})
     group = PollerGroup(
         [
-            Poller(sqs, stack.queue, stack.trigger, TimedRuntime(stack.fleet.add(), tracker), on_batch=stack.stats.add)
-            for _ in range(pollers)
+            Poller(sqs, stack.queue, stack.trigger, TimedRuntime(environment, tracker), on_batch=stack.stats.add)
+            for environment in environments
         ]
     ).start()
     try:
@@ -249,8 +265,9 @@ def measure(
             servers, stack_name=run, parameter_overrides={"BatchSize": args.batch_size}, webhook=sink, log_sink=log_sink
         )
         try:
-            say(f"\n[{accounts} account(s)] serial run: {args.serial} payments, one at a time")
-            serial = serial_limit(stack, args.serial, rng)
+            say(f"\n[{accounts} account(s)] item ceiling and serial run: {args.serial} payments on one account")
+            ceiling = item_ceiling(stack, args.serial)
+            serial = serial_limit(stack, args.serial, rng, args.timeout, say)
             say(f"[{accounts} account(s)] pipeline: {args.messages} messages")
             messages = _messages(args.messages, accounts, args.receipts, rng, run)
             sink.clear()
@@ -270,6 +287,7 @@ def measure(
         accounts=accounts,
         messages=len(messages),
         serial_per_s=serial,
+        ceiling_per_s=ceiling,
         throughput_per_s=len(tracker.done_at) / max(last_done - first_sent, 1e-9),
         p50_s=_percentile(latencies, 0.50),
         p99_s=_percentile(latencies, 0.99),
@@ -287,7 +305,8 @@ def measure(
 def report(figures: Figures, args: argparse.Namespace, say: Callable[[str], None]) -> None:
     spread = "ONE account" if figures.accounts == 1 else f"{figures.accounts} accounts"
     say(f"\n{figures.messages} messages on {spread} ({args.receipts:.0%} receipt requests)")
-    say(f"  serial limit (one worker, one account)  {figures.serial_per_s:8.1f} payments/s")
+    say(f"  item ceiling (raw transactions, 1 item) {figures.ceiling_per_s:8.1f} payments/s")
+    say(f"  serial limit (1 poller, one account)    {figures.serial_per_s:8.1f} payments/s")
     say(
         f"  pipeline throughput                     {figures.throughput_per_s:8.1f} msg/s"
         f" = {figures.share_of_serial:.0%} of the serial limit (target >= {THROUGHPUT_TARGET:.0%})"
@@ -338,7 +357,7 @@ def add_parser(commands: Any) -> None:
     hot.add_argument("--latency-ms", type=_milliseconds, default=10.0, help="added to every DynamoDB call (default 10)")
     hot.add_argument("--hold-ms", type=_milliseconds, default=DEFAULT_HOLD_MS, help="a transaction's prepare hold")
     hot.add_argument("--no-conflicts", action="store_true", help="measure DynamoDB Local's kindness instead")
-    hot.add_argument("--serial", type=_positive, default=60, help="payments in the serial run (default 60)")
+    hot.add_argument("--serial", type=_positive, default=100, help="payments in the serial runs (default 100)")
     hot.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for every message")
     hot.add_argument("--seed", type=int, default=7)
     hot.set_defaults(handler=run_hot)

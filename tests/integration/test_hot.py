@@ -17,7 +17,7 @@ def test_a_small_spread_run_adds_up(
     local_stack: LocalServers, dynamodb_local: DynamoDBLocal, webhook_sink: WebhookSink, tmp_path: Path
 ) -> None:
     arguments = argparse.Namespace(
-        seed=3, batch_size=10, serial=3, messages=MESSAGES, receipts=0.2, pollers=2, timeout=90.0
+        seed=3, batch_size=10, serial=10, messages=MESSAGES, receipts=0.2, pollers=2, timeout=90.0
     )
     said: list[str] = []
     figures = measure(local_stack, dynamodb_local, webhook_sink, arguments, 100, said.append, tmp_path / "function.log")
@@ -28,6 +28,7 @@ def test_a_small_spread_run_adds_up(
     # Every delivery ended applied or went back; each message was applied once.
     assert figures.deliveries == MESSAGES + figures.returned
     assert figures.serial_per_s > 0
+    assert figures.ceiling_per_s > 0
     assert figures.throughput_per_s > 0
     assert 0 < figures.p50_s <= figures.p99_s
     # Every payment is one transaction at least; receipts are the webhook's.
