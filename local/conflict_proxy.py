@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import http.client
 import json
+import socket
 import sys
 import threading
 import time
@@ -146,10 +147,18 @@ class ConflictProxyServer(ThreadingHTTPServer):
     def _connection(self) -> http.client.HTTPConnection:
         connection = getattr(self._connections, "connection", None)
         if connection is None:
-            connection = http.client.HTTPConnection(self.upstream_host, self.upstream_port, timeout=_UPSTREAM_TIMEOUT_S)
+            connection = _NoDelayConnection(self.upstream_host, self.upstream_port, timeout=_UPSTREAM_TIMEOUT_S)
             self._connections.connection = connection
             self._connections.used = False
         return connection
+
+
+class _NoDelayConnection(http.client.HTTPConnection):
+    """An upstream connection that sends each request at once (see ``_ProxyHandler.setup``)."""
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class _ProxyHandler(BaseHTTPRequestHandler):
@@ -218,14 +227,20 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if self.server.latency_s:
             time.sleep(self.server.latency_s / 2)
 
+    def setup(self) -> None:
+        super().setup()
+        # Small answers go out at once: Nagle's algorithm would hold them for the client's delayed ACK.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def _reply(self, status: int, reason: str, headers: list[tuple[str, str]], body: bytes) -> None:
         self.send_response_only(status, reason)
         for name, value in headers:
             if name.lower() not in _HOP_BY_HOP:
                 self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        # Headers and body in one write, for the same reason.
+        self._headers_buffer.append(b"\r\n" + body)
+        self.flush_headers()
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ every conflict the proxy raises is visible to the caller.
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 import uuid
@@ -346,3 +347,18 @@ def test_the_proxy_stops_with_dynamodb_local() -> None:
 def test_bad_proxy_arguments_are_refused(arguments: list[str], cause: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert proxy_main(arguments) == 2
     assert cause in capsys.readouterr().err
+
+
+def _median_call_ms(dynamodb: Any, table: str, calls: int = 40) -> float:
+    durations = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        dynamodb.get_item(TableName=table, Key=HOT)
+        durations.append((time.perf_counter() - started) * 1000)
+    return statistics.median(durations)
+
+
+def test_the_proxy_adds_no_delay_of_its_own(dynamodb_local: DynamoDBLocal, table: str) -> None:
+    proxied, direct = _both(dynamodb_local)
+    # Nagle's algorithm against the client's delayed ACK once cost ~45 ms a call here.
+    assert _median_call_ms(proxied, table) - _median_call_ms(direct, table) < 15
