@@ -110,6 +110,10 @@ dlq: venv ## list the running stack's dead-lettered messages with ErrorType and 
 redrive: venv ## move the running stack's dead-lettered messages back to its queue
 	@$(LOCAL) redrive
 
+.PHONY: hot
+hot: venv node_modules/.installed ## issue 9's hot-account figures through the conflict emulation (ARGS="--messages 800 --accounts 1")
+	@$(LOCAL) hot $(ARGS)
+
 .PHONY: bench
 bench: venv node_modules/.installed $(LAMBDA_RUNTIME) ## this consumer against Powertools and the seed pattern: writes BENCHMARKS.md and its chart
 	PYTHONPATH=src $(PY) -m bench $(ARGS)

@@ -1,4 +1,4 @@
-"""``python -m local <command>``: run, send, invoke, dlq, redrive, demo, smoke (wired to make targets)."""
+"""``python -m local <command>``: run, send, invoke, dlq, redrive, demo, smoke, hot (wired to make targets)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from local import dead_letters, smoke, state
+from local import dead_letters, hot, smoke, state
 from local.aws import DUMMY_CREDENTIALS_ENV, client
 from local.event_files import load_event, messages_from_event
 from local.function_output import send_stdout_to
@@ -64,6 +64,7 @@ def _banner(stack: DeployedStack, sink: WebhookSink, pollers: int) -> str:
 Local stack "{stack.resources.stack_name}" is running. Ctrl-C stops it and every process it started.
   SQS (moto server)   {stack.servers.sqs_endpoint_url}
   DynamoDB Local      {stack.servers.dynamodb_endpoint_url}
+  conflict emulation  {stack.servers.dynamodb.emulation.describe()}
   queue               {stack.queue.url}
   dead-letter queue   {stack.dead_letter_queue.url}
   tables              {tables}
@@ -271,6 +272,7 @@ def parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_demo)
 
     smoke.add_parser(commands)
+    hot.add_parser(commands)
     return root
 
 

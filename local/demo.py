@@ -71,7 +71,7 @@ def _drain(stack: DeployedStack, say: Callable[[str], None], sent: int) -> tuple
     raise TimeoutError(f"the queue did not drain within {_DRAIN_TIMEOUT_S}s")
 
 
-def _ledger(stack: DeployedStack) -> tuple[dict[str, int], int, int]:
+def ledger_totals(stack: DeployedStack) -> tuple[dict[str, int], int, int]:
     """Balances per account, the number of payment entries and of receipt entries."""
     dynamodb = stack.servers.client("dynamodb")
     balances: dict[str, int] = {}
@@ -123,7 +123,7 @@ def _checks(
     # One per original message: SQS may deliver a poison message twice, and each copy is parked.
     parked_errors = Counter({letter.original_message_id: letter.error_type for letter in parked}.values())
     expected = messages.expected_balances(sent)
-    balances, payment_entries, receipt_entries = _ledger(stack)
+    balances, payment_entries, receipt_entries = ledger_totals(stack)
     distinct_payments = len({m.payload["paymentId"] for m in valid if m.kind == "payment" and m.payload})
     distinct_receipts = len({m.key for m in valid if m.kind == "receipt"})
     accepted = {r.idempotency_key for r in sink.received() if r.status == 200}

@@ -4,6 +4,11 @@
 is downloaded at run time. It needs a Java 17 runtime. DynamoDB Local itself listens on
 every interface; ``java/LoopbackDynamoDBLocal.java`` starts the same server bound to
 127.0.0.1 and ties its life to ours (see that file).
+
+DynamoDB Local applies transactions one after another where DynamoDB cancels those that
+overlap, so its clients reach it through the conflict proxy (``local.conflict_proxy``),
+started and stopped with it: ``endpoint_url`` is the proxy's, ``direct_endpoint_url``
+DynamoDB Local's own.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ import subprocess
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from local.aws import client
+from local.conflict_emulation import ConflictEmulation, ConflictProxy
 from local.processes import LOOPBACK, LoopbackServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -60,16 +66,51 @@ def jar_directory() -> Path:
 
 
 class DynamoDBLocal(LoopbackServer):
-    """An in-memory DynamoDB Local on 127.0.0.1; one shared database whatever the credentials."""
+    """An in-memory DynamoDB Local on 127.0.0.1 behind the conflict proxy; one shared database.
+
+    ``emulation`` defaults to the environment's (``ConflictEmulation.from_env``).
+    """
 
     name = "dynamodb-local"
 
-    def client(self, **options: Any) -> Any:
-        """A boto3 DynamoDB client for this server (region us-east-1, dummy credentials)."""
-        return client("dynamodb", self.endpoint_url, **options)
+    def __init__(self, *, emulation: ConflictEmulation | None = None, start_timeout_s: float = 60.0) -> None:
+        super().__init__(start_timeout_s=start_timeout_s)
+        self.emulation = emulation if emulation is not None else ConflictEmulation.from_env(os.environ)
+        self.proxy: ConflictProxy | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        """The conflict proxy's endpoint: what every client of the local stack uses."""
+        if self.proxy is None:
+            raise RuntimeError(f"{self.name} is not running")
+        return self.proxy.endpoint_url
+
+    @property
+    def direct_endpoint_url(self) -> str:
+        """DynamoDB Local's own endpoint, without the emulation: only to measure what it changes."""
+        return super().endpoint_url
+
+    def start(self) -> Self:
+        super().start()
+        try:
+            self.proxy = ConflictProxy(self.direct_endpoint_url, self.emulation).start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.stop()
+            self.proxy = None
+        super().stop()
+
+    def client(self, *, direct: bool = False, **options: Any) -> Any:
+        """A boto3 DynamoDB client (region us-east-1, dummy credentials), through the proxy unless ``direct``."""
+        return client("dynamodb", self.direct_endpoint_url if direct else self.endpoint_url, **options)
 
     def _answers(self) -> bool:
-        return self.client(timeout_s=2.0).list_tables(Limit=1) is not None
+        return self.client(direct=True, timeout_s=2.0).list_tables(Limit=1) is not None
 
     def _working_directory(self) -> Path:
         return jar_directory()

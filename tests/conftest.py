@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from local.conflict_emulation import ConflictEmulation
 from local.dynamodb_local import DynamoDBLocal
 from local.servers import LocalServers
 from local.stack import DeployedStack, deploy_stack
@@ -29,8 +30,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def dynamodb_local() -> Iterator[DynamoDBLocal]:
-    """Amazon's DynamoDB Local, in memory on 127.0.0.1; ``.endpoint_url``, ``.client()``."""
-    with DynamoDBLocal() as server:
+    """Amazon's DynamoDB Local, in memory on 127.0.0.1; ``.endpoint_url``, ``.client()``.
+
+    Always behind the conflict emulation, whatever the environment says: no concurrency test
+    may pass only because DynamoDB Local serialises transactions.
+    """
+    with DynamoDBLocal(emulation=ConflictEmulation()) as server:
         yield server
 
 

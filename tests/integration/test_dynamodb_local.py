@@ -27,13 +27,16 @@ def _other_address() -> str | None:
 
 
 def test_listens_on_loopback_only(dynamodb_local: DynamoDBLocal) -> None:
-    assert dynamodb_local.endpoint_url == f"http://{LOOPBACK}:{dynamodb_local.port}"
+    assert dynamodb_local.proxy is not None
+    assert dynamodb_local.direct_endpoint_url == f"http://{LOOPBACK}:{dynamodb_local.port}"
+    assert dynamodb_local.endpoint_url == f"http://{LOOPBACK}:{dynamodb_local.proxy.port}"
     other = _other_address()
     if other is None:
         pytest.skip("this machine has no address besides loopback")
-    with socket.socket() as attempt:
-        attempt.settimeout(2)
-        assert attempt.connect_ex((other, dynamodb_local.port)) != 0
+    for port in (dynamodb_local.port, dynamodb_local.proxy.port):
+        with socket.socket() as attempt:
+            attempt.settimeout(2)
+            assert attempt.connect_ex((other, port)) != 0
 
 
 def test_failed_condition_returns_the_old_item(dynamodb_local: DynamoDBLocal, id_table: TableFactory) -> None:
