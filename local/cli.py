@@ -27,19 +27,22 @@ from testkit import messages
 from testkit.webhook import WebhookSink
 
 NOT_RUNNING = "no local stack is running: start one with `make run` (in another terminal)"
+FIFO_HELP = "deploy with QueueType=fifo (a FIFO queue and DLQ, one message group per account)"
 MEMORY_HELP = "the function's MemorySize instead of the template's (its CPU share follows: 1769 MB = 1 vCPU)"
 # A runtime that cannot start says why in one line; nothing it started is left running.
 RUNTIME_ERRORS = (RuntimeStartError, EmulatorExited, LambdaPythonMissing, LambdaVenvError)
 EXAMPLE_BODY = messages.payment("pay-2024-000017", "p-17", "acc-1", 1250).body
 
 
-def _parameters(pairs: list[str]) -> dict[str, str]:
+def _parameters(pairs: list[str], *, fifo: bool = False) -> dict[str, str]:
     parsed = {}
     for pair in pairs:
         name, separator, value = pair.partition("=")
         if not separator:
             raise SystemExit(f"--param takes Name=Value, got {pair!r}")
         parsed[name] = value
+    if fifo and parsed.setdefault("QueueType", "fifo") != "fifo":
+        raise SystemExit(f"--fifo contradicts --param QueueType={parsed['QueueType']}")
     return parsed
 
 
@@ -59,6 +62,9 @@ def _banner(stack: DeployedStack, sink: WebhookSink, pollers: int) -> str:
         f"{credentials} \\\n    .venv/bin/aws sqs send-message --endpoint-url {stack.servers.sqs_endpoint_url} \\\n"
         f"    --queue-url {stack.queue.url} \\\n    --message-body {shlex.quote(EXAMPLE_BODY)}"
     )
+    if stack.queue.fifo:
+        # A FIFO queue refuses a send without a group; content-based deduplication is off, so an id too.
+        send_cli += " \\\n    --message-group-id acc-1 --message-deduplication-id $(uuidgen)"
     tables = "  ".join(f"{logical}={table.name}" for logical, table in stack.resources.tables.items())
     return f"""
 Local stack "{stack.resources.stack_name}" is running. Ctrl-C stops it and every process it started.
@@ -119,7 +125,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stopping.set())
     print("starting DynamoDB Local, the moto server and the webhook sink...", file=out, flush=True)
     with running_stack(
-        stack_name=args.stack_name, parameter_overrides=_parameters(args.param), publish=True, memory_mb=args.memory
+        stack_name=args.stack_name,
+        parameter_overrides=_parameters(args.param, fifo=args.fifo),
+        publish=True,
+        memory_mb=args.memory,
     ) as (stack, sink):
         group = stack.pollers(args.pollers, on_batch=_batch_line(out))
         print(_banner(stack, sink, args.pollers), file=out, flush=True)
@@ -240,6 +249,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--stack-name", default="local")
     run.add_argument("--memory", type=int, default=None, metavar="MB", help=MEMORY_HELP)
     run.add_argument("--param", action="append", default=[], metavar="Name=Value", help="template parameter")
+    run.add_argument("--fifo", action="store_true", help=FIFO_HELP + "; the same as --param QueueType=fifo")
     run.set_defaults(handler=cmd_run)
 
     send = commands.add_parser("send", help="push messages to the running stack")
@@ -269,6 +279,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--receipts", type=int, default=30)
     demo.add_argument("--duplicates", type=float, default=0.25)
     demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--fifo", action="store_true", help=FIFO_HELP + ", and check each group's order")
     demo.set_defaults(handler=_demo)
 
     smoke.add_parser(commands)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from testkit.messages import is_fifo
 
 # Attributes the consumer adds when it dead-letters a message; a redriven message starts clean.
 _REASON_ATTRIBUTES = frozenset({"ErrorType", "ErrorMessage", "OriginalMessageId"})
@@ -21,6 +24,7 @@ class DeadLetter:
     attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
     message_id: str = ""
     receipt_handle: str = ""
+    group_id: str | None = None  # its MessageGroupId, on a FIFO dead-letter queue
 
     @property
     def reason(self) -> str:
@@ -39,6 +43,7 @@ def _dead_letter(message: dict[str, Any]) -> DeadLetter:
         attributes=attributes,
         message_id=message["MessageId"],
         receipt_handle=message["ReceiptHandle"],
+        group_id=(message.get("Attributes") or {}).get("MessageGroupId"),
     )
 
 
@@ -89,6 +94,7 @@ def redrive(sqs: Any, dead_letter_url: str, queue_url: str) -> int:
                 MaxNumberOfMessages=_RECEIVE_MAX,
                 VisibilityTimeout=30,
                 MessageAttributeNames=["All"],
+                MessageSystemAttributeNames=["MessageGroupId"],
                 WaitTimeSeconds=1,
             )
             fresh = [
@@ -113,6 +119,9 @@ def _send_back(sqs: Any, queue_url: str, letter: DeadLetter) -> None:
     request: dict[str, Any] = {"QueueUrl": queue_url, "MessageBody": letter.body}
     if kept:
         request["MessageAttributes"] = _sendable(kept)
+    if is_fifo(queue_url):
+        # Back into its own group; a new deduplication id, or SQS would drop a redrive within 5 minutes of the send.
+        request.update(MessageGroupId=letter.group_id or "redriven", MessageDeduplicationId=uuid.uuid4().hex)
     sqs.send_message(**request)
 
 

@@ -6,6 +6,11 @@ in (same idempotency key, new messageId) and poison of each kind; the webhook an
 the queue has drained, resends some applied payments late and reuses two of their keys
 with another payload. The summary counts come from the function's own metrics (EMF in
 its log), the dead-letter queue, the ledger table and the webhook sink.
+
+With ``--fifo`` the stack is deployed with ``QueueType=fifo`` and every message goes to its
+account's message group: the checks add that each group completed in the order sent (the
+flaky receipt holding back its account's later messages) and that each payment was applied
+by its first copy (``local.fifo``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from consumer.errors import ErrorType
-from local import dead_letters
+from local import dead_letters, fifo
 from local.function_output import outcome_counts, send_stdout_to
 from local.session import running_stack
 from local.stack import DeployedStack
@@ -151,6 +156,23 @@ def _checks(
     ]
 
 
+def _fifo_checks(stack: DeployedStack, sent: dict[str, messages.Outgoing], log: fifo.CompletionLog) -> list[Check]:
+    groups = len({message.group_id for message in sent.values()})
+    disorder = fifo.out_of_order(sent, log.positions())
+    applied_by = fifo.payment_entries(stack.servers.client("dynamodb"), stack.table_name("LedgerTable"))
+    overtaken = fifo.not_first_copies(sent, applied_by)
+    return [
+        Check(not disorder, f"every message group completed in the order sent ({groups} groups)" + _first(disorder)),
+        Check(
+            not overtaken, "every payment applied by its first copy sent (the ledger's messageId)" + _first(overtaken)
+        ),
+    ]
+
+
+def _first(problems: list[str]) -> str:
+    return f": {len(problems)} violations, first: {problems[0]}" if problems else ""
+
+
 def _summary(
     say: Callable[[str], None],
     sent: list[messages.Outgoing],
@@ -188,14 +210,20 @@ def run_demo(args: argparse.Namespace) -> int:
         print(text, file=out, flush=True)
 
     say("1/4 starting DynamoDB Local, the moto SQS server and the webhook sink; creating template.yaml's resources")
-    with running_stack(stack_name=f"demo-{int(time.time())}", memory_mb=args.memory) as (stack, sink):
+    overrides = {"QueueType": "fifo"} if args.fifo else {}
+    completions = fifo.CompletionLog()
+    with running_stack(stack_name=f"demo-{int(time.time())}", parameter_overrides=overrides, memory_mb=args.memory) as (
+        stack,
+        sink,
+    ):
         first, late = _workload(args, sink)
         sqs = stack.servers.client("sqs")
-        say(f"2/4 sending {len(first)} messages (payments, receipts, producer resends, poison)")
-        messages.send_all(sqs, stack.queue.url, first)
-        say(f"3/4 consuming with {args.pollers} pollers (BatchSize {stack.trigger.batch_size})")
+        grouped = " in one message group per account" if stack.queue.fifo else ""
+        say(f"2/4 sending {len(first)} messages (payments, receipts, producer resends, poison) to {stack.queue.name}")
+        by_id = messages.send_all(sqs, stack.queue.url, first)
+        say(f"3/4 consuming with {args.pollers} pollers (BatchSize {stack.trigger.batch_size}){grouped}")
         say(f"    the function's logs and metrics: {DEMO_LOG}")
-        pollers = stack.pollers(args.pollers)
+        pollers = stack.pollers(args.pollers, on_batch=completions.record)
         first_pass, drained = _drain(stack, say, len(first))
         throughput = (
             f"{len(first)} messages handled in {first_pass:.1f}s = {len(first) / first_pass:.0f} msg/s "
@@ -204,7 +232,7 @@ def run_demo(args: argparse.Namespace) -> int:
         )
         say(f"    {throughput}")
         say(f"4/4 late resends of applied payments and key reuse: {len(late)} messages")
-        messages.send_all(sqs, stack.queue.url, late)
+        by_id.update(messages.send_all(sqs, stack.queue.url, late))
         _drain(stack, say, len(late))
         pollers.stop()
         sent = [*first, *late]
@@ -212,6 +240,8 @@ def run_demo(args: argparse.Namespace) -> int:
         parked = dead_letters.peek(sqs, stack.dead_letter_queue.url)
         _summary(say, sent, outcomes, parked, sink, throughput)
         checks = _checks(stack, sink, sent, outcomes, parked)
+        if stack.queue.fifo:
+            checks += _fifo_checks(stack, by_id, completions)
     say("\nChecks")
     for check in checks:
         say(f"  {'ok  ' if check.passed else 'FAIL'} {check.text}")

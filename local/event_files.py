@@ -31,8 +31,13 @@ def sqs_message_attributes(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def messages_from_event(path: Path) -> list[Outgoing]:
-    """One message per record, with its body and message attributes (SQS sets the rest)."""
+    """One message per record, with its body, message attributes and FIFO group (SQS sets the rest)."""
     return [
-        Outgoing(body=record.get("body", ""), kind="from-file", attributes=sqs_message_attributes(record))
+        Outgoing(
+            body=record.get("body", ""),
+            kind="from-file",
+            attributes=sqs_message_attributes(record),
+            group=(record.get("attributes") or {}).get("MessageGroupId"),
+        )
         for record in load_event(path)["Records"]
     ]

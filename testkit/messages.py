@@ -21,6 +21,8 @@ from consumer.errors import ErrorType
 
 CURRENCY = "EUR"
 _SEND_BATCH = 10
+# The FIFO group of a message whose body names no account (poison that is not an envelope).
+NO_ACCOUNT_GROUP = "no-account"
 
 
 def envelope(event_type: str, key: str | None, payload: dict[str, Any]) -> str:
@@ -65,6 +67,8 @@ class Outgoing:
     # What the consumer should dead-letter it for, for poison.
     expected_error: ErrorType | None = None
     attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The MessageGroupId on a FIFO queue; by default the payload's account (see ``group_id``).
+    group: str | None = None
 
     @cached_property
     def _envelope(self) -> dict[str, Any]:
@@ -83,6 +87,14 @@ class Outgoing:
         """The payload of a well-formed body; ``None`` for a body that is not an envelope."""
         payload = self._envelope.get("payload")
         return payload if isinstance(payload, dict) else None
+
+    @property
+    def group_id(self) -> str:
+        """The message group on a FIFO queue: the account, so one account's messages apply in order."""
+        if self.group is not None:
+            return self.group
+        account = (self.payload or {}).get("accountId")
+        return account if isinstance(account, str) and account else NO_ACCOUNT_GROUP
 
 
 def payment(key: str, payment_id: str, account_id: str, amount_cents: int) -> Outgoing:
@@ -174,11 +186,27 @@ def queue_counts(sqs: Any, queue_url: str) -> tuple[int, int]:
     return waiting, int(attributes["ApproximateNumberOfMessagesNotVisible"])
 
 
+def is_fifo(queue_url: str) -> bool:
+    return queue_url.endswith(".fifo")
+
+
+def fifo_fields(message: Outgoing) -> dict[str, str]:
+    """What a FIFO queue requires of each send: the group, and a deduplication id of this send's own.
+
+    A new id per send, not one per body: the template turns content-based deduplication off,
+    and a producer's resend must reach the consumer (whose idempotency record suppresses it)
+    rather than depend on SQS's five-minute deduplication window.
+    """
+    return {"MessageGroupId": message.group_id, "MessageDeduplicationId": uuid.uuid4().hex}
+
+
 def send_all(
     sqs: Any, queue_url: str, messages: Sequence[Outgoing], max_depth: int | None = None
 ) -> dict[str, Outgoing]:
     """Send in batches of 10, each once fewer than ``max_depth`` wait (moto's send cost grows with
-    depth); returns each message by the ``messageId`` SQS gave it."""
+    depth); returns each message by the ``messageId`` SQS gave it. On a FIFO queue each message
+    goes to its ``group_id``, in the order given."""
+    fifo = is_fifo(queue_url)
     sent: dict[str, Outgoing] = {}
     for start in range(0, len(messages), _SEND_BATCH):
         while max_depth is not None and queue_counts(sqs, queue_url)[0] >= max_depth:
@@ -189,6 +217,7 @@ def send_all(
                 "Id": str(index),
                 "MessageBody": message.body,
                 **({"MessageAttributes": message.attributes} if message.attributes else {}),
+                **(fifo_fields(message) if fifo else {}),
             }
             for index, message in enumerate(chunk)
         ]

@@ -1,0 +1,96 @@
+"""Per-group order on a FIFO queue, checked from what the pollers completed and what the ledger holds.
+
+SQS FIFO promises that a message group's messages are handed out in the order sent, and
+the consumer stops a group at its first failure (reporting the rest), so a group's messages
+must complete in the order they were sent, a failed one holding back every later one.
+Two views check it:
+
+- ``CompletionLog`` records, from every poller's batch reports, the order in which messages
+  ended (deleted after the function's answer); a group held by SQS while one of its
+  messages is in flight makes the order of a group's batches the order of its completions.
+- The ledger's payment entries carry the ``messageId`` that applied them: in order, that
+  is the first copy sent of each payment, never a resend that overtook it.
+
+moto's ``SequenceNumber`` is random rather than increasing per group (AWS's is increasing),
+so the order sent is taken from the send itself: ``send_all`` returns messages in send order.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from local.poller import BatchReport
+from testkit.messages import Outgoing
+
+
+@dataclass
+class CompletionLog:
+    """The order in which messages completed, over every poller; pass ``record`` as ``on_batch``."""
+
+    order: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, report: BatchReport) -> None:
+        with self._lock:
+            self.order.extend(report.completed_ids)
+
+    def positions(self) -> dict[str, int]:
+        """Each messageId's first completion (SQS may deliver a message twice)."""
+        with self._lock:
+            first: dict[str, int] = {}
+            for position, message_id in enumerate(self.order):
+                first.setdefault(message_id, position)
+            return first
+
+
+def out_of_order(sent: Mapping[str, Outgoing], completed: Mapping[str, int]) -> list[str]:
+    """A line per message that completed before one sent earlier in its group, or never completed.
+
+    ``sent`` maps messageId to message in send order; ``completed`` maps messageId to its
+    position in the completion order.
+    """
+    problems: list[str] = []
+    latest: dict[str, tuple[int, str]] = {}
+    for message_id, message in sent.items():
+        group = message.group_id
+        if message_id not in completed:
+            problems.append(f"group {group}: {message_id} never completed")
+            continue
+        position = completed[message_id]
+        previous = latest.get(group)
+        if previous is not None and position < previous[0]:
+            problems.append(f"group {group}: {message_id} completed before {previous[1]}, which was sent earlier")
+        if previous is None or position > previous[0]:
+            latest[group] = (position, message_id)
+    return problems
+
+
+def payment_entries(dynamodb: Any, ledger_table: str) -> dict[str, str]:
+    """paymentId -> the messageId its ledger entry records."""
+    entries: dict[str, str] = {}
+    for page in dynamodb.get_paginator("scan").paginate(TableName=ledger_table):
+        for item in page["Items"]:
+            entry = item["entryId"]["S"]
+            if entry.startswith("PAYMENT#") and "messageId" in item:
+                entries[entry.removeprefix("PAYMENT#")] = item["messageId"]["S"]
+    return entries
+
+
+def not_first_copies(sent: Mapping[str, Outgoing], applied_by: Mapping[str, str]) -> list[str]:
+    """A line per payment whose ledger entry was written by another message than its first copy sent.
+
+    ``applied_by`` maps paymentId to the messageId of its ledger entry (``payment_entries``).
+    """
+    first_copy: dict[str, str] = {}
+    for message_id, message in sent.items():
+        if message.kind == "payment" and message.payload is not None:
+            first_copy.setdefault(message.payload["paymentId"], message_id)
+    problems = []
+    for payment_id, message_id in first_copy.items():
+        applied = applied_by.get(payment_id)
+        if applied != message_id:
+            problems.append(f"payment {payment_id}: applied by {applied}, its first copy sent was {message_id}")
+    return problems

@@ -1,0 +1,179 @@
+"""The local stack with ``QueueType=fifo``: queues as the template makes them, per-group order, held groups, send."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from local import dead_letters, fifo, state
+from local.invocation import Invocation, Invoker
+from local.poller import BatchReport, Poller, PollerGroup
+from local.session import describe
+from local.stack import DeployedStack
+from testkit import messages
+from testkit.webhook import Answer, WebhookSink
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FIFO = {"QueueType": "fifo"}
+
+
+@pytest.fixture
+def fifo_stack(make_stack: Callable[..., DeployedStack]) -> DeployedStack:
+    return make_stack(parameter_overrides=FIFO)
+
+
+class RecordingRuntime:
+    """The stack's runtime, keeping every event it was invoked with."""
+
+    def __init__(self, runtime: Invoker) -> None:
+        self._runtime = runtime
+        self.events: list[dict[str, Any]] = []
+
+    @property
+    def function(self) -> Any:
+        return self._runtime.function
+
+    def invoke(self, event: dict[str, Any]) -> Invocation:
+        self.events.append(event)
+        return self._runtime.invoke(event)
+
+
+def _consume(
+    stack: DeployedStack, sent: dict[str, messages.Outgoing], pollers: int, timeout_s: float = 30.0
+) -> tuple[fifo.CompletionLog, list[BatchReport], RecordingRuntime]:
+    """Run ``pollers`` pollers until every sent message has completed."""
+    log = fifo.CompletionLog()
+    reports: list[BatchReport] = []
+
+    def on_batch(report: BatchReport) -> None:
+        reports.append(report)
+        log.record(report)
+
+    runtime = RecordingRuntime(stack.fleet.add())
+    sqs = stack.servers.client("sqs")
+    group = PollerGroup([Poller(sqs, stack.queue, stack.trigger, runtime, on_batch=on_batch) for _ in range(pollers)])
+    with group:
+        deadline = time.monotonic() + timeout_s
+        while not set(sent) <= set(log.positions()):
+            assert time.monotonic() < deadline, f"not completed: {sorted(set(sent) - set(log.positions()))}"
+            time.sleep(0.1)
+    return log, reports, runtime
+
+
+def _applied_by(stack: DeployedStack) -> dict[str, str]:
+    return fifo.payment_entries(stack.servers.client("dynamodb"), stack.table_name("LedgerTable"))
+
+
+def test_a_fifo_stack_applies_every_group_in_the_order_sent(fifo_stack: DeployedStack) -> None:
+    queue, dlq = fifo_stack.queue, fifo_stack.dead_letter_queue
+    assert (queue.name.endswith(".fifo"), dlq.name.endswith(".fifo")) == (True, True)
+    for attributes in (queue.attributes, dlq.attributes):
+        assert attributes["ContentBasedDeduplication"] == "false"
+        assert attributes["DeduplicationScope"] == "messageGroup"
+        assert attributes["FifoThroughputLimit"] == "perMessageGroupId"
+    payments = [
+        messages.payment(f"fifo-{account}-{n}", f"p-{account}-{n}", f"acc-{account}", 100 + n)
+        for n in range(6)
+        for account in range(3)
+    ]
+    # Producer resends, later in their group than the original: the original must be the one applied.
+    sent = messages.send_all(fifo_stack.servers.client("sqs"), queue.url, [*payments, payments[0], payments[4]])
+
+    log, _, runtime = _consume(fifo_stack, sent, pollers=2)
+
+    records = [record for event in runtime.events for record in event["Records"]]
+    for record in records:
+        body = json.loads(record["body"])
+        assert record["attributes"]["MessageGroupId"] == body["payload"]["accountId"]
+        assert record["attributes"]["MessageDeduplicationId"]
+        assert record["attributes"]["SequenceNumber"].isdigit()
+    assert len({r["attributes"]["MessageDeduplicationId"] for r in records}) == len(sent)
+    assert fifo.out_of_order(sent, log.positions()) == []
+    assert fifo.not_first_copies(sent, _applied_by(fifo_stack)) == []
+
+
+def test_a_failure_holds_its_group_back_and_the_rest_is_applied_after_it(
+    fifo_stack: DeployedStack, webhook_sink: WebhookSink
+) -> None:
+    first = messages.payment("held-1", "p-held-1", "acc-held", 100)
+    flaky = messages.receipt("held-receipt", "r-held", "acc-held", "p-held-1", 100)
+    later = [messages.payment(f"held-{n}", f"p-held-{n}", "acc-held", 100 * n) for n in (2, 3)]
+    other = [messages.payment(f"free-{n}", f"p-free-{n}", "acc-free", 10) for n in (1, 2)]
+    webhook_sink.answer_next(Answer(503), key=flaky.key)
+    sent = messages.send_all(fifo_stack.servers.client("sqs"), fifo_stack.queue.url, [first, flaky, *later, *other])
+    ids = {message.key: message_id for message_id, message in sent.items()}
+
+    log, reports, _ = _consume(fifo_stack, sent, pollers=1)
+
+    # The first batch: the receipt failed, and its group's later payments were handed back unapplied.
+    assert set(reports[0].failed_ids) == {ids["held-receipt"], ids["held-2"], ids["held-3"]}
+    assert set(reports[0].completed_ids) == {ids["held-1"], ids["free-1"], ids["free-2"]}
+    assert fifo.out_of_order(sent, log.positions()) == []
+    applied_by = _applied_by(fifo_stack)
+    assert {applied_by[f"p-held-{n}"] for n in (2, 3)} == {ids["held-2"], ids["held-3"]}
+    assert [r.idempotency_key for r in webhook_sink.received()] == ["held-receipt", "held-receipt"]
+
+
+def _drain(sqs: Any, url: str) -> list[dict[str, Any]]:
+    """Every message of a FIFO queue, deleting each (a group is held while one of its messages is received)."""
+    received: list[dict[str, Any]] = []
+    while answer := sqs.receive_message(
+        QueueUrl=url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"], WaitTimeSeconds=0
+    ).get("Messages"):
+        received += answer
+        entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(answer)]
+        sqs.delete_message_batch(QueueUrl=url, Entries=entries)
+    return received
+
+
+def test_send_gives_each_message_its_account_as_group_and_a_deduplication_id_of_its_own(
+    fifo_stack: DeployedStack, webhook_sink: WebhookSink, tmp_path: Path
+) -> None:
+    state.write(describe(fifo_stack, webhook_sink), tmp_path / "state.json")
+
+    def send(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "local", "send", *args],
+            cwd=REPO_ROOT,
+            env={**os.environ, "LOCAL_STACK_DIR": str(tmp_path), "PYTHONPATH": str(REPO_ROOT / "src")},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    out = send("--count", "12", "--accounts", "3", "--duplicates", "0.5", "--seed", "3")
+    sqs = fifo_stack.servers.client("sqs")
+    received = _drain(sqs, fifo_stack.queue.url)
+    assert f"sent {len(received)} message(s)" in out
+    assert len(received) > 12  # the resends reached the queue: SQS deduplicated none of them
+    for message in received:
+        account = json.loads(message["Body"])["payload"]["accountId"]
+        assert message["Attributes"]["MessageGroupId"] == account
+    assert len({m["Attributes"]["MessageDeduplicationId"] for m in received}) == len(received)
+
+    send("--file", "events/fifo-batch.json")
+    from_file = _drain(sqs, fifo_stack.queue.url)
+    assert sorted(m["Attributes"]["MessageGroupId"] for m in from_file) == ["acc-4", "acc-4", "acc-5", "acc-5"]
+
+
+def test_redrive_sends_a_fifo_dead_letter_back_into_its_group(fifo_stack: DeployedStack) -> None:
+    sqs = fifo_stack.servers.client("sqs")
+    letter = messages.payment("redriven-1", "p-redriven-1", "acc-redriven", 100)
+    messages.send_all(sqs, fifo_stack.dead_letter_queue.url, [letter])
+
+    moved = dead_letters.redrive(sqs, fifo_stack.dead_letter_queue.url, fifo_stack.queue.url)
+
+    assert moved == 1
+    (back,) = _drain(sqs, fifo_stack.queue.url)
+    assert (back["Body"], back["Attributes"]["MessageGroupId"]) == (letter.body, "acc-redriven")
