@@ -24,7 +24,7 @@ from chaos.faults import ContainerFaults, FaultKind, FaultLog, InvocationCrashed
 from chaos.transport_faults import install_faults
 from consumer.config import Settings
 from local.aws import session as local_session
-from local.function_runtime import Invocation
+from local.invocation import Invocation
 from local.resources import FunctionSpec
 from testkit.lambda_sqs import LambdaContext
 

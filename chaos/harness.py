@@ -210,8 +210,7 @@ def _drive(
             sqs,
             stack.queue,
             stack.trigger,
-            # The poller only calls ``invoke`` and reads ``function``, but types its parameter as FunctionRuntime.
-            ChaosFunction(stack.function, setup, history, random.Random(rng.random()), config.deadline_margin_ms),  # type: ignore[arg-type]
+            ChaosFunction(stack.function, setup, history, random.Random(rng.random()), config.deadline_margin_ms),
             on_batch=stats.add,
         )
         for _ in range(config.pollers)

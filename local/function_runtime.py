@@ -12,29 +12,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from local.invocation import Invocation
 from local.resources import FunctionSpec
 from testkit.lambda_sqs import LambdaContext
 
 Handler = Callable[[dict[str, Any], Any], Any]
-
-
-@dataclass(frozen=True)
-class Invocation:
-    """One call of the handler: its response, or the exception it raised, or that it timed out."""
-
-    response: Any
-    error: BaseException | None
-    timed_out: bool
-    duration_s: float
-    request_id: str
-
-    @property
-    def succeeded(self) -> bool:
-        return self.error is None and not self.timed_out
 
 
 def _clear_container_caches(module: ModuleType) -> None:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import botocore.session
 from aws_lambda_powertools import Logger, Metrics
@@ -58,13 +58,8 @@ class LazyClient(Generic[ClientT]):
         return self._client
 
 
-class ClientSession(Protocol):
-    """A boto3 session (tests and tools hook its events)."""
-
-    def client(self, service_name: str, *, config: Config | None = None) -> Any: ...
-
-
-def _client(session: botocore.session.Session | ClientSession, service: str, config: Config) -> Any:
+def _client(session: Any, service: str, config: Config) -> Any:
+    """A client from botocore's session, or from a boto3 session (tests and tools hook its events)."""
     if isinstance(session, botocore.session.Session):
         return session.create_client(service, config=config)
     return session.client(service, config=config)
@@ -72,7 +67,7 @@ def _client(session: botocore.session.Session | ClientSession, service: str, con
 
 def wire(
     settings: Settings,
-    session: botocore.session.Session | ClientSession,
+    session: Any,
     clock: Callable[[], float] = time.time,
     *,
     logger: Any = logger,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -39,8 +38,6 @@ def test_the_local_form_starts_the_stack_passes_and_stops() -> None:
     answer = subprocess.run(
         [sys.executable, "-m", "local", "smoke", "--timeout", "30"],
         cwd=ROOT,
-        # As the Makefile runs it: the local tooling reads the consumer's own names from src/.
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
         capture_output=True,
         text=True,
         timeout=90,
