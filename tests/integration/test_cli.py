@@ -62,8 +62,8 @@ def test_run_then_send_dlq_redrive_and_ctrl_c_leaves_nothing(tmp_path: Path) -> 
     try:
         _wait_for(lambda: state_file.exists() or run.poll() is not None, 90, "the stack to start")
         assert run.poll() is None, run.stdout.read() if run.stdout else ""
-        # DynamoDB Local, the moto server and one runtime emulator per poller (2 by default).
-        _wait_for(lambda: len(_children(run.pid)) == 4, 30, "the servers and the pollers' runtime emulators")
+        # DynamoDB Local, its conflict proxy, the moto server and one runtime emulator per poller.
+        _wait_for(lambda: len(_children(run.pid)) == 5, 30, "the servers and the pollers' runtime emulators")
         servers = _children(run.pid)
         state = json.loads(state_file.read_text())
 
