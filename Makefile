@@ -49,10 +49,11 @@ lambda-venv: venv ## build the function's Python 3.12 venv for Lambda's runtime 
 LAMBDA_RUNTIME := lambda-venv $(SAM_VENV)/.installed
 
 .PHONY: lint
-lint: venv ## ruff (lint and format check), mypy --strict on the deployed code
+lint: venv ## ruff (lint and format check), mypy --strict on the deployed code, mypy on the tooling
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --strict src
+	$(VENV)/bin/mypy testkit local chaos bench tests
 
 .PHONY: validate
 validate: venv $(SAM_VENV)/.installed ## cfn-lint (with the serverless rules) on template.yaml, sam validate --lint
@@ -69,11 +70,16 @@ fuzz: venv ## the whole handler fuzzed with hostile batches for about 20 minutes
 
 # The local stack (no AWS, no Docker): DynamoDB Local, moto's SQS, a webhook sink and pollers that
 # behave as Lambda's SQS event source mapping, all on 127.0.0.1. See local/.
-LOCAL := $(PY) -m local
+LOCAL := PYTHONPATH=src $(PY) -m local
 
 .PHONY: demo
 demo: venv node_modules/.installed $(LAMBDA_RUNTIME) ## the whole pipeline on a realistic workload, checked (exit 1 if a check fails)
 	@$(LOCAL) demo $(ARGS)
+
+# With STACK, a deployed stack (the caller's AWS credentials); without, the local stack, started for it.
+.PHONY: smoke
+smoke: venv $(if $(STACK),,node_modules/.installed $(LAMBDA_RUNTIME)) ## a payment, its resend and a poison message through STACK=<name> (or the local stack), checked and removed
+	@$(LOCAL) smoke $(if $(STACK),--stack $(STACK) --region $(REGION)) $(ARGS)
 
 .PHONY: run
 run: venv node_modules/.installed $(LAMBDA_RUNTIME) ## start the local stack and its pollers in the foreground (Ctrl-C stops it)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from bench.backends import Backend, dynamodb_local_backend, moto_backend
 from bench.capacity import CapacityMeter
 from bench.chart import draw_batch_latency_chart
 from bench.cold_start import measure_cold_starts
@@ -24,10 +25,8 @@ from bench.costs import CostRecorder, message_costs
 from bench.hooks import on_new_clients
 from bench.machine import describe_machine, load_average
 from bench.probe import RoundTripProbe
-from bench.records import MessageFactory
 from bench.report import benchmarks_markdown, stdout_report
 from bench.results import DYNAMODB_LOCAL, MOTO, BenchResults, TimingKey
-from bench.stack import Stack, dynamodb_local_stack, moto_stack
 from bench.systems import (
     LambdaSystem,
     PowertoolsBaseline,
@@ -37,8 +36,9 @@ from bench.systems import (
     build_systems,
 )
 from bench.timing import time_batches
-from bench.webhook_sink import webhook_sink
 from local.dynamodb_local import JavaNotFound, jar_directory, java_runtime
+from testkit.messages import MessageFactory
+from testkit.webhook import WebhookSink
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NARRATIVE = Path(__file__).resolve().parent / "methodology.md"
@@ -82,9 +82,9 @@ def _function_output_discarded() -> Iterator[None]:
         os.close(saved)
 
 
-def _time_stack(
+def _time_backend(
     results: BenchResults,
-    stack: Stack,
+    backend: Backend,
     systems: list[LambdaSystem],
     probe: RoundTripProbe,
     arguments: argparse.Namespace,
@@ -99,23 +99,23 @@ def _time_stack(
         probe.latency_s = latency / 1000
         for size in results.batch_sizes:
             repetitions = arguments.repetitions if size <= 10 else arguments.large_repetitions
-            _progress(f"{stack.name}: batches of {size}, {latency} ms latency, {repetitions} per system")
-            results.timings[TimingKey(stack.name, latency, size)] = time_batches(
+            _progress(f"{backend.name}: batches of {size}, {latency} ms latency, {repetitions} per system")
+            results.timings[TimingKey(backend.name, latency, size)] = time_batches(
                 systems,
                 factory,
                 probe,
                 batch_size=size,
                 repetitions=repetitions,
-                before_batch=lambda: stack.empty_tables(tables),
+                before_batch=lambda: backend.empty_tables(tables),
             )
     probe.latency_s = 0.0
 
 
 def _run_moto(results: BenchResults, probe: RoundTripProbe, webhook_url: str, arguments: argparse.Namespace) -> None:
-    with moto_stack() as stack:
-        meter = CapacityMeter(stack.reader)
+    with moto_backend() as backend:
+        meter = CapacityMeter(backend.reader)
         with on_new_clients(meter.handler_specs()):
-            systems = build_systems(stack, webhook_url)
+            systems = build_systems(backend, webhook_url)
         _progress(f"{MOTO}: DynamoDB calls and capacity units per message")
         recorder = CostRecorder(probe, meter)
         factory = MessageFactory()
@@ -123,7 +123,7 @@ def _run_moto(results: BenchResults, probe: RoundTripProbe, webhook_url: str, ar
             system.name: message_costs(system, factory, recorder, arguments.cost_messages) for system in systems
         }
         meter.enabled = False
-        _time_stack(results, stack, systems, probe, arguments)
+        _time_backend(results, backend, systems, probe, arguments)
         consumer = systems[0]
         assert isinstance(consumer, ThisConsumer)
         largest = max(results.batch_sizes)
@@ -134,7 +134,7 @@ def _run_moto(results: BenchResults, probe: RoundTripProbe, webhook_url: str, ar
             probe,
             batch_size=largest,
             repetitions=arguments.large_repetitions,
-            before_batch=lambda: stack.empty_tables(
+            before_batch=lambda: backend.empty_tables(
                 [consumer.settings.idempotency_table_name, consumer.settings.ledger_table_name]
             ),
         )
@@ -154,9 +154,9 @@ def _run_dynamodb_local(
     results: BenchResults, probe: RoundTripProbe, webhook_url: str, arguments: argparse.Namespace
 ) -> None:
     _progress(f"{DYNAMODB_LOCAL}: starting")
-    with dynamodb_local_stack() as stack:
-        systems = build_systems(stack, webhook_url)
-        _time_stack(results, stack, systems, probe, arguments)
+    with dynamodb_local_backend() as backend:
+        systems = build_systems(backend, webhook_url)
+        _time_backend(results, backend, systems, probe, arguments)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -175,10 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         dynamodb_local_version = _dynamodb_local_available(results)
     with _function_output_discarded():
-        with on_new_clients(probe.handler_specs()), webhook_sink() as webhook_url:
-            _run_moto(results, probe, webhook_url, arguments)
+        with on_new_clients(probe.handler_specs()), WebhookSink() as webhook:
+            _run_moto(results, probe, webhook.receipts_url, arguments)
             if dynamodb_local_version is not None:
-                _run_dynamodb_local(results, probe, webhook_url, arguments)
+                _run_dynamodb_local(results, probe, webhook.receipts_url, arguments)
         _progress(f"cold starts: {arguments.cold_starts} fresh processes per system")
         results.cold_starts = measure_cold_starts(arguments.cold_starts)
     results.machine = describe_machine(dynamodb_local_version, (load_at_start, load_average()))

@@ -161,9 +161,9 @@ class CapacityMeter:
             with self._lock:
                 self._write_units += units * pending.factor
         if consistent is not None and ok:
-            units = read_units(item_size(parsed.get("Item")), consistent=consistent)
+            read = read_units(item_size(parsed.get("Item")), consistent=consistent)
             with self._lock:
-                self._read_units += units
+                self._read_units += read
 
     # -- items --------------------------------------------------------------------
 

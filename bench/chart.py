@@ -14,7 +14,7 @@ from matplotlib.ticker import FuncFormatter
 from bench.results import DYNAMODB_LOCAL, MOTO, BenchResults
 
 _COLOURS = ("#1b7f3b", "#c0392b", "#7f8c8d")
-_STACK_STYLES = ("-", "--")
+_BACKEND_STYLES = ("-", "--")
 _MARKERS = ("o", "s")
 
 
@@ -22,12 +22,12 @@ def draw_batch_latency_chart(results: BenchResults, path: Path) -> None:
     sizes = [size for size in results.batch_sizes if size > 1]
     figure, axes = plt.subplots(1, len(sizes), figsize=(6.2 * len(sizes), 5.4), squeeze=False)
     for axis, size in zip(axes[0], sizes, strict=True):
-        for stack, style, marker in zip(results.stacks, _STACK_STYLES, _MARKERS, strict=False):
+        for backend, style, marker in zip(results.backends, _BACKEND_STYLES, _MARKERS, strict=False):
             for name, colour in zip(results.systems, _COLOURS, strict=False):
                 points = [
                     (latency, samples[name])
                     for latency in results.latencies_ms
-                    if (samples := results.samples(stack, latency, size)) and name in samples
+                    if (samples := results.samples(backend, latency, size)) and name in samples
                 ]
                 if not points:
                     continue
@@ -42,7 +42,7 @@ def draw_batch_latency_chart(results: BenchResults, path: Path) -> None:
                     linestyle=style,
                     marker=marker,
                     capsize=3,
-                    label=f"{name} ({stack})",
+                    label=f"{name} ({backend})",
                 )
         axis.set_yscale("log")
         axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
@@ -53,7 +53,7 @@ def draw_batch_latency_chart(results: BenchResults, path: Path) -> None:
         axis.set_xticks(results.latencies_ms)
         axis.grid(True, which="both", alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="lower center", ncol=len(results.stacks), fontsize=9, frameon=False)
+    figure.legend(handles, labels, loc="lower center", ncol=len(results.backends), fontsize=9, frameon=False)
     figure.suptitle(f"SQS batch wall time against DynamoDB latency (solid: {MOTO}, dashed: {DYNAMODB_LOCAL})")
     figure.tight_layout(rect=(0, 0.1, 1, 1))
     figure.savefig(path, dpi=110)

@@ -18,9 +18,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.records import REGION
 from bench.systems import PowertoolsBaseline, SeedPattern, ThisConsumer
 from local.aws import DUMMY_CREDENTIALS_ENV
+from testkit.lambda_sqs import REGION
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

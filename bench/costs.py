@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from bench.capacity import CapacityMeter
 from bench.probe import RoundTripProbe
-from bench.records import MessageFactory
 from bench.runs import run_batch
 from bench.systems import LambdaSystem
+from testkit.messages import MessageFactory
 
 NEW_OPTIMISTIC = "new, optimistic (PaymentReceived)"
 NEW_LOCK = "new, lock (ReceiptRequested + webhook)"

@@ -94,10 +94,10 @@ def _cost_rows(table: _Table, costs: dict[str, dict[str, Cost]]) -> None:
 
 
 def _timing_rows(table: _Table, results: BenchResults) -> None:
-    for stack in results.stacks:
+    for backend in results.backends:
         for latency in results.latencies_ms:
             for size in results.batch_sizes:
-                samples = results.samples(stack, latency, size)
+                samples = results.samples(backend, latency, size)
                 if samples is None:
                     continue
                 target = (
@@ -109,20 +109,20 @@ def _timing_rows(table: _Table, results: BenchResults) -> None:
                 cells = {name: f"{_ms(s.median_s)} / {_ms(s.p99_s)}" for name, s in samples.items()}
                 ours = samples[results.consumer].median_s
                 ratios = {name: _ratio(samples[name].median_s, ours) for name in results.baselines}
-                figure = f"batch of {size}, {latency} ms latency, {stack}: median / p99 ms (n={repetitions})"
+                figure = f"batch of {size}, {latency} ms latency, {backend}: median / p99 ms (n={repetitions})"
                 table.add_cells(figure, cells, ratios, target)
-        single = results.samples(stack, TARGET_LATENCY_MS, 1)
-        batch = results.samples(stack, TARGET_LATENCY_MS, TARGET_BATCH)
+        single = results.samples(backend, TARGET_LATENCY_MS, 1)
+        batch = results.samples(backend, TARGET_LATENCY_MS, TARGET_BATCH)
         if single and batch:
-            ratios = {name: batch[name].median_s / single[name].median_s for name in single}
+            batch_over_single = {name: batch[name].median_s / single[name].median_s for name in single}
             table.add(
-                f"batch of {TARGET_BATCH} ÷ single record, {TARGET_LATENCY_MS} ms latency, {stack}",
-                ratios,
+                f"batch of {TARGET_BATCH} ÷ single record, {TARGET_LATENCY_MS} ms latency, {backend}",
+                batch_over_single,
                 lambda value: f"{value:.1f}{TIMES}",
                 ratio=False,
                 target=f"≤ {SINGLE_RECORD_TARGET:g}{TIMES} (this consumer)",
             )
-        if stack == MOTO and batch:
+        if backend == MOTO and batch:
             table.add(
                 f"of which moto's own CPU (serialized), batch of {TARGET_BATCH}, ms",
                 {name: s.server_cpu_median_s for name, s in batch.items()},
@@ -133,13 +133,13 @@ def _timing_rows(table: _Table, results: BenchResults) -> None:
 
 def _cpu_rows(table: _Table, results: BenchResults) -> None:
     largest = max(results.batch_sizes)
-    for stack in results.stacks:
-        samples = results.samples(stack, 0, largest)
+    for backend in results.backends:
+        samples = results.samples(backend, 0, largest)
         if samples is None:
             continue
-        excluded = " (moto's CPU excluded)" if stack == MOTO else ""
+        excluded = " (moto's CPU excluded)" if backend == MOTO else ""
         table.add(
-            f"CPU per record, ms: batch of {largest}, no latency, {stack}{excluded}",
+            f"CPU per record, ms: batch of {largest}, no latency, {backend}{excluded}",
             {name: s.cpu_median_s for name, s in samples.items()},
             _ms,
             ratio=True,
@@ -189,18 +189,18 @@ def _call_verdicts(results: BenchResults) -> list[str]:
     return [_verdict(met, f"DynamoDB calls per message ({', '.join(CALL_TARGETS)}): {measured} (target {wanted}).")]
 
 
-def _speed_verdicts(results: BenchResults, stack: str) -> list[str]:
-    batch = results.samples(stack, TARGET_LATENCY_MS, TARGET_BATCH)
-    single = results.samples(stack, TARGET_LATENCY_MS, 1)
+def _speed_verdicts(results: BenchResults, backend: str) -> list[str]:
+    batch = results.samples(backend, TARGET_LATENCY_MS, TARGET_BATCH)
+    single = results.samples(backend, TARGET_LATENCY_MS, 1)
     if not batch or POWERTOOLS not in batch:
         return []
     ours, theirs = batch[results.consumer], batch[POWERTOOLS]
     speedup = theirs.median_s / ours.median_s
-    why = _why_batch(results, stack, ours)
+    why = _why_batch(results, backend, ours)
     verdicts = [
         _verdict(
             speedup >= SPEEDUP_TARGET,
-            f"{stack}: batch of {TARGET_BATCH} at {TARGET_LATENCY_MS} ms is {speedup:.1f}{TIMES} faster "
+            f"{backend}: batch of {TARGET_BATCH} at {TARGET_LATENCY_MS} ms is {speedup:.1f}{TIMES} faster "
             f"than {POWERTOOLS} "
             f"({_ms(ours.median_s)} ms against {_ms(theirs.median_s)} ms; target ≥ {SPEEDUP_TARGET:g}{TIMES}"
             + ("" if speedup >= SPEEDUP_TARGET else f", short by {SPEEDUP_TARGET / speedup:.2f}{TIMES}; {why}")
@@ -212,7 +212,7 @@ def _speed_verdicts(results: BenchResults, stack: str) -> list[str]:
         verdicts.append(
             _verdict(
                 ratio <= SINGLE_RECORD_TARGET,
-                f"{stack}: batch of {TARGET_BATCH} takes {ratio:.1f}{TIMES} a single record's time "
+                f"{backend}: batch of {TARGET_BATCH} takes {ratio:.1f}{TIMES} a single record's time "
                 f"({_ms(ours.median_s)} ms against {_ms(single[results.consumer].median_s)} ms; "
                 f"target ≤ {SINGLE_RECORD_TARGET:g}{TIMES}"
                 + (
@@ -226,15 +226,15 @@ def _speed_verdicts(results: BenchResults, stack: str) -> list[str]:
     return verdicts
 
 
-def _why_batch(results: BenchResults, stack: str, ours: Samples) -> str:
+def _why_batch(results: BenchResults, backend: str, ours: Samples) -> str:
     client_cpu = ours.cpu_median_s * TARGET_BATCH
     text = (
         f"the {TARGET_BATCH} records' own CPU, {_ms(client_cpu)} ms, runs one thread at a time under the GIL "
         f"while only the {TARGET_LATENCY_MS} ms waits overlap"
     )
-    if stack == MOTO:
+    if backend == MOTO:
         text += f", and moto's CPU, {_ms(ours.server_cpu_median_s)} ms, is serialized into the same batch"
-    if stack == DYNAMODB_LOCAL:
+    if backend == DYNAMODB_LOCAL:
         text += ", and DynamoDB Local's own work shares the machine's CPUs"
     return text
 
@@ -242,15 +242,15 @@ def _why_batch(results: BenchResults, stack: str, ours: Samples) -> str:
 def _cpu_verdicts(results: BenchResults) -> list[str]:
     verdicts = []
     largest = max(results.batch_sizes)
-    for stack in results.stacks:
-        samples = results.samples(stack, 0, largest)
+    for backend in results.backends:
+        samples = results.samples(backend, 0, largest)
         if not samples or POWERTOOLS not in samples:
             continue
         ours, theirs = samples[results.consumer].cpu_median_s, samples[POWERTOOLS].cpu_median_s
         verdicts.append(
             _verdict(
                 ours <= theirs,
-                f"{stack}: CPU per record {_ms(ours)} ms against {POWERTOOLS}' {_ms(theirs)} ms "
+                f"{backend}: CPU per record {_ms(ours)} ms against {POWERTOOLS}' {_ms(theirs)} ms "
                 f"({theirs / ours:.1f}{TIMES} less).",
             )
         )
@@ -274,8 +274,8 @@ def _cpu_verdicts(results: BenchResults) -> list[str]:
 
 def verdicts(results: BenchResults) -> str:
     lines = _call_verdicts(results)
-    for stack in results.stacks:
-        lines += _speed_verdicts(results, stack)
+    for backend in results.backends:
+        lines += _speed_verdicts(results, backend)
     lines += _cpu_verdicts(results)
     return "\n".join(lines)
 

@@ -14,7 +14,7 @@ DYNAMODB_LOCAL = "DynamoDB Local"
 
 @dataclass(frozen=True, order=True)
 class TimingKey:
-    stack: str
+    backend: str
     latency_ms: int
     batch_size: int
 
@@ -44,8 +44,8 @@ class BenchResults:
         return self.systems[1:]
 
     @property
-    def stacks(self) -> list[str]:
-        return sorted({key.stack for key in self.timings}, key=[MOTO, DYNAMODB_LOCAL].index)
+    def backends(self) -> list[str]:
+        return sorted({key.backend for key in self.timings}, key=[MOTO, DYNAMODB_LOCAL].index)
 
-    def samples(self, stack: str, latency_ms: int, batch_size: int) -> dict[str, Samples] | None:
-        return self.timings.get(TimingKey(stack, latency_ms, batch_size))
+    def samples(self, backend: str, latency_ms: int, batch_size: int) -> dict[str, Samples] | None:
+        return self.timings.get(TimingKey(backend, latency_ms, batch_size))

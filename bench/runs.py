@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.lambda_context import InvocationContext
-from bench.records import sqs_event
 from bench.systems import LambdaSystem
+from testkit.lambda_sqs import LambdaContext, sqs_event
 
 
 class BatchFailed(RuntimeError):
@@ -14,7 +13,7 @@ class BatchFailed(RuntimeError):
 
 
 def invoke(system: LambdaSystem, event: dict[str, Any]) -> None:
-    response = system.handle(event, InvocationContext())
+    response = system.handle(event, LambdaContext(timeout_s=60.0))
     failures = response.get("batchItemFailures") or []
     if failures:
         raise BatchFailed(f"{system.name}: {len(failures)} of {len(event['Records'])} records failed")

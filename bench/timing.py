@@ -16,9 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from bench.probe import RoundTripProbe
-from bench.records import MessageFactory, sqs_event
 from bench.runs import invoke, run_batch
 from bench.systems import LambdaSystem
+from testkit.lambda_sqs import sqs_event
+from testkit.messages import MessageFactory
 
 # Enough records to open every worker's connection; a full batch of 100 would only cost time.
 _WARM_UP_RECORDS = 10

@@ -64,7 +64,7 @@ def parse(argv: Sequence[str]) -> tuple[ChaosConfig, ConsumerFactory]:
         "--consumer",
         type=_consumer_factory,
         default=wire,
-        help="module:callable(settings, session, clock) building the consumer (default consumer.app:wire)",
+        help="module:callable(settings, session, *, clock) building the consumer (default consumer.app:wire)",
     )
     arguments = parser.parse_args(argv)
     scale = 0.0 if arguments.no_faults else arguments.fault_scale

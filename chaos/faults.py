@@ -8,7 +8,7 @@ sends and, at the named points of the state machine, may
   consumer catches it and nothing is released: a dying process releases nothing);
 - pause the worker past its lease until another container has taken the key over,
   then let it commit, or fail its commit so that it releases (a zombie);
-- fail the request on the wire (throttling, 5xx, timeouts, lost answers).
+- fail the request in transport (throttling, 5xx, timeouts, lost answers).
 
 A crashed container stays dead: any request its remaining threads still make
 raises too, as if the process had gone.
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from chaos.store_calls import Step, StoreCall, classify
-from chaos.wire import WireCall, WireFault, WirePlan
+from chaos.transport_faults import TransportCall, TransportFault, TransportPlan
 
 
 class FaultKind(StrEnum):
@@ -65,15 +65,15 @@ _DESCRIPTIONS: Mapping[FaultKind, str] = {
 }
 
 
-WIRE_FAULTS: Mapping[FaultKind, WireFault] = {
-    FaultKind.THROTTLED: WireFault.THROTTLED,
-    FaultKind.SERVER_ERROR: WireFault.SERVER_ERROR,
-    FaultKind.CONNECT_TIMEOUT: WireFault.CONNECT_TIMEOUT,
-    FaultKind.LOST_ANSWER: WireFault.LOST_ANSWER,
-    FaultKind.READ_TIMEOUT: WireFault.READ_TIMEOUT,
+TRANSPORT_FAULTS: Mapping[FaultKind, TransportFault] = {
+    FaultKind.THROTTLED: TransportFault.THROTTLED,
+    FaultKind.SERVER_ERROR: TransportFault.SERVER_ERROR,
+    FaultKind.CONNECT_TIMEOUT: TransportFault.CONNECT_TIMEOUT,
+    FaultKind.LOST_ANSWER: TransportFault.LOST_ANSWER,
+    FaultKind.READ_TIMEOUT: TransportFault.READ_TIMEOUT,
 }
 
-# Per opportunity: crash points per state-machine step, wire faults per request,
+# Per opportunity: crash points per state-machine step, transport faults per request,
 # webhook faults per call, the deadline per invocation.
 DEFAULT_RATES: Mapping[FaultKind, float] = {
     FaultKind.CRASH_AFTER_CLAIM: 0.02,
@@ -210,7 +210,7 @@ class Zombies:
 
 
 class ContainerFaults:
-    """The wire policy of one container."""
+    """The transport policy of one container."""
 
     def __init__(
         self,
@@ -228,7 +228,7 @@ class ContainerFaults:
         self._zombies = zombies
         self.dead = False
 
-    def __call__(self, call: WireCall) -> WirePlan | None:
+    def __call__(self, call: TransportCall) -> TransportPlan | None:
         store_call = classify(call.operation, call.params, self._table) if call.service == "dynamodb" else None
         record_id = store_call.record_id if store_call else None
         if self.dead:
@@ -239,7 +239,7 @@ class ContainerFaults:
             plan = self._state_machine_fault(store_call, call.attempt)
             if plan is not None:
                 return plan
-        return self._wire_fault(record_id)
+        return self._transport_fault(record_id)
 
     # -- decisions ----------------------------------------------------------------
 
@@ -267,9 +267,9 @@ class ContainerFaults:
 
         return after
 
-    def _state_machine_fault(self, call: StoreCall, attempt: int) -> WirePlan | None:
+    def _state_machine_fault(self, call: StoreCall, attempt: int) -> TransportPlan | None:
         if call.step in (Step.COMMIT, Step.RELEASE) and self._zombies.is_overtaken(call.owner_token):
-            return WirePlan(after=self._zombies.watch(call))
+            return TransportPlan(after=self._zombies.watch(call))
         if attempt > 1:
             return None  # one decision per call; its retries go through untouched
         crash = self._crash_point(call)
@@ -277,18 +277,18 @@ class ContainerFaults:
             return self._zombie(call)
         return crash
 
-    def _crash_point(self, call: StoreCall) -> WirePlan | None:
+    def _crash_point(self, call: StoreCall) -> TransportPlan | None:
         if call.step is Step.CLAIM and self._roll(FaultKind.CRASH_AFTER_CLAIM):
-            return WirePlan(after=self._crash_if_applied(FaultKind.CRASH_AFTER_CLAIM, call.record_id))
+            return TransportPlan(after=self._crash_if_applied(FaultKind.CRASH_AFTER_CLAIM, call.record_id))
         if call.step not in (Step.COMMIT, Step.APPLY_ONCE):
             return None
         if self._roll(FaultKind.CRASH_BEFORE_COMMIT):
-            return WirePlan(before=self._crash(FaultKind.CRASH_BEFORE_COMMIT, call.record_id))
+            return TransportPlan(before=self._crash(FaultKind.CRASH_BEFORE_COMMIT, call.record_id))
         if self._roll(FaultKind.CRASH_AFTER_COMMIT):
-            return WirePlan(after=self._crash_if_applied(FaultKind.CRASH_AFTER_COMMIT, call.record_id))
+            return TransportPlan(after=self._crash_if_applied(FaultKind.CRASH_AFTER_COMMIT, call.record_id))
         return None
 
-    def _zombie(self, call: StoreCall) -> WirePlan:
+    def _zombie(self, call: StoreCall) -> TransportPlan:
         assert call.record_id is not None and call.owner_token is not None
         self._log.add(FaultKind.ZOMBIE, call.record_id)
         overtaken = self._zombies.pause_until_taken_over(call.record_id, call.owner_token)
@@ -297,17 +297,17 @@ class ContainerFaults:
             self._log.note(call.record_id, CUT_OFF)
             raise InvocationCrashed("container died during the pause", call.record_id)
         if not overtaken:
-            return WirePlan()
+            return TransportPlan()
         # Half the zombies commit; the others see their commit fail and release instead.
         with self._rng_lock:
             releases = self._rng.random() < 0.5
         if releases:
-            return WirePlan(fault=WireFault.REJECTED)
-        return WirePlan(after=self._zombies.watch(call))
+            return TransportPlan(fault=TransportFault.REJECTED)
+        return TransportPlan(after=self._zombies.watch(call))
 
-    def _wire_fault(self, record_id: str | None) -> WirePlan | None:
-        for kind, fault in WIRE_FAULTS.items():
+    def _transport_fault(self, record_id: str | None) -> TransportPlan | None:
+        for kind, fault in TRANSPORT_FAULTS.items():
             if self._roll(kind):
                 self._log.add(kind, record_id)
-                return WirePlan(fault=fault)
+                return TransportPlan(fault=fault)
         return None

@@ -21,12 +21,12 @@ from typing import Any, Protocol
 import boto3
 
 from chaos.faults import ContainerFaults, FaultKind, FaultLog, InvocationCrashed, Zombies
-from chaos.wire import install
+from chaos.transport_faults import install_faults
 from consumer.config import Settings
-from local.aws import DUMMY_CREDENTIALS, REGION
+from local.aws import session as local_session
 from local.function_runtime import Invocation
-from local.lambda_event import LambdaContext
 from local.resources import FunctionSpec
+from testkit.lambda_sqs import LambdaContext
 
 
 class Consumer(Protocol):
@@ -34,7 +34,10 @@ class Consumer(Protocol):
         """A batch result with ``response()`` and, ideally, ``results`` (one per record)."""
 
 
-ConsumerFactory = Callable[[Settings, boto3.session.Session, Callable[[], float]], Consumer]
+class ConsumerFactory(Protocol):
+    def __call__(
+        self, settings: Settings, session: boto3.session.Session, *, clock: Callable[[], float]
+    ) -> Consumer: ...
 
 
 @dataclass
@@ -103,9 +106,9 @@ class Container:
             setup.rates, random.Random(rng.random()), setup.log, setup.settings.idempotency_table_name, setup.zombies
         )
         self.skew_s = rng.uniform(-setup.max_skew_ms, setup.max_skew_ms) / 1000
-        session = boto3.session.Session(region_name=REGION, **DUMMY_CREDENTIALS)
-        install(session, self.faults, services=("dynamodb", "sqs"))
-        self.consumer = setup.consumer_factory(setup.settings, session, self.clock)
+        session = local_session()
+        install_faults(session, self.faults, services=("dynamodb", "sqs"))
+        self.consumer = setup.consumer_factory(setup.settings, session, clock=self.clock)
 
     def clock(self) -> float:
         return time.time() + self.skew_s

@@ -22,16 +22,19 @@ from typing import Any
 
 from chaos.faults import DEFAULT_RATES, FaultKind, FaultLog, Zombies, ZombieSettings
 from chaos.function import ChaosFunction, ConsumerFactory, ContainerSetup, InvocationHistory
-from chaos.invariants import Checker, EndState, Verdict, drain_dead_letters, scan
-from chaos.workload import Feeder, Workload, WorkloadShape, build_workload
+from chaos.invariants import Checker, EndState, Verdict, scan
+from chaos.workload import Workload, WorkloadShape, build_workload
 from consumer import app as consumer_app
 from consumer.app import wire
 from consumer.config import Settings
-from local.function_runtime import FunctionRuntime
+from consumer.idempotency.record import Attr
+from local import dead_letters
 from local.poller import Poller, PollerGroup, PollerStats
-from local.resources import FunctionSpec, QueueResource, SqsTrigger
 from local.servers import LocalServers
-from local.webhook import Answer, WebhookSink
+from local.stack import DeployedStack, deploy_stack
+from testkit.messages import Outgoing, queue_counts, send_all
+from testkit.tables import IDEMPOTENCY_TABLE, LEDGER_TABLE
+from testkit.webhook import Answer, WebhookSink
 
 
 @dataclass(frozen=True)
@@ -124,23 +127,11 @@ def _count_planned(plan: list[Answer]) -> Counter[FaultKind]:
     return counts
 
 
-def _queue_empty(sqs: Any, queue_url: str) -> bool:
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=queue_url,
-        AttributeNames=[
-            "ApproximateNumberOfMessages",
-            "ApproximateNumberOfMessagesNotVisible",
-            "ApproximateNumberOfMessagesDelayed",
-        ],
-    )["Attributes"]
-    return all(int(value) == 0 for value in attributes.values())
-
-
 def _wait_until_drained(sqs: Any, queue_url: str, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     empty_in_a_row = 0
     while time.monotonic() < deadline:
-        empty_in_a_row = empty_in_a_row + 1 if _queue_empty(sqs, queue_url) else 0
+        empty_in_a_row = empty_in_a_row + 1 if sum(queue_counts(sqs, queue_url)) == 0 else 0
         if empty_in_a_row >= 3:
             return True
         time.sleep(0.5)
@@ -148,60 +139,47 @@ def _wait_until_drained(sqs: Any, queue_url: str, timeout_s: float) -> bool:
 
 
 @dataclass(frozen=True)
-class _Stack:
-    """The template deployed for one run, and the clients that watch it from outside the function."""
+class _Observer:
+    """Clients that watch the run's stack from outside the function."""
 
-    function: FunctionSpec
-    trigger: SqsTrigger
-    queue: QueueResource
-    dead_letter_queue: QueueResource
-    idempotency_table: str
-    ledger_table: str
+    stack: DeployedStack
     sqs: Any
     dynamodb: Any
 
     def owner_of(self, record_id: str) -> str | None:
         item = self.dynamodb.get_item(
-            TableName=self.idempotency_table, Key={"id": {"S": record_id}}, ConsistentRead=True
+            TableName=self.stack.table_name(IDEMPOTENCY_TABLE), Key={Attr.ID: {"S": record_id}}, ConsistentRead=True
         ).get("Item")
-        return item["ownerToken"]["S"] if item else None
+        return item[Attr.OWNER_TOKEN]["S"] if item else None
 
     def end_state(self, sink: WebhookSink, drained: bool) -> EndState:
         return EndState(
-            ledger=scan(self.dynamodb, self.ledger_table),
-            records=scan(self.dynamodb, self.idempotency_table),
-            dead_letters=drain_dead_letters(self.sqs, self.dead_letter_queue.url),
+            ledger=scan(self.dynamodb, self.stack.table_name(LEDGER_TABLE)),
+            records=scan(self.dynamodb, self.stack.table_name(IDEMPOTENCY_TABLE)),
+            dead_letters=dead_letters.peek(self.sqs, self.stack.dead_letter_queue.url),
             webhook_calls=sink.received(),
             drained=drained,
         )
 
 
-def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, webhook_url: str) -> _Stack:
-    resources = servers.deploy(
+def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, sink: WebhookSink) -> _Observer:
+    """The template deployed with its function active, the queue's visibility timeout cut to the run's."""
+    stack = deploy_stack(
+        servers,
         # Unique even when a seed is replayed on the same servers.
         stack_name=f"chaos-{run_id}-{uuid.uuid4().hex[:6]}",
-        parameter_overrides={
-            "ReceiptWebhookUrl": webhook_url,
-            "MaxReceiveCount": config.max_receive_count,
-            "LogLevel": "CRITICAL",
-        },
+        parameter_overrides={"MaxReceiveCount": config.max_receive_count, "LogLevel": "CRITICAL"},
+        webhook=sink,
     )
-    function = resources.function()
-    trigger = function.triggers[0]
-    stack = _Stack(
-        function=function,
-        trigger=trigger,
-        queue=resources.queues[trigger.queue_logical_id],
-        dead_letter_queue=resources.queues["ConsumerDeadLetterQueue"],
-        idempotency_table=resources.tables["IdempotencyTable"].name,
-        ledger_table=resources.tables["LedgerTable"].name,
+    observer = _Observer(
+        stack,
         sqs=servers.client("sqs", max_pool_connections=50, timeout_s=30.0),
         dynamodb=servers.client("dynamodb", max_pool_connections=20),
     )
-    stack.sqs.set_queue_attributes(
+    observer.sqs.set_queue_attributes(
         QueueUrl=stack.queue.url, Attributes={"VisibilityTimeout": str(config.visibility_timeout_s)}
     )
-    return stack
+    return observer
 
 
 @contextmanager
@@ -218,29 +196,30 @@ def _quiet_consumer() -> Iterator[None]:
 
 def _drive(
     config: ChaosConfig,
-    stack: _Stack,
+    observer: _Observer,
     setup: ContainerSetup,
     workload: Workload,
     rng: random.Random,
     observed: tuple[InvocationHistory, PollerStats],
-) -> tuple[Feeder, bool]:
+) -> tuple[dict[str, Outgoing], bool]:
     """Feed the workload to the pollers until the queue drains (or the time limit); then stop them."""
     history, stats = observed
+    stack, sqs = observer.stack, observer.sqs
     pollers = [
         Poller(
-            stack.sqs,
+            sqs,
             stack.queue,
             stack.trigger,
-            ChaosFunction(stack.function, setup, history, random.Random(rng.random()), config.deadline_margin_ms),
+            # The poller only calls ``invoke`` and reads ``function``, but types its parameter as FunctionRuntime.
+            ChaosFunction(stack.function, setup, history, random.Random(rng.random()), config.deadline_margin_ms),  # type: ignore[arg-type]
             on_batch=stats.add,
         )
         for _ in range(config.pollers)
     ]
-    feeder = Feeder(stack.sqs, stack.queue.url, config.max_queue_depth)
     with PollerGroup(pollers):
-        feeder.feed(workload.messages)
-        drained = _wait_until_drained(stack.sqs, stack.queue.url, config.drain_timeout_s)
-    return feeder, drained
+        sent = send_all(sqs, stack.queue.url, workload.messages, max_depth=config.max_queue_depth)
+        drained = _wait_until_drained(sqs, stack.queue.url, config.drain_timeout_s)
+    return sent, drained
 
 
 def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFactory = wire) -> ChaosReport:
@@ -261,39 +240,42 @@ def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFa
     with WebhookSink() as sink:
         plan = _webhook_plan(config, rng, calls=4 * max(1, round(config.messages * config.receipt_ratio)))
         sink.answer_next(*plan)
-        stack = _deploy(servers, config, run_id, sink.receipts_url)
-        zombies = Zombies(ZombieSettings(stack.owner_of, max_pause_s, max_paused=config.pollers - 1), log)
+        # The function's environment puts the consumer's clients on the local endpoints (AWS_ENDPOINT_URL_*).
+        observer = _deploy(servers, config, run_id, sink)
+        zombies = Zombies(ZombieSettings(observer.owner_of, max_pause_s, max_paused=config.pollers - 1), log)
         setup = ContainerSetup(
-            settings=_settings(stack.function.environment, config),
+            settings=_settings(observer.stack.function.environment, config),
             consumer_factory=consumer_factory,
             rates=config.rates,
             log=log,
             zombies=zombies,
             max_skew_ms=config.max_skew_ms,
         )
-        # The function's environment puts the consumer's clients on the local endpoints (AWS_ENDPOINT_URL_*).
-        with FunctionRuntime(stack.function, servers.function_environment(stack.function)), _quiet_consumer():
-            feeder, drained = _drive(config, stack, setup, workload, rng, (history, stats))
-            zombies.wait_until_idle(max_pause_s + 10)
+        try:
+            with _quiet_consumer():
+                sent, drained = _drive(config, observer, setup, workload, rng, (history, stats))
+                zombies.wait_until_idle(max_pause_s + 10)
+        finally:
+            observer.stack.stop()
         # Leases run out; nothing may stay IN_PROGRESS whatever the clocks said.
         time.sleep(lease_slack_s)
-        end = stack.end_state(sink, drained)
+        end = observer.end_state(sink, drained)
     for kind, count in _count_planned(plan[: len(end.webhook_calls)]).items():
         log.counts[kind] += count
-    dead_letters = Counter(letter.error_type or "redrive (no reason)" for letter in end.dead_letters)
+    parked = Counter(letter.error_type or "redrive (no reason)" for letter in end.dead_letters)
     return ChaosReport(
         config=config,
         workload=workload,
-        sent=len(feeder.sent),
+        sent=len(sent),
         faults=dict(log.counts),
         zombies_without_takeover=log.zombies_without_takeover,
         history=history,
         pollers=stats,
-        dead_letters=dead_letters,
+        dead_letters=parked,
         webhook_calls=len(end.webhook_calls),
         receipts_called_again=sum(
             1 for count in Counter(call.idempotency_key for call in end.webhook_calls).values() if count > 1
         ),
-        verdicts=Checker(feeder.sent, end, history, log).all(),
+        verdicts=Checker(sent, end, history, log).all(),
         duration_s=time.monotonic() - started,
     )

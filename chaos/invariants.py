@@ -18,18 +18,14 @@ from boto3.dynamodb.types import TypeDeserializer
 
 from chaos.faults import FaultLog
 from chaos.function import InvocationHistory
-from chaos.workload import KEY_REUSED, event_type_of, payload_of
-from local.webhook import ReceivedRequest
-from local.workload import Outgoing
+from consumer.errors import ErrorType
+from consumer.idempotency.record import Attr, Status
+from local.dead_letters import DeadLetter
+from testkit.messages import Outgoing
+from testkit.webhook import ReceivedRequest
 
 _deserializer = TypeDeserializer()
 _EXAMPLES = 3
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    original_message_id: str
-    error_type: str | None  # None: moved by the redrive policy, not by the consumer
 
 
 @dataclass(frozen=True)
@@ -60,26 +56,6 @@ def scan(client: Any, table: str) -> list[dict[str, Any]]:
     return items
 
 
-def drain_dead_letters(sqs: Any, queue_url: str) -> list[DeadLetter]:
-    """Every message in the dead-letter queue, each read once (kept invisible while reading)."""
-    found: list[DeadLetter] = []
-    empty_reads = 0
-    while empty_reads < 2:
-        messages = sqs.receive_message(
-            QueueUrl=queue_url,
-            MaxNumberOfMessages=10,
-            VisibilityTimeout=600,
-            WaitTimeSeconds=0,
-            MessageAttributeNames=["All"],
-        ).get("Messages", [])
-        empty_reads = 0 if messages else empty_reads + 1
-        for message in messages:
-            attributes = message.get("MessageAttributes") or {}
-            original = (attributes.get("OriginalMessageId") or {}).get("StringValue") or message["MessageId"]
-            found.append(DeadLetter(original, (attributes.get("ErrorType") or {}).get("StringValue")))
-    return found
-
-
 @dataclass
 class _KeyGroup:
     """Every message sent under one idempotency key of one event type."""
@@ -97,9 +73,11 @@ class _KeyGroup:
 def _groups(sent: Mapping[str, Outgoing]) -> dict[tuple[str, str], _KeyGroup]:
     groups: dict[tuple[str, str], _KeyGroup] = {}
     for message_id, message in sent.items():
-        well_formed = message.kind in ("payment", "receipt") or message.expected_error == KEY_REUSED
-        payload = payload_of(message)
-        event_type = event_type_of(message)
+        well_formed = (
+            message.kind in ("payment", "receipt") or message.expected_error == ErrorType.IDEMPOTENCY_KEY_REUSED
+        )
+        payload = message.payload
+        event_type = message.event_type
         if not well_formed or payload is None or event_type is None or message.key is None:
             continue
         group = groups.setdefault((event_type, message.key), _KeyGroup(event_type, message.key, payload))
@@ -150,10 +128,10 @@ class Checker:
                 continue
             for amount, message_ids in group.amounts.items():
                 for message_id in message_ids:
-                    if amount != winner and not self.dead_lettered_for(message_id, KEY_REUSED):
+                    if amount != winner and not self.dead_lettered_for(message_id, ErrorType.IDEMPOTENCY_KEY_REUSED):
                         verdict.violation(f"{message_id} reused key {group.key}: neither applied nor dead-lettered")
         for message_id, message in self.sent.items():
-            if message.kind == "poison" and message.expected_error != KEY_REUSED:
+            if message.kind == "poison" and message.expected_error != ErrorType.IDEMPOTENCY_KEY_REUSED:
                 assert message.expected_error is not None
                 if not self.dead_lettered_for(message_id, message.expected_error):
                     verdict.violation(f"poison {message_id} not in the DLQ as {message.expected_error}")
@@ -202,15 +180,15 @@ class Checker:
                     continue  # moved by the redrive policy: counted, and lost only if never applied
                 if message is None:
                     verdict.violation(f"{message_id}: dead-lettered ({reason}) but never sent")
-                elif message.kind == "poison" and message.expected_error != KEY_REUSED:
+                elif message.kind == "poison" and message.expected_error != ErrorType.IDEMPOTENCY_KEY_REUSED:
                     if reason != message.expected_error:
                         verdict.violation(f"{message_id}: dead-lettered as {reason}, not {message.expected_error}")
-                elif reason != KEY_REUSED or self._is_winner(message_id, message):
+                elif reason != ErrorType.IDEMPOTENCY_KEY_REUSED or self._is_winner(message_id, message):
                     verdict.violation(f"{message_id} ({message.kind} {message.key}): dead-lettered as {reason}")
         return verdict
 
     def _is_winner(self, message_id: str, message: Outgoing) -> bool:
-        group = self.groups.get((event_type_of(message) or "", message.key or ""))
+        group = self.groups.get((message.event_type or "", message.key or ""))
         if group is None:
             return False
         winner = self.winner(group)
@@ -219,7 +197,7 @@ class Checker:
     def no_record_stuck(self) -> Verdict:
         verdict = Verdict("no record stuck IN_PROGRESS")
         for record in self.end.records:
-            if record.get("status") == "IN_PROGRESS":
+            if record.get(Attr.STATUS) == Status.IN_PROGRESS:
                 verdict.violation(f"{record['id']} IN_PROGRESS, lease ended {record.get('leaseExpiresAt')}")
         return verdict
 

@@ -1,7 +1,7 @@
 """Which step of the idempotency state machine a DynamoDB request is, read from the request itself.
 
 Fault points are named after the state machine (after the claim, before the commit,
-after the commit), but the hooks only see requests on the wire. The step is read
+after the commit), but the hooks only see requests in transport. The step is read
 from what the request does to the record, not from the store's placeholder names:
 
 - sets ``status`` to IN_PROGRESS: a claim;
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from consumer.idempotency.record import Attr, Status
+
 _COMPARISON = re.compile(r"(#\w+)\s*=\s*(:\w+)")
-_IN_PROGRESS = "IN_PROGRESS"
-_COMPLETED = "COMPLETED"
 
 
 class Step(StrEnum):
@@ -56,20 +56,20 @@ def _assignments(expression: str, params: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _record_id(params: Mapping[str, Any]) -> str | None:
-    return ((params.get("Key") or {}).get("id") or {}).get("S")
+    return ((params.get("Key") or {}).get(Attr.ID) or {}).get("S")
 
 
 def _update(params: Mapping[str, Any]) -> StoreCall:
     written = _assignments(params.get("UpdateExpression", ""), params)
     required = _assignments(params.get("ConditionExpression", ""), params)
     record_id = _record_id(params)
-    status = written.get("status")
-    if status == _IN_PROGRESS:
-        return StoreCall(Step.CLAIM, record_id, written.get("ownerToken"))
-    if status == _COMPLETED and "ownerToken" in required:
-        return StoreCall(Step.COMMIT, record_id, required["ownerToken"])
-    if status == _COMPLETED:
-        return StoreCall(Step.APPLY_ONCE, record_id, written.get("ownerToken"))
+    status = written.get(Attr.STATUS)
+    if status == Status.IN_PROGRESS:
+        return StoreCall(Step.CLAIM, record_id, written.get(Attr.OWNER_TOKEN))
+    if status == Status.COMPLETED and Attr.OWNER_TOKEN in required:
+        return StoreCall(Step.COMMIT, record_id, required[Attr.OWNER_TOKEN])
+    if status == Status.COMPLETED:
+        return StoreCall(Step.APPLY_ONCE, record_id, written.get(Attr.OWNER_TOKEN))
     return _OTHER
 
 
@@ -87,5 +87,5 @@ def classify(operation: str, params: Mapping[str, Any], idempotency_table: str) 
         return _update(params)
     if operation == "DeleteItem":
         required = _assignments(params.get("ConditionExpression", ""), params)
-        return StoreCall(Step.RELEASE, _record_id(params), required.get("ownerToken"))
+        return StoreCall(Step.RELEASE, _record_id(params), required.get(Attr.OWNER_TOKEN))
     return _OTHER

@@ -1,4 +1,4 @@
-"""``python -m local <command>``: run, send, invoke, dlq, redrive, demo, hot (wired to make targets)."""
+"""``python -m local <command>``: run, send, invoke, dlq, redrive, demo, smoke, hot (wired to make targets)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from local import dead_letters, hot, state, workload
+from local import dead_letters, hot, smoke, state
 from local.aws import DUMMY_CREDENTIALS_ENV, client
 from local.event_files import load_event, messages_from_event
 from local.function_output import send_stdout_to
@@ -23,13 +23,14 @@ from local.lambda_venv import LambdaPythonMissing, LambdaVenvError
 from local.poller import BatchReport
 from local.session import FUNCTION_LOG, running_stack
 from local.stack import DeployedStack
-from local.webhook import WebhookSink
+from testkit import messages
+from testkit.webhook import WebhookSink
 
 NOT_RUNNING = "no local stack is running: start one with `make run` (in another terminal)"
 MEMORY_HELP = "the function's MemorySize instead of the template's (its CPU share follows: 1769 MB = 1 vCPU)"
 # A runtime that cannot start says why in one line; nothing it started is left running.
 RUNTIME_ERRORS = (RuntimeStartError, EmulatorExited, LambdaPythonMissing, LambdaVenvError)
-EXAMPLE_BODY = workload.payment("pay-2024-000017", "p-17", "acc-1", 1250).body
+EXAMPLE_BODY = messages.payment("pay-2024-000017", "p-17", "acc-1", 1250).body
 
 
 def _parameters(pairs: list[str]) -> dict[str, str]:
@@ -133,30 +134,30 @@ def cmd_run(args: argparse.Namespace) -> int:
 # -- send ----------------------------------------------------------------------------------
 
 
-def _generated(args: argparse.Namespace) -> list[workload.Outgoing]:
+def _generated(args: argparse.Namespace) -> list[messages.Outgoing]:
     rng = random.Random(args.seed)
     prefix = f"{args.prefix}-{int(time.time())}"
     if args.type == "PaymentReceived":
-        messages = workload.payments(args.count, args.accounts, rng, prefix=prefix)
+        originals = messages.payments(args.count, args.accounts, rng, prefix=prefix)
     elif args.type == "ReceiptRequested":
-        messages = workload.receipts(args.count, args.accounts, rng, prefix=prefix)
+        originals = messages.receipts(args.count, args.accounts, rng, prefix=prefix)
     else:
-        messages = workload.poison(max(1, args.count // 3))
-    return workload.with_resends(messages, args.duplicates, rng)
+        originals = messages.poison(max(1, args.count // 3))
+    return messages.with_resends(originals, args.duplicates, rng)
 
 
 def cmd_send(args: argparse.Namespace) -> int:
     running = _running()
-    messages = messages_from_event(Path(args.file)) if args.file else _generated(args)
+    outgoing = messages_from_event(Path(args.file)) if args.file else _generated(args)
     sqs = client("sqs", running.sqs_endpoint_url)
-    ids = workload.send_all(sqs, running.queue_url, messages)
+    ids = messages.send_all(sqs, running.queue_url, outgoing)
     if args.file:
         print(f"sent the {len(ids)} record(s) of {args.file} to {running.queue_url}")
         return 0
-    keys = {message.key for message in messages if message.key}
+    keys = {message.key for message in outgoing if message.key}
     print(f"sent {len(ids)} message(s) to {running.queue_url} ({len(keys)} distinct idempotency keys)")
     if args.type == "PaymentReceived":
-        balances = workload.expected_balances(messages)
+        balances = messages.expected_balances(outgoing)
         total = sum(balances.values())
         print(f"they credit {len(balances)} account(s) with {total} cents in total, each payment once")
     return 0
@@ -270,6 +271,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=7)
     demo.set_defaults(handler=_demo)
 
+    smoke.add_parser(commands)
     hot.add_parser(commands)
     return root
 

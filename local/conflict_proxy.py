@@ -239,7 +239,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         # Headers and body in one write, for the same reason.
-        self._headers_buffer.append(b"\r\n" + body)
+        self._headers_buffer.append(b"\r\n" + body)  # type: ignore[attr-defined]
         self.flush_headers()
 
 

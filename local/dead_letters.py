@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # Attributes the consumer adds when it dead-letters a message; a redriven message starts clean.
@@ -12,14 +12,15 @@ _RECEIVE_MAX = 10
 
 @dataclass(frozen=True)
 class DeadLetter:
-    message_id: str
-    body: str
-    error_type: str | None
-    error_message: str | None
-    attributes: dict[str, dict[str, Any]]
-    receipt_handle: str
-    # The id of the message the consumer dead-lettered; this one is a copy with a new id.
-    original_message_id: str | None = None
+    # The id of the message the consumer dead-lettered (a letter is a copy with an id of its own),
+    # or, for one the redrive policy moved, its own id.
+    original_message_id: str
+    error_type: str | None  # None: moved by the redrive policy, not by the consumer
+    error_message: str | None = None
+    body: str = ""
+    attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    message_id: str = ""
+    receipt_handle: str = ""
 
     @property
     def reason(self) -> str:
@@ -31,13 +32,13 @@ class DeadLetter:
 def _dead_letter(message: dict[str, Any]) -> DeadLetter:
     attributes = message.get("MessageAttributes") or {}
     return DeadLetter(
-        message_id=message["MessageId"],
-        body=message.get("Body", ""),
+        original_message_id=(attributes.get("OriginalMessageId") or {}).get("StringValue") or message["MessageId"],
         error_type=(attributes.get("ErrorType") or {}).get("StringValue"),
         error_message=(attributes.get("ErrorMessage") or {}).get("StringValue"),
+        body=message.get("Body", ""),
         attributes=attributes,
+        message_id=message["MessageId"],
         receipt_handle=message["ReceiptHandle"],
-        original_message_id=(attributes.get("OriginalMessageId") or {}).get("StringValue"),
     )
 
 

@@ -16,14 +16,16 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
-from local import dead_letters, workload
+from consumer.errors import ErrorType
+from local import dead_letters
 from local.function_output import outcome_counts, send_stdout_to
 from local.session import running_stack
 from local.stack import DeployedStack
 from local.state import STATE_DIR
-from local.webhook import Answer, WebhookSink
+from testkit import messages
+from testkit.webhook import Answer, WebhookSink
 
 DEMO_LOG = STATE_DIR / "demo-function.log"
 OUTCOMES = ("applied", "duplicate", "in_flight", "retried", "poison")
@@ -36,17 +38,8 @@ class Check:
     text: str
 
 
-def _queue_counts(sqs: Any, url: str) -> tuple[int, int]:
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=url,
-        AttributeNames=[
-            "ApproximateNumberOfMessages",
-            "ApproximateNumberOfMessagesNotVisible",
-            "ApproximateNumberOfMessagesDelayed",
-        ],
-    )["Attributes"]
-    waiting = int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesDelayed"])
-    return waiting, int(attributes["ApproximateNumberOfMessagesNotVisible"])
+def _by_name(errors: Counter[ErrorType | None]) -> dict[str, int]:
+    return {str(error): count for error, count in sorted(errors.items(), key=lambda item: str(item[0]))}
 
 
 def _drain(stack: DeployedStack, say: Callable[[str], None], sent: int) -> tuple[float, float]:
@@ -62,7 +55,7 @@ def _drain(stack: DeployedStack, say: Callable[[str], None], sent: int) -> tuple
     first_pass: float | None = None
     last_shown = 0.0
     while time.monotonic() - started < _DRAIN_TIMEOUT_S:
-        waiting, in_flight = _queue_counts(sqs, stack.queue.url)
+        waiting, in_flight = messages.queue_counts(sqs, stack.queue.url)
         if first_pass is None and waiting == 0 and stack.stats.received - received_before >= sent:
             first_pass = time.monotonic() - started
         if waiting + in_flight == 0:
@@ -93,22 +86,25 @@ def ledger_totals(stack: DeployedStack) -> tuple[dict[str, int], int, int]:
     return balances, payments, receipts
 
 
-def _workload(args: argparse.Namespace, sink: WebhookSink) -> tuple[list[workload.Outgoing], list[workload.Outgoing]]:
+def _workload(args: argparse.Namespace, sink: WebhookSink) -> tuple[list[messages.Outgoing], list[messages.Outgoing]]:
     rng = random.Random(args.seed)
-    payments = workload.payments(args.payments, args.accounts, rng)
-    receipts = workload.receipts(args.receipts, args.accounts, rng)
+    payments = messages.payments(args.payments, args.accounts, rng)
+    receipts = messages.receipts(args.receipts, args.accounts, rng)
     flaky, rejected = receipts[0], receipts[1]
     sink.answer_next(Answer(503), Answer(503), key=flaky.key)
     # Twice: a second delivery of the same message must be rejected too, not accepted.
     sink.answer_next(Answer(422), Answer(422), key=rejected.key)
-    rejected_poison = workload.Outgoing(rejected.body, "poison", rejected.key, "WebhookRejected")
-    resent = workload.with_resends([*payments, *receipts[2:]], args.duplicates, rng)
-    first = [*resent, flaky, rejected_poison, *workload.poison(2)]
+    rejected_poison = messages.Outgoing(rejected.body, "poison", rejected.key, ErrorType.WEBHOOK_REJECTED)
+    resent = messages.with_resends([*payments, *receipts[2:]], args.duplicates, rng)
+    first = [*resent, flaky, rejected_poison, *messages.poison(2)]
     rng.shuffle(first)
     # Late: resends of applied payments, and two of their keys reused for another payload.
     late = [m for m in payments if rng.random() < 0.1]
     late += [
-        o for reused in payments[:2] for o in workload.poison(1, reused) if o.expected_error == "IdempotencyKeyReused"
+        o
+        for reused in payments[:2]
+        for o in messages.poison(1, reused)
+        if o.expected_error == ErrorType.IDEMPOTENCY_KEY_REUSED
     ]
     rng.shuffle(late)
     return first, late
@@ -117,7 +113,7 @@ def _workload(args: argparse.Namespace, sink: WebhookSink) -> tuple[list[workloa
 def _checks(
     stack: DeployedStack,
     sink: WebhookSink,
-    sent: list[workload.Outgoing],
+    sent: list[messages.Outgoing],
     outcomes: Counter[str],
     parked: list[dead_letters.DeadLetter],
 ) -> list[Check]:
@@ -126,12 +122,12 @@ def _checks(
     expected_errors = Counter(m.expected_error for m in sent if m.kind == "poison")
     # One per original message: SQS may deliver a poison message twice, and each copy is parked.
     parked_errors = Counter({letter.original_message_id: letter.error_type for letter in parked}.values())
-    expected = workload.expected_balances(sent)
+    expected = messages.expected_balances(sent)
     balances, payment_entries, receipt_entries = ledger_totals(stack)
-    distinct_payments = len({m.payment["paymentId"] for m in valid if m.payment})
+    distinct_payments = len({m.payload["paymentId"] for m in valid if m.kind == "payment" and m.payload})
     distinct_receipts = len({m.key for m in valid if m.kind == "receipt"})
     accepted = {r.idempotency_key for r in sink.received() if r.status == 200}
-    waiting, in_flight = _queue_counts(stack.servers.client("sqs"), stack.queue.url)
+    waiting, in_flight = messages.queue_counts(stack.servers.client("sqs"), stack.queue.url)
     total = sum(expected.values())
     return [
         Check(
@@ -145,7 +141,7 @@ def _checks(
             outcomes["duplicate"] >= len(valid) - len(distinct_keys),
             f"every producer resend suppressed ({len(valid) - len(distinct_keys)})",
         ),
-        Check(parked_errors == expected_errors, f"dead-lettered as expected: {dict(sorted(expected_errors.items()))}"),
+        Check(parked_errors == expected_errors, f"dead-lettered as expected: {_by_name(expected_errors)}"),
         Check(
             receipt_entries == distinct_receipts and accepted == {m.key for m in valid if m.kind == "receipt"},
             f"{distinct_receipts} receipts accepted by the webhook and recorded once",
@@ -157,7 +153,7 @@ def _checks(
 
 def _summary(
     say: Callable[[str], None],
-    sent: list[workload.Outgoing],
+    sent: list[messages.Outgoing],
     outcomes: Counter[str],
     parked: list[dead_letters.DeadLetter],
     sink: WebhookSink,
@@ -196,7 +192,7 @@ def run_demo(args: argparse.Namespace) -> int:
         first, late = _workload(args, sink)
         sqs = stack.servers.client("sqs")
         say(f"2/4 sending {len(first)} messages (payments, receipts, producer resends, poison)")
-        workload.send_all(sqs, stack.queue.url, first)
+        messages.send_all(sqs, stack.queue.url, first)
         say(f"3/4 consuming with {args.pollers} pollers (BatchSize {stack.trigger.batch_size})")
         say(f"    the function's logs and metrics: {DEMO_LOG}")
         pollers = stack.pollers(args.pollers)
@@ -208,7 +204,7 @@ def run_demo(args: argparse.Namespace) -> int:
         )
         say(f"    {throughput}")
         say(f"4/4 late resends of applied payments and key reuse: {len(late)} messages")
-        workload.send_all(sqs, stack.queue.url, late)
+        messages.send_all(sqs, stack.queue.url, late)
         _drain(stack, say, len(late))
         pollers.stop()
         sent = [*first, *late]

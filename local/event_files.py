@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from local.workload import Outgoing
+from testkit.messages import Outgoing
 
 
 def load_event(path: Path) -> dict[str, Any]:

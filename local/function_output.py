@@ -26,7 +26,9 @@ def send_stdout_to(path: Path) -> TextIO:
     log = path.open("a", encoding="utf-8", buffering=1)
     sys.stdout = log
 
-    def warn_into_log(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: Any) -> None:
+    def warn_into_log(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: Any, **__: Any
+    ) -> None:
         # Warnings come from the function's libraries (e.g. Powertools): they belong in its log.
         log.write(warnings.formatwarning(message, category, filename, lineno))
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from local.lambda_event import LambdaContext
 from local.resources import FunctionSpec
+from testkit.lambda_sqs import LambdaContext
 
 Handler = Callable[[dict[str, Any], Any], Any]
 

@@ -27,12 +27,11 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from local import workload
 from local.conflict_emulation import DEFAULT_HOLD_MS, ConflictEmulation
 from local.demo import ledger_totals
 from local.dynamodb_local import DynamoDBLocal
@@ -43,7 +42,8 @@ from local.resources import FunctionSpec
 from local.servers import LocalServers
 from local.stack import DeployedStack, deploy_stack
 from local.state import STATE_DIR
-from local.webhook import WebhookSink
+from testkit import messages as outgoing
+from testkit.webhook import WebhookSink
 
 HOT_LOG = STATE_DIR / "hot-function.log"
 OUTCOMES = ("applied", "duplicate", "in_flight", "retried", "conflict", "poison")
@@ -56,18 +56,19 @@ class Tracker:
     """When each message was sent and first completed, and how many deliveries went back to SQS."""
 
     sent_at: dict[str, float] = field(default_factory=dict)
-    messages: dict[str, workload.Outgoing] = field(default_factory=dict)
+    messages: dict[str, outgoing.Outgoing] = field(default_factory=dict)
     done_at: dict[str, float] = field(default_factory=dict)
     deliveries: int = 0
     returned: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def sent(self, message_ids: Sequence[str], messages: Sequence[workload.Outgoing], at: float) -> None:
+    def sent(self, messages: Mapping[str, outgoing.Outgoing], at: float) -> None:
+        """``messages`` by the ``messageId`` SQS gave each."""
         with self._lock:
-            self.sent_at.update(dict.fromkeys(message_ids, at))
-            self.messages.update(zip(message_ids, messages, strict=True))
+            self.sent_at.update(dict.fromkeys(messages, at))
+            self.messages.update(messages)
 
-    def applied(self) -> list[workload.Outgoing]:
+    def applied(self) -> list[outgoing.Outgoing]:
         with self._lock:
             return [self.messages[message_id] for message_id in self.done_at if message_id in self.messages]
 
@@ -142,11 +143,11 @@ class Figures:
         return [text for passed, text in checks if not passed]
 
 
-def _messages(count: int, accounts: int, receipt_share: float, rng: random.Random, run: str) -> list[workload.Outgoing]:
+def _messages(count: int, accounts: int, receipt_share: float, rng: random.Random, run: str) -> list[outgoing.Outgoing]:
     receipts = round(count * receipt_share)
     made = [
-        *workload.payments(count - receipts, accounts, rng, prefix=f"{run}-pay"),
-        *workload.receipts(receipts, accounts, rng, prefix=f"{run}-rcpt"),
+        *outgoing.payments(count - receipts, accounts, rng, prefix=f"{run}-pay"),
+        *outgoing.receipts(receipts, accounts, rng, prefix=f"{run}-rcpt"),
     ]
     rng.shuffle(made)
     return made
@@ -159,7 +160,7 @@ def serial_limit(
     run = f"serial-{uuid.uuid4().hex[:6]}"
     # An account of its own, so the measured pipeline's balances stay the sums of its own payments.
     messages = [
-        workload.payment(f"{run}-{index}", f"{run}-p{index}", run, rng.randrange(100, 100_000))
+        outgoing.payment(f"{run}-{index}", f"{run}-p{index}", run, rng.randrange(100, 100_000))
         for index in range(payments)
     ]
     tracker, first_sent, last_done = _pipeline(stack, messages, 1, timeout_s, say)
@@ -198,7 +199,7 @@ def item_ceiling(stack: DeployedStack, payments: int) -> float:
 
 def _pipeline(
     stack: DeployedStack,
-    messages: Sequence[workload.Outgoing],
+    messages: Sequence[outgoing.Outgoing],
     pollers: int,
     timeout_s: float,
     say: Callable[[str], None],
@@ -220,7 +221,7 @@ def _pipeline(
         first_sent = time.time()
         for start in range(0, len(messages), 10):
             at, chunk = time.time(), messages[start : start + 10]
-            tracker.sent(workload.send_all(sqs, stack.queue.url, chunk), chunk, at)
+            tracker.sent(outgoing.send_all(sqs, stack.queue.url, chunk), at)
         deadline = time.monotonic() + timeout_s
         shown = time.monotonic()
         while not tracker.all_done() and time.monotonic() < deadline:
@@ -281,7 +282,7 @@ def measure(
             stack.stop()
     latencies = [tracker.done_at[i] - tracker.sent_at[i] for i in tracker.done_at if i in tracker.sent_at]
     # Against what was applied: a payment still waiting at the timeout is not a wrong balance.
-    expected = workload.expected_balances(tracker.applied())
+    expected = outgoing.expected_balances(tracker.applied())
     keys = Counter(request.idempotency_key for request in sink.received())
     return Figures(
         accounts=accounts,

@@ -30,8 +30,8 @@ from typing import Any
 
 from local.aws import REGION
 from local.invocation import Invocation, Invoker
-from local.lambda_event import sqs_event
 from local.resources import QueueResource, SqsTrigger
+from testkit.lambda_sqs import event_from_messages
 
 _SQS_MAX_RECEIVE = 10
 _DELETE_CHUNK = 10
@@ -150,7 +150,7 @@ class Poller:
         messages = self.receive()
         if not messages:
             return None
-        event = sqs_event(messages, queue_arn=self._queue.arn, region=REGION)
+        event = event_from_messages(messages, queue_arn=self._queue.arn, region=REGION)
         invocation = self._runtime.invoke(event)
         report = self._settle(messages, invocation)
         if self._on_batch is not None:

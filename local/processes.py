@@ -91,7 +91,7 @@ class ChildServer:
         """Poll ``ready`` until it holds; raise with the child's log if it exits or times out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.exited():
+            if self._process is not None and self._process.poll() is not None:
                 raise ServerStartError(f"{self.name} exited with code {self._process.returncode}:\n{self.log_tail()}")
             with contextlib.suppress(Exception):
                 if ready():

@@ -16,24 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from botocore.exceptions import ClientError
-
+from testkit.tables import TABLE_TYPE as TABLE
+from testkit.tables import create_table, ttl_attribute
 from testkit.template import ACCOUNT_ID, PARTITION, Template, TemplateError
 
 QUEUE = "AWS::SQS::Queue"
-TABLE = "AWS::DynamoDB::Table"
 FUNCTIONS = ("AWS::Serverless::Function", "AWS::Lambda::Function")
 # CloudFormation property -> SQS attribute, where they differ only in being JSON documents.
 _JSON_QUEUE_ATTRIBUTES = ("RedrivePolicy", "RedriveAllowPolicy")
 _NOT_QUEUE_ATTRIBUTES = ("QueueName", "Tags")
-_TABLE_PARAMETERS = (
-    "AttributeDefinitions",
-    "KeySchema",
-    "BillingMode",
-    "ProvisionedThroughput",
-    "GlobalSecondaryIndexes",
-    "LocalSecondaryIndexes",
-)
 # SAM's defaults when a function or its SQS event leaves them out.
 _DEFAULT_TIMEOUT_S = 3
 _DEFAULT_MEMORY_MB = 128
@@ -180,27 +171,9 @@ class _Resolver:
         self._guard(logical_id)
         properties = self._template.properties(logical_id, self)
         name = properties.get("TableName") or self._default_name(logical_id)
-        request: dict[str, Any] = {key: properties[key] for key in _TABLE_PARAMETERS if key in properties}
-        stream = properties.get("StreamSpecification")
-        if stream:
-            request["StreamSpecification"] = {"StreamEnabled": True, **stream}
-        try:
-            self._dynamodb.create_table(TableName=name, **request)
-        except ClientError as error:
-            # A running stack's table: the template is the same, so is the table.
-            if error.response["Error"]["Code"] != "ResourceInUseException":
-                raise
-        self._dynamodb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 0.2})
-        ttl = properties.get("TimeToLiveSpecification") or {}
-        ttl_attribute = ttl.get("AttributeName") if str(ttl.get("Enabled", "")).lower() == "true" else None
-        if ttl_attribute:
-            current = self._dynamodb.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
-            if current.get("TimeToLiveStatus") != "ENABLED":
-                self._dynamodb.update_time_to_live(
-                    TableName=name, TimeToLiveSpecification={"AttributeName": ttl_attribute, "Enabled": True}
-                )
+        create_table(self._dynamodb, name, properties)
         arn = self._arn("dynamodb", f"table/{name}")
-        self.tables[logical_id] = TableResource(logical_id, name, arn, ttl_attribute)
+        self.tables[logical_id] = TableResource(logical_id, name, arn, ttl_attribute(properties))
         return self.tables[logical_id]
 
     def function(self, logical_id: str) -> FunctionSpec:

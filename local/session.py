@@ -11,7 +11,7 @@ from typing import Any, TextIO
 from local import state
 from local.servers import LocalServers
 from local.stack import DeployedStack, deploy_stack
-from local.webhook import WebhookSink
+from testkit.webhook import WebhookSink
 
 FUNCTION_LOG = state.STATE_DIR / "function.log"
 

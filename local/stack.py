@@ -16,8 +16,8 @@ from local.lambda_runtime import LambdaEnvironment, LambdaFleet
 from local.poller import BatchReport, Poller, PollerGroup, PollerStats
 from local.resources import LocalResources, QueueResource
 from local.servers import LocalServers
-from local.webhook import WebhookSink
 from testkit.template import TEMPLATE_PATH
+from testkit.webhook import WebhookSink
 
 
 class DeployedStack:

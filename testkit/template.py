@@ -212,8 +212,8 @@ class Template:
             function = self._functions().get(key)
             if function is not None:
                 return function(argument, ids)
-        items = {key: self._evaluate(item, ids) for key, item in value.items()}
-        return {key: item for key, item in items.items() if item is not NO_VALUE}
+        entries = {key: self._evaluate(item, ids) for key, item in value.items()}
+        return {key: item for key, item in entries.items() if item is not NO_VALUE}
 
     def _functions(self) -> dict[str, Callable[[Any, PhysicalIds], Any]]:
         return {

@@ -16,14 +16,15 @@ from local.conflict_emulation import ConflictEmulation
 from local.dynamodb_local import DynamoDBLocal
 from local.servers import LocalServers
 from local.stack import DeployedStack, deploy_stack
-from local.webhook import WebhookSink
+from testkit.tables import IDEMPOTENCY_TABLE, create_template_tables
+from testkit.webhook import WebhookSink
 
-_STACK_FIXTURES = frozenset({"dynamodb_local", "local_stack", "make_stack", "stack"})
+_INTEGRATION_FIXTURES = frozenset({"dynamodb_local", "local_servers", "make_stack", "stack"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if _STACK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if _INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
 
 
@@ -39,7 +40,7 @@ def dynamodb_local() -> Iterator[DynamoDBLocal]:
 
 
 @pytest.fixture(scope="session")
-def local_stack(dynamodb_local: DynamoDBLocal) -> Iterator[LocalServers]:
+def local_servers(dynamodb_local: DynamoDBLocal) -> Iterator[LocalServers]:
     """DynamoDB Local and moto's SQS server, both on loopback, shared by the session.
 
     ``.dynamodb_endpoint_url``, ``.sqs_endpoint_url``, ``.client("sqs"|"dynamodb")``, and
@@ -58,7 +59,14 @@ def webhook_sink() -> Iterator[WebhookSink]:
 
 
 @pytest.fixture
-def make_stack(local_stack: LocalServers, webhook_sink: WebhookSink) -> Iterator[Callable[..., DeployedStack]]:
+def webhook() -> Iterator[WebhookSink]:
+    """A receipt webhook sink of this test's own, on loopback."""
+    with WebhookSink() as sink:
+        yield sink
+
+
+@pytest.fixture
+def make_stack(local_servers: LocalServers, webhook_sink: WebhookSink) -> Iterator[Callable[..., DeployedStack]]:
     """Deploy the template afresh (new names, empty tables and queues) with the function active.
 
     ``make_stack(parameter_overrides={...}, template_path=...)``; ``.pollers(n)`` consumes
@@ -72,7 +80,7 @@ def make_stack(local_stack: LocalServers, webhook_sink: WebhookSink) -> Iterator
     def make(**options: Any) -> DeployedStack:
         for previous in deployed:
             previous.stop()
-        stack = deploy_stack(local_stack, webhook=webhook_sink, **options)
+        stack = deploy_stack(local_servers, webhook=webhook_sink, **options)
         deployed.append(stack)
         return stack
 
@@ -92,18 +100,13 @@ TableFactory = Callable[[str], str]
 
 @pytest.fixture(scope="module")
 def id_table(dynamodb_local: DynamoDBLocal) -> Iterator[TableFactory]:
-    """``id_table(prefix)`` creates a PAY_PER_REQUEST table with partition key ``id`` (S)."""
+    """``id_table(prefix)`` creates a table shaped as the template's idempotency table (partition key ``id``)."""
     client = dynamodb_local.client()
     made: list[str] = []
 
     def create(prefix: str) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        client.create_table(
-            TableName=name,
-            AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-            KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
+        create_template_tables(client, {IDEMPOTENCY_TABLE: name})
         made.append(name)
         return name
 

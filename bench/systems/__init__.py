@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from bench.lambda_context import InvocationContext
-from bench.stack import Stack
+from bench.backends import Backend
 from bench.systems.powertools import PowertoolsBaseline
 from bench.systems.seed_pattern import SeedPattern
 from bench.systems.this_consumer import ThisConsumer, ThisConsumerQuiet
 from consumer.config import Settings
+from testkit.lambda_sqs import LambdaContext
 
 __all__ = [
     "LambdaSystem",
@@ -35,25 +35,25 @@ class LambdaSystem(Protocol):
     name: str
     settings: Settings
 
-    def handle(self, event: dict[str, Any], context: InvocationContext) -> dict[str, Any]:
+    def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         """Process one SQS batch; return the partial batch response."""
 
 
-def system_settings(stack: Stack, prefix: str, webhook_url: str) -> Settings:
+def system_settings(backend: Backend, prefix: str, webhook_url: str) -> Settings:
     """Fresh tables of the template's shapes for one system, and the settings that name them."""
-    tables = stack.create_tables(prefix)
+    tables = backend.create_tables(prefix)
     return Settings(
         idempotency_table_name=tables.idempotency,
         ledger_table_name=tables.ledger,
-        dead_letter_queue_url=stack.dead_letter_queue_url,
+        dead_letter_queue_url=backend.dead_letter_queue_url,
         receipt_webhook_url=webhook_url,
     )
 
 
-def build_systems(stack: Stack, webhook_url: str) -> list[LambdaSystem]:
+def build_systems(backend: Backend, webhook_url: str) -> list[LambdaSystem]:
     """The three systems, each on tables of its own, clients created now (inside the hooks)."""
     return [
-        ThisConsumer(system_settings(stack, "consumer", webhook_url)),
-        PowertoolsBaseline(system_settings(stack, "powertools", webhook_url)),
-        SeedPattern(system_settings(stack, "seed", webhook_url)),
+        ThisConsumer(system_settings(backend, "consumer", webhook_url)),
+        PowertoolsBaseline(system_settings(backend, "powertools", webhook_url)),
+        SeedPattern(system_settings(backend, "seed", webhook_url)),
     ]

@@ -19,9 +19,9 @@ from aws_lambda_powertools.utilities.idempotency import (
     idempotent_function,
 )
 
-from bench.lambda_context import InvocationContext
 from bench.systems.business import LedgerBusiness
 from consumer.config import Settings
+from testkit.lambda_sqs import LambdaContext
 
 
 class PowertoolsBaseline:
@@ -37,7 +37,7 @@ class PowertoolsBaseline:
             expires_after_seconds=settings.idempotency_ttl_seconds,
         )
         self._processor = BatchProcessor(event_type=EventType.SQS)
-        self._context: InvocationContext | None = None
+        self._context: LambdaContext | None = None
         business = LedgerBusiness(client, settings)
 
         @idempotent_function(data_keyword_argument="record", persistence_store=persistence, config=self._config)
@@ -47,11 +47,15 @@ class PowertoolsBaseline:
 
         self._record_handler = record_handler
 
-    def handle(self, event: dict[str, Any], context: InvocationContext) -> dict[str, Any]:
+    def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         self._context = context
-        self._config.register_lambda_context(context)
+        # Powertools types the context as its own class; Lambda passes any object of that shape.
+        self._config.register_lambda_context(context)  # type: ignore[arg-type]
         return dict(
             process_partial_response(
-                event=event, record_handler=self._record_handler, processor=self._processor, context=context
+                event=event,
+                record_handler=self._record_handler,
+                processor=self._processor,
+                context=context,  # type: ignore[arg-type]
             )
         )

@@ -14,9 +14,9 @@ from typing import Any
 import boto3
 from botocore.exceptions import ClientError
 
-from bench.lambda_context import InvocationContext
 from bench.systems.business import LedgerBusiness
 from consumer.config import Settings
+from testkit.lambda_sqs import LambdaContext
 
 
 class InFlightElsewhere(Exception):
@@ -33,7 +33,7 @@ class SeedPattern:
         self._ttl_seconds = settings.idempotency_ttl_seconds
         self._business = LedgerBusiness(self._client, settings)
 
-    def handle(self, event: dict[str, Any], context: InvocationContext) -> dict[str, Any]:
+    def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         failures = []
         for record in event["Records"]:
             try:
@@ -42,7 +42,7 @@ class SeedPattern:
                 failures.append({"itemIdentifier": record["messageId"]})
         return {"batchItemFailures": failures}
 
-    def _process(self, record: dict[str, Any], context: InvocationContext) -> None:
+    def _process(self, record: dict[str, Any], context: LambdaContext) -> None:
         parsed = self._business.parse(record)
         key = {"id": {"S": parsed.message.record_id}}
         try:

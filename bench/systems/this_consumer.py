@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.lambda_context import InvocationContext
-from bench.stack import scoped_environment
+from bench.backends import scoped_environment
 from consumer import app
 from consumer.config import Settings
+from testkit.lambda_sqs import LambdaContext
 
 
 class ThisConsumer:
@@ -34,7 +34,7 @@ class ThisConsumer:
         """What ``POWERTOOLS_LOG_LEVEL`` sets at import; INFO as deployed logs each record."""
         app.logger.setLevel(level)
 
-    def handle(self, event: dict[str, Any], context: InvocationContext) -> dict[str, Any]:
+    def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         return app.handler(event, context)
 
 
@@ -51,7 +51,7 @@ class ThisConsumerQuiet:
         self.settings = consumer.settings
         self._consumer = consumer
 
-    def handle(self, event: dict[str, Any], context: InvocationContext) -> dict[str, Any]:
+    def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         level = app.logger.log_level
         ThisConsumer.set_log_level("WARNING")
         try:

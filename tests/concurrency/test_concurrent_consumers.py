@@ -23,8 +23,9 @@ from consumer.app import wire
 from consumer.batch import BatchRunner
 from consumer.config import Settings
 from local.servers import LocalServers
-from tests.unit.conftest import Remaining, payment_body, receipt_body, sqs_record
-from tests.unit.webhook import Webhook, running_webhook
+from testkit.lambda_sqs import Remaining, sqs_record
+from testkit.messages import payment_body, receipt_body
+from testkit.webhook import Answer, WebhookSink
 
 CONSUMERS = 4
 BATCH_SIZE = 10
@@ -32,10 +33,10 @@ MAX_REDELIVERIES = 30
 
 
 @pytest.fixture
-def settings(local_stack: LocalServers, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
-    resources = local_stack.deploy()
-    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", local_stack.dynamodb_endpoint_url)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", local_stack.sqs_endpoint_url)
+def settings(local_servers: LocalServers, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
+    resources = local_servers.deploy()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", local_servers.dynamodb_endpoint_url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", local_servers.sqs_endpoint_url)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "local")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "local")
@@ -113,14 +114,14 @@ def scan(client: Any, table: str) -> list[dict[str, Any]]:
         kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
 
-def test_concurrent_consumers_credit_each_payment_exactly_once(settings: Settings, local_stack: LocalServers) -> None:
+def test_concurrent_consumers_credit_each_payment_exactly_once(settings: Settings, local_servers: LocalServers) -> None:
     rng = random.Random(7)
     payments = [(f"p-{i}", f"acc-{i % 4}", rng.randint(1, 10_000)) for i in range(60)]
     bodies = [payment_body(pid, account_id=acc, amount=amount) for pid, acc, amount in payments]
 
     run_concurrently(settings, bodies)
 
-    dynamodb = local_stack.client("dynamodb")
+    dynamodb = local_servers.client("dynamodb")
     ledger = scan(dynamodb, settings.ledger_table_name)
     balances = {i["accountId"]["S"]: int(i["balanceCents"]["N"]) for i in ledger if i["entryId"]["S"] == "BALANCE"}
     expected: Counter[str] = Counter()
@@ -134,17 +135,11 @@ def test_concurrent_consumers_credit_each_payment_exactly_once(settings: Setting
     assert {record["status"]["S"] for record in records} == {"COMPLETED"}
 
 
-@pytest.fixture
-def webhook() -> Iterator[Webhook]:
-    with running_webhook() as hook:
-        yield hook
-
-
 def test_concurrent_consumers_post_each_receipt_once(
-    settings: Settings, local_stack: LocalServers, webhook: Webhook
+    settings: Settings, local_servers: LocalServers, webhook: WebhookSink
 ) -> None:
-    settings = Settings(**{**settings.__dict__, "receipt_webhook_url": webhook.url})
-    webhook.delay_s = 0.02  # long enough for the others to find the claim in flight
+    settings = Settings(**{**settings.__dict__, "receipt_webhook_url": webhook.receipts_url})
+    webhook.default = Answer(delay_s=0.02)  # long enough for the others to find the claim in flight
     bodies = [receipt_body(str(i)) for i in range(20)]
 
     failures = run_concurrently(settings, bodies)
@@ -152,7 +147,7 @@ def test_concurrent_consumers_post_each_receipt_once(
     calls = Counter(webhook.keys())
     assert calls == Counter({f"receipt-{i}": 1 for i in range(20)})
     assert sum(failures.values()) > 0, "no consumer ever found a claim in flight: the test raced nothing"
-    dynamodb = local_stack.client("dynamodb")
+    dynamodb = local_servers.client("dynamodb")
     receipts = [i for i in scan(dynamodb, settings.ledger_table_name) if i["entryId"]["S"].startswith("RECEIPT#")]
     assert len(receipts) == 20
     records = scan(dynamodb, settings.idempotency_table_name)

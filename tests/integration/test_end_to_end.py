@@ -10,10 +10,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from local import dead_letters, workload
+from local import dead_letters
 from local.aws import DUMMY_CREDENTIALS_ENV
 from local.stack import DeployedStack
-from local.webhook import Answer, WebhookSink
+from testkit import messages
+from testkit.webhook import Answer, WebhookSink
 
 AWS_CLI = Path(sys.executable).parent / "aws"
 
@@ -63,7 +64,7 @@ def _aws_cli_send(stack: DeployedStack, body: str) -> str:
 
 
 def test_the_same_message_sent_twice_by_the_aws_cli_is_applied_once(stack: DeployedStack) -> None:
-    body = workload.payment("pay-cli-1", "p-cli-1", "acc-cli", 2500).body
+    body = messages.payment("pay-cli-1", "p-cli-1", "acc-cli", 2500).body
     first, second = _aws_cli_send(stack, body), _aws_cli_send(stack, body)
     assert first != second  # SQS sees two messages
 
@@ -83,7 +84,7 @@ def test_poison_lands_in_the_dead_letter_queue_with_its_reason(stack: DeployedSt
     sqs.send_message(QueueUrl=stack.queue.url, MessageBody="{not json")
     sqs.send_message(
         QueueUrl=stack.queue.url,
-        MessageBody=workload.envelope("LoyaltyPointsAwarded", "points-9", {"awardId": "pts-9", "points": 10}),
+        MessageBody=messages.envelope("LoyaltyPointsAwarded", "points-9", {"awardId": "pts-9", "points": 10}),
     )
 
     with stack.pollers(1):
@@ -99,7 +100,7 @@ def test_poison_lands_in_the_dead_letter_queue_with_its_reason(stack: DeployedSt
 def test_a_receipt_reaches_the_webhook_with_its_idempotency_key_and_survives_a_5xx(
     stack: DeployedStack, webhook_sink: WebhookSink
 ) -> None:
-    message = workload.receipt("rcpt-e2e-1", "r-e2e-1", "acc-r", "p-e2e-1", 800)
+    message = messages.receipt("rcpt-e2e-1", "r-e2e-1", "acc-r", "p-e2e-1", 800)
     webhook_sink.answer_next(Answer(503), key="rcpt-e2e-1")
     stack.servers.client("sqs").send_message(QueueUrl=stack.queue.url, MessageBody=message.body)
 

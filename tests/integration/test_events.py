@@ -11,7 +11,7 @@ import pytest
 from local import dead_letters
 from local.event_files import load_event
 from local.stack import DeployedStack
-from local.webhook import WebhookSink
+from testkit.webhook import WebhookSink
 from tests.integration.lambda_shape import RECORD_KEYS
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
@@ -30,7 +30,7 @@ def _balances(stack: DeployedStack) -> dict[str, int]:
     }
 
 
-def _dead_letter_types(stack: DeployedStack) -> list[str | None]:
+def _dead_letter_types(stack: DeployedStack) -> list[str]:
     parked = dead_letters.peek(stack.servers.client("sqs"), stack.dead_letter_queue.url)
     return sorted(letter.error_type or "" for letter in parked)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from local.dynamodb_local import DynamoDBLocal
 from local.hot import measure
 from local.servers import LocalServers
-from local.webhook import WebhookSink
+from testkit.webhook import WebhookSink
 
 MESSAGES = 20
 

@@ -26,7 +26,7 @@ from local.processes import LOOPBACK
 from local.resources import FunctionSpec
 from local.servers import LocalServers
 from local.stack import DeployedStack, deploy_stack
-from local.webhook import Answer, WebhookSink
+from testkit.webhook import Answer, WebhookSink
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
 
@@ -54,9 +54,9 @@ def echo(event, context):
 
 
 @pytest.fixture(scope="module")
-def consumer(local_stack: LocalServers, webhook_sink: WebhookSink) -> Iterator[DeployedStack]:
+def consumer(local_servers: LocalServers, webhook_sink: WebhookSink) -> Iterator[DeployedStack]:
     """The template's function in one execution environment, on tables and queues of its own."""
-    stack = deploy_stack(local_stack, webhook=webhook_sink)
+    stack = deploy_stack(local_servers, webhook=webhook_sink)
     try:
         yield stack
     finally:

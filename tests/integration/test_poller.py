@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from local.poller import BatchVerdict, reported_failures
+from local.poller import BatchReport, BatchVerdict, reported_failures
 from local.stack import DeployedStack
 from tests.integration.lambda_shape import RECORD_KEYS
 from tests.integration.template_copies import (
@@ -90,6 +90,7 @@ def test_reported_failures_follow_lambdas_rules() -> None:
     assert reported_failures({}, batch) == (set(), "")
     assert reported_failures({"batchItemFailures": []}, batch) == (set(), "")
     assert reported_failures({"batchItemFailures": [{"itemIdentifier": "b"}]}, batch) == ({"b"}, "")
+    whole_batch_fails: object
     for whole_batch_fails in (
         {"batchItemFailures": [{"itemIdentifier": "c"}]},
         {"batchItemFailures": [{"itemIdentifier": ""}]},
@@ -179,7 +180,7 @@ def test_nothing_is_deleted_when_the_batch_fails_whole(
     sqs.send_message(QueueUrl=stack.queue.url, MessageBody=body)
     poller = stack.poller()
 
-    reports = []
+    reports: list[BatchReport] = []
     while sum(report.received for report in reports) < 2:
         report = poller.poll_once()
         if report is not None:

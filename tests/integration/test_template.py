@@ -43,15 +43,15 @@ def test_short_tags_become_intrinsic_functions(tmp_path: Path) -> None:
     )
 
     dev = Template.from_file(source, stack_name="s")
-    assert dev.properties("Thing", ids=None) == {
+    assert dev.properties("Thing") == {
         "Name": "s-dev-${Literal}",
         "Memory": 128,
         "Joined": "a/y",
         "Either": True,
     }
     prod = Template.from_file(source, stack_name="s", parameter_overrides={"Env": "prod"})
-    assert prod.properties("Thing", ids=None)["Alarm"] == "on"
-    assert prod.properties("Thing", ids=None)["Memory"] == 1024
+    assert prod.properties("Thing")["Alarm"] == "on"
+    assert prod.properties("Thing")["Memory"] == 1024
     with pytest.raises(TemplateError, match="not one of"):
         Template.from_file(source, parameter_overrides={"Env": "staging"})
     with pytest.raises(TemplateError, match="unknown parameter"):
@@ -65,11 +65,11 @@ def test_parameter_bounds_of_the_real_template_are_enforced() -> None:
         Template.from_file(TEMPLATE_PATH, parameter_overrides={"FunctionTimeoutSeconds": 31})
 
 
-def test_template_defaults_are_applied(local_stack: LocalServers) -> None:
-    resources = local_stack.deploy()
+def test_template_defaults_are_applied(local_servers: LocalServers) -> None:
+    resources = local_servers.deploy()
     template = load_template()
     parameters = template["Parameters"]
-    sqs = local_stack.client("sqs")
+    sqs = local_servers.client("sqs")
 
     queue = resources.queues["ConsumerQueue"]
     dead_letter = resources.queues["ConsumerDeadLetterQueue"]
@@ -81,7 +81,7 @@ def test_template_defaults_are_applied(local_stack: LocalServers) -> None:
     expected_visibility = template["Mappings"]["QueueVisibilityByFunctionTimeout"][timeout]["VisibilityTimeout"]
     assert int(attributes["VisibilityTimeout"]) == expected_visibility
 
-    dynamodb = local_stack.client("dynamodb")
+    dynamodb = local_servers.client("dynamodb")
     idempotency = dynamodb.describe_table(TableName=resources.tables["IdempotencyTable"].name)["Table"]
     assert idempotency["KeySchema"] == [{"AttributeName": "id", "KeyType": "HASH"}]
     ttl = dynamodb.describe_time_to_live(TableName=resources.tables["IdempotencyTable"].name)
@@ -104,7 +104,7 @@ def test_template_defaults_are_applied(local_stack: LocalServers) -> None:
     assert trigger.report_batch_item_failures
 
 
-def test_a_changed_copy_of_the_template_is_applied(local_stack: LocalServers, tmp_path: Path) -> None:
+def test_a_changed_copy_of_the_template_is_applied(local_servers: LocalServers, tmp_path: Path) -> None:
     # The copy is written back with long-form intrinsics ({"Ref": ...}), which must resolve too.
     def edit(document: dict) -> None:
         queue_properties(document)["RedrivePolicy"]["maxReceiveCount"] = 7
@@ -115,9 +115,9 @@ def test_a_changed_copy_of_the_template_is_applied(local_stack: LocalServers, tm
     copy = template_copy(tmp_path, edit)
     (tmp_path / "src").mkdir()
 
-    resources = local_stack.deploy(copy)
+    resources = local_servers.deploy(copy)
 
-    sqs = local_stack.client("sqs")
+    sqs = local_servers.client("sqs")
     attributes = sqs.get_queue_attributes(QueueUrl=resources.queues["ConsumerQueue"].url, AttributeNames=["All"])[
         "Attributes"
     ]
@@ -129,8 +129,8 @@ def test_a_changed_copy_of_the_template_is_applied(local_stack: LocalServers, tm
     assert function.code_dir == (tmp_path / "src").resolve()
 
 
-def test_parameter_overrides_flow_into_queue_function_and_environment(local_stack: LocalServers) -> None:
-    resources = local_stack.deploy(
+def test_parameter_overrides_flow_into_queue_function_and_environment(local_servers: LocalServers) -> None:
+    resources = local_servers.deploy(
         parameter_overrides={
             "FunctionTimeoutSeconds": 60,
             "BatchSize": 3,
@@ -138,7 +138,7 @@ def test_parameter_overrides_flow_into_queue_function_and_environment(local_stac
             "ReceiptWebhookUrl": "http://127.0.0.1:1/receipts",
         }
     )
-    sqs = local_stack.client("sqs")
+    sqs = local_servers.client("sqs")
     attributes = sqs.get_queue_attributes(QueueUrl=resources.queues["ConsumerQueue"].url, AttributeNames=["All"])[
         "Attributes"
     ]

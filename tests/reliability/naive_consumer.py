@@ -16,7 +16,7 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from consumer.batch import BatchResult
 from consumer.config import Settings
@@ -27,11 +27,11 @@ from consumer.handlers.payment_received import PaymentReceived
 from consumer.handlers.receipt_requested import ReceiptRequested
 from consumer.outcome import Outcome, RecordResult
 
-_MODELS = {"PaymentReceived": PaymentReceived, "ReceiptRequested": ReceiptRequested}
+_MODELS: dict[str, type[BaseModel]] = {"PaymentReceived": PaymentReceived, "ReceiptRequested": ReceiptRequested}
 
 
 class NaiveConsumer:
-    def __init__(self, settings: Settings, session: boto3.session.Session, clock: Callable[[], float]) -> None:
+    def __init__(self, settings: Settings, session: boto3.session.Session, *, clock: Callable[[], float]) -> None:
         config = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=2, read_timeout=5)
         self._dynamodb = session.client("dynamodb", config=config)
         sqs = session.client("sqs", config=config)
@@ -61,7 +61,7 @@ class NaiveConsumer:
                 return RecordResult(message_id, Outcome.DUPLICATE)
             if isinstance(payload, PaymentReceived):
                 self._credit(payload, message)
-            else:
+            elif isinstance(payload, ReceiptRequested):
                 self._send_receipt(payload, message)
             self._remember(message)
         except Exception as error:

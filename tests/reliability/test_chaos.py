@@ -29,8 +29,8 @@ def _violations(report: ChaosReport) -> dict[str, int]:
     return {verdict.name: verdict.violations for verdict in report.verdicts}
 
 
-def test_every_fault_on_and_every_invariant_holds(local_stack: LocalServers) -> None:
-    report = run(SHORT, local_stack)
+def test_every_fault_on_and_every_invariant_holds(local_servers: LocalServers) -> None:
+    report = run(SHORT, local_servers)
     table = render(report)
     print(table)
     assert report.violations == 0, table
@@ -39,8 +39,8 @@ def test_every_fault_on_and_every_invariant_holds(local_stack: LocalServers) -> 
     assert report.history.crashed > 0 and report.history.redelivered_records > 0, table
 
 
-def test_the_harness_catches_a_consumer_that_reads_then_writes(local_stack: LocalServers) -> None:
-    report = run(replace(SHORT, seed=SHORT.seed + 1), local_stack, consumer_factory=NaiveConsumer)
+def test_the_harness_catches_a_consumer_that_reads_then_writes(local_servers: LocalServers) -> None:
+    report = run(replace(SHORT, seed=SHORT.seed + 1), local_servers, consumer_factory=NaiveConsumer)
     table = render(report)
     print(table)
     assert _violations(report)["no payment applied twice (balance = sum of distinct payments)"] > 0, table
@@ -51,7 +51,7 @@ _UNFENCED = "(#owner = :owner OR #owner <> :owner) AND #status = :in_progress"
 
 
 def test_the_harness_catches_a_store_without_fencing(
-    local_stack: LocalServers, monkeypatch: pytest.MonkeyPatch
+    local_servers: LocalServers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(store_module, "_OWNED", _UNFENCED)
     # Receipts only, zombies only; a slow webhook keeps the new owner busy while the zombie resumes.
@@ -59,7 +59,7 @@ def test_the_harness_catches_a_store_without_fencing(
     config = replace(
         SHORT, messages=60, receipt_ratio=1.0, poison_ratio=0.0, duplicate_ratio=0.0, webhook_timeout_ms=2_000
     )
-    report = run(replace(config, rates=rates), local_stack)
+    report = run(replace(config, rates=rates), local_servers)
     table = render(report)
     print(table)
     assert _violations(report)["no zombie commit or release over a newer owner"] > 0, table

@@ -13,20 +13,21 @@ import pytest
 
 from chaos.faults import FaultLog
 from chaos.function import InvocationHistory
-from chaos.invariants import Checker, DeadLetter, EndState
-from chaos.workload import KEY_REUSED
-from local.webhook import ReceivedRequest
-from local.workload import Outgoing, envelope, payment, receipt
+from chaos.invariants import Checker, EndState
+from consumer.errors import ErrorType
+from local.dead_letters import DeadLetter
+from testkit.messages import Outgoing, envelope, payment, receipt
+from testkit.webhook import ReceivedRequest
 
 PAID = payment(key="pay-1", payment_id="p-1", account_id="acc-1", amount_cents=100)
 REUSED = Outgoing(
-    envelope("PaymentReceived", "pay-1", {**(PAID.payment or {}), "amountCents": 999}),
+    envelope("PaymentReceived", "pay-1", {**(PAID.payload or {}), "amountCents": 999}),
     "poison",
     "pay-1",
-    KEY_REUSED,
+    ErrorType.IDEMPOTENCY_KEY_REUSED,
 )
 RECEIPT = receipt(key="rcpt-1", receipt_id="r-1", account_id="acc-1", payment_id="p-1", amount_cents=100)
-BROKEN = Outgoing('{"eventType": ', "poison", None, "InvalidJson")
+BROKEN = Outgoing('{"eventType": ', "poison", None, ErrorType.INVALID_JSON)
 SENT = {"m-paid": PAID, "m-resent": PAID, "m-reused": REUSED, "m-receipt": RECEIPT, "m-broken": BROKEN}
 
 
@@ -45,7 +46,10 @@ CORRECT = EndState(
         {"id": "PaymentReceived#pay-1", "status": "COMPLETED"},
         {"id": "ReceiptRequested#rcpt-1", "status": "COMPLETED"},
     ],
-    dead_letters=[DeadLetter("m-reused", KEY_REUSED), DeadLetter("m-broken", "InvalidJson")],
+    dead_letters=[
+        DeadLetter("m-reused", ErrorType.IDEMPOTENCY_KEY_REUSED),
+        DeadLetter("m-broken", ErrorType.INVALID_JSON),
+    ],
     webhook_calls=[_call("rcpt-1")],
     drained=True,
 )
@@ -76,7 +80,7 @@ PLANTED = {
     ),
     "no payment applied twice (balance = sum of distinct payments)": _with_ledger(_credited_twice),
     "no healthy message dead-lettered": replace(
-        CORRECT, dead_letters=[*CORRECT.dead_letters, DeadLetter("m-resent", "SchemaViolation")]
+        CORRECT, dead_letters=[*CORRECT.dead_letters, DeadLetter("m-resent", ErrorType.SCHEMA_VIOLATION)]
     ),
     "no record stuck IN_PROGRESS": replace(
         CORRECT, records=[*CORRECT.records, {"id": "ReceiptRequested#rcpt-9", "status": "IN_PROGRESS"}]
@@ -98,7 +102,7 @@ def test_each_planted_violation_is_reported_by_its_invariant(name: str) -> None:
 
 
 def test_a_reused_key_must_put_the_losing_payload_in_the_dead_letter_queue() -> None:
-    end = replace(CORRECT, dead_letters=[DeadLetter("m-broken", "InvalidJson")])
+    end = replace(CORRECT, dead_letters=[DeadLetter("m-broken", ErrorType.INVALID_JSON)])
     assert _verdicts(end)["nothing lost (applied, or in the DLQ with its reason)"] == 1
 
 

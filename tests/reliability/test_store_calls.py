@@ -1,18 +1,17 @@
 """The harness names fault points after the state machine's steps, read from the requests on the
-wire: the real store's requests must be recognised, or faults would silently stop being injected."""
+transport: the real store's requests must be recognised, or faults would silently stop being injected."""
 
 from __future__ import annotations
 
 import uuid
 
-import boto3
 import pytest
 
 from chaos.store_calls import Step, StoreCall, classify
-from chaos.wire import WireCall, WirePlan, install
+from chaos.transport_faults import TransportCall, TransportPlan, install_faults
 from consumer.idempotency.store import Applied, Claimed, IdempotencyStore
 from consumer.idempotency.writes import Update
-from local.aws import DUMMY_CREDENTIALS, REGION
+from local.aws import session as local_session
 from local.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
 
@@ -25,12 +24,12 @@ def table(id_table: TableFactory) -> str:
 def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLocal, table: str) -> None:
     seen: list[StoreCall] = []
 
-    def record(call: WireCall) -> WirePlan | None:
+    def record(call: TransportCall) -> TransportPlan | None:
         seen.append(classify(call.operation, call.params, table))
         return None
 
-    session = boto3.session.Session(region_name=REGION, **DUMMY_CREDENTIALS)
-    install(session, record)
+    session = local_session()
+    install_faults(session, record)
     store = IdempotencyStore(
         session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url), table, ttl_seconds=3600
     )

@@ -2,7 +2,7 @@
 
 Several workers, each with its own (skewed) clock on one virtual timeline, claim,
 commit, release and apply keys in any interleaving; time jumps past leases so
-claims get taken over and old owners become zombies; answers get lost on the wire
+claims get taken over and old owners become zombies; answers get lost in transport
 (the write applied, botocore retries it, or every answer lost). A model predicts
 every outcome and the table's contents, and after every step the test checks:
 
@@ -25,7 +25,6 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-import boto3
 import pytest
 from botocore.config import Config
 from hypothesis import HealthCheck, Phase, event, settings
@@ -41,7 +40,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from chaos.wire import WireCall, WireFault, WirePlan, install
+from chaos.transport_faults import TransportCall, TransportFault, TransportPlan, install_faults
 from consumer.errors import LeaseLost, TransientError
 from consumer.idempotency import store as store_module
 from consumer.idempotency.record import Status
@@ -54,7 +53,7 @@ from consumer.idempotency.store import (
     PayloadMismatch,
 )
 from consumer.idempotency.writes import Update
-from local.aws import DUMMY_CREDENTIALS, REGION
+from local.aws import session as local_session
 from local.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
 
@@ -80,14 +79,14 @@ ANSWERS = st.sampled_from(("delivered",) * 3 + ("lost once", "lost always")).map
 
 
 class AnswerLoss:
-    """A wire policy: lose answers on purpose, as the next operation asks."""
+    """A transport policy: lose answers on purpose, as the next operation asks."""
 
     def __init__(self) -> None:
         self.answer = Answer.DELIVERED
 
-    def __call__(self, call: WireCall) -> WirePlan | None:
+    def __call__(self, call: TransportCall) -> TransportPlan | None:
         if self.answer is Answer.LOST_ALWAYS or (self.answer is Answer.LOST_ONCE and call.attempt == 1):
-            return WirePlan(fault=WireFault.READ_TIMEOUT)
+            return TransportPlan(fault=TransportFault.READ_TIMEOUT)
         return None
 
 
@@ -97,14 +96,14 @@ class VirtualTime:
 
 
 class Worker:
-    """One consumer process: its own session (with the wire hook), client, store and skewed clock."""
+    """One consumer process: its own session (with the transport hook), client, store and skewed clock."""
 
     def __init__(self, endpoint_url: str, table: str, timeline: VirtualTime, store_class: type[IdempotencyStore]):
         self.timeline = timeline
         self.skew_ms = 0
         self.loss = AnswerLoss()
-        session = boto3.session.Session(region_name=REGION, **DUMMY_CREDENTIALS)
-        install(session, self.loss)
+        session = local_session()
+        install_faults(session, self.loss)
         client = session.client(
             "dynamodb",
             endpoint_url=endpoint_url,
@@ -148,9 +147,7 @@ def machine_for(tables: Tables, store_class: type[IdempotencyStore] = Idempotenc
     """The state machine class, bound to tables and workers built once for all its examples."""
     timeline = VirtualTime()
     workers = [Worker(tables.endpoint_url, tables.records, timeline, store_class) for _ in range(WORKERS)]
-    observer = boto3.session.Session(region_name=REGION, **DUMMY_CREDENTIALS).client(
-        "dynamodb", endpoint_url=tables.endpoint_url
-    )
+    observer = local_session().client("dynamodb", endpoint_url=tables.endpoint_url)
 
     class StoreMachine(RuleBasedStateMachine):
         claims = Bundle("claims")

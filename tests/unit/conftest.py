@@ -6,7 +6,6 @@ concurrency: those tests run against DynamoDB Local (tests/integration).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterator
@@ -22,8 +21,11 @@ from consumer.batch import BatchRunner
 from consumer.config import Settings
 from consumer.handlers import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
+from testkit.lambda_sqs import REGION, Remaining
+from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
+from testkit.tables import LEDGER_TABLE as LEDGER
+from testkit.tables import create_template_tables
 
-REGION = "us-east-1"
 IDEMPOTENCY_TABLE = "idempotency"
 LEDGER_TABLE = "ledger"
 
@@ -41,24 +43,6 @@ class Clock:
         self.now += seconds
 
 
-def create_tables(client: Any) -> None:
-    client.create_table(
-        TableName=IDEMPOTENCY_TABLE,
-        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
-    client.create_table(
-        TableName=LEDGER_TABLE,
-        KeySchema=[{"AttributeName": "accountId", "KeyType": "HASH"}, {"AttributeName": "entryId", "KeyType": "RANGE"}],
-        AttributeDefinitions=[
-            {"AttributeName": "accountId", "AttributeType": "S"},
-            {"AttributeName": "entryId", "AttributeType": "S"},
-        ],
-        BillingMode="PAY_PER_REQUEST",
-    )
-
-
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS", "AWS_PROFILE"):
@@ -73,7 +57,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture
 def dynamodb(aws: None) -> Any:
     client = boto3.client("dynamodb", region_name=REGION)
-    create_tables(client)
+    create_template_tables(client, {IDEMPOTENCY: IDEMPOTENCY_TABLE, LEDGER: LEDGER_TABLE})
     return client
 
 
@@ -107,79 +91,6 @@ def ledger_entries(dynamodb: Any, account_id: str) -> list[str]:
         ConsistentRead=True,
     )["Items"]
     return sorted(item["entryId"]["S"] for item in items)
-
-
-# -- SQS records and batches -------------------------------------------------------------
-
-
-def payment_body(payment_id: str, account_id: str = "acc-1", amount: int = 1250, key: str | None = None) -> str:
-    return json.dumps(
-        {
-            "eventType": "PaymentReceived",
-            "metadata": {"idempotencyKey": key or f"pay-{payment_id}"},
-            "payload": {"paymentId": payment_id, "accountId": account_id, "amountCents": amount, "currency": "EUR"},
-        }
-    )
-
-
-def receipt_body(receipt_id: str, key: str | None = None) -> str:
-    return json.dumps(
-        {
-            "eventType": "ReceiptRequested",
-            "metadata": {"idempotencyKey": key or f"receipt-{receipt_id}"},
-            "payload": {
-                "receiptId": receipt_id,
-                "paymentId": f"p-{receipt_id}",
-                "accountId": "acc-1",
-                "amountCents": 1250,
-                "currency": "EUR",
-            },
-        }
-    )
-
-
-def sqs_record(
-    message_id: str,
-    body: str,
-    *,
-    group_id: str | None = None,
-    receive_count: int = 1,
-    message_attributes: dict[str, Any] | None = None,
-    queue_arn: str = "arn:aws:sqs:us-east-1:123456789012:consumer-queue",
-) -> dict[str, Any]:
-    attributes = {
-        "ApproximateReceiveCount": str(receive_count),
-        "SentTimestamp": "1700000000000",
-        "SenderId": "AIDAEXAMPLE",
-        "ApproximateFirstReceiveTimestamp": "1700000000001",
-    }
-    if group_id is not None:
-        attributes["MessageGroupId"] = group_id
-        attributes["MessageDeduplicationId"] = message_id
-    return {
-        "messageId": message_id,
-        "receiptHandle": f"handle-{message_id}",
-        "body": body,
-        "attributes": attributes,
-        "messageAttributes": message_attributes or {},
-        "md5OfBody": "",
-        "eventSource": "aws:sqs",
-        "eventSourceARN": queue_arn,
-        "awsRegion": REGION,
-    }
-
-
-class Remaining:
-    """A Lambda context's remaining time: fixed, or read from a script then its last value."""
-
-    def __init__(self, ms: int = 30_000, then: list[int] | None = None) -> None:
-        self.ms = ms
-        self._script = list(then or [])
-
-    def __call__(self) -> int:
-        if self._script:
-            self.ms = self._script.pop(0)
-        return self.ms
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -13,19 +12,9 @@ import pytest
 from consumer import app
 from consumer.errors import ConfigurationError
 from consumer.outcome import Outcome
-from tests.unit.conftest import IDEMPOTENCY_TABLE, LEDGER_TABLE, balance, payment_body, sqs_record
-
-
-@dataclass
-class LambdaContext:
-    function_name: str = "ConsumerFunction"
-    memory_limit_in_mb: int = 512
-    invoked_function_arn: str = "arn:aws:lambda:us-east-1:123456789012:function:ConsumerFunction"
-    aws_request_id: str = "req-1"
-    remaining_ms: int = 30_000
-
-    def get_remaining_time_in_millis(self) -> int:
-        return self.remaining_ms
+from testkit.lambda_sqs import LambdaContext, sqs_record
+from testkit.messages import payment_body
+from tests.unit.conftest import IDEMPOTENCY_TABLE, LEDGER_TABLE, balance
 
 
 @pytest.fixture

@@ -14,7 +14,9 @@ from consumer.batch import BatchRunner
 from consumer.envelope import payload_hash
 from consumer.idempotency.store import Claimed
 from consumer.outcome import Outcome, RecordResult
-from tests.unit.conftest import Clock, Consumer, Remaining, make_consumer, payment_body, sqs_record
+from testkit.lambda_sqs import Remaining, sqs_record
+from testkit.messages import payment_body
+from tests.unit.conftest import Clock, Consumer, make_consumer
 
 QUEUE = "consumer-queue"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
@@ -14,30 +13,15 @@ from consumer.errors import TransientError
 from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.store import Claimed
 from consumer.idempotency.writes import Put
-from tests.unit.conftest import (
-    LEDGER_TABLE,
-    Clock,
-    Consumer,
-    Remaining,
-    balance,
-    ledger_entries,
-    make_consumer,
-    payment_body,
-    receipt_body,
-    sqs_record,
-)
-from tests.unit.webhook import Webhook, running_webhook
+from testkit.lambda_sqs import Remaining, sqs_record
+from testkit.messages import payment_body, receipt_body
+from testkit.webhook import Answer, WebhookSink
+from tests.unit.conftest import LEDGER_TABLE, Clock, Consumer, balance, ledger_entries, make_consumer
 
 
 @pytest.fixture
-def webhook() -> Iterator[Webhook]:
-    with running_webhook() as hook:
-        yield hook
-
-
-@pytest.fixture
-def receipts(dynamodb: Any, sqs: Any, clock: Clock, webhook: Webhook) -> Consumer:
-    return make_consumer(dynamodb, sqs, clock, webhook_url=webhook.url, webhook_timeout_ms=500)
+def receipts(dynamodb: Any, sqs: Any, clock: Clock, webhook: WebhookSink) -> Consumer:
+    return make_consumer(dynamodb, sqs, clock, webhook_url=webhook.receipts_url, webhook_timeout_ms=500)
 
 
 def reasons(dead_letters: list[dict[str, Any]]) -> dict[str, str]:
@@ -239,19 +223,19 @@ def test_an_event_that_is_not_from_sqs_fails_loudly(consumer: Consumer) -> None:
 # -- lock mode: the receipt webhook --------------------------------------------------------
 
 
-def test_a_receipt_is_posted_once_with_the_idempotency_key(receipts: Consumer, webhook: Webhook) -> None:
+def test_a_receipt_is_posted_once_with_the_idempotency_key(receipts: Consumer, webhook: WebhookSink) -> None:
     batch = [sqs_record("r1", receipt_body("1")), sqs_record("r1-copy", receipt_body("1"))]
 
     assert receipts.failed_ids(batch) == []
     assert receipts.failed_ids([sqs_record("r1-redelivered", receipt_body("1"))]) == []
 
     assert webhook.keys() == ["receipt-1"]
-    assert webhook.calls[0].body["receiptId"] == "1"
+    assert webhook.received()[0].json()["receiptId"] == "1"
     assert "RECEIPT#1" in ledger_entries(receipts.dynamodb, "acc-1")
 
 
-def test_a_webhook_4xx_is_poison_and_frees_the_key(receipts: Consumer, webhook: Webhook) -> None:
-    webhook.statuses = [422]
+def test_a_webhook_4xx_is_poison_and_frees_the_key(receipts: Consumer, webhook: WebhookSink) -> None:
+    webhook.answer_next(Answer(422))
 
     assert receipts.failed_ids([sqs_record("r1", receipt_body("1"))]) == []
 
@@ -261,9 +245,9 @@ def test_a_webhook_4xx_is_poison_and_frees_the_key(receipts: Consumer, webhook: 
 
 @pytest.mark.parametrize("status", [500, 503, 429])
 def test_a_webhook_5xx_or_429_is_retried_and_the_claim_released(
-    receipts: Consumer, webhook: Webhook, status: int
+    receipts: Consumer, webhook: WebhookSink, status: int
 ) -> None:
-    webhook.statuses = [status]
+    webhook.answer_next(Answer(status))
 
     assert receipts.failed_ids([sqs_record("r1", receipt_body("1"))]) == ["r1"]
     assert receipts.store.get("ReceiptRequested#receipt-1") is None  # the retry can claim at once
@@ -272,8 +256,8 @@ def test_a_webhook_5xx_or_429_is_retried_and_the_claim_released(
     assert webhook.keys() == ["receipt-1", "receipt-1"]
 
 
-def test_a_webhook_timeout_is_retried(receipts: Consumer, webhook: Webhook) -> None:
-    webhook.delay_s = 1.0  # the consumer waits 500 ms
+def test_a_webhook_timeout_is_retried(receipts: Consumer, webhook: WebhookSink) -> None:
+    webhook.answer_next(Answer(delay_s=1.0))  # the consumer waits 500 ms
 
     assert receipts.failed_ids([sqs_record("r1", receipt_body("1"))]) == ["r1"]
     assert receipts.store.get("ReceiptRequested#receipt-1") is None
@@ -284,13 +268,13 @@ def test_receipts_wait_in_the_queue_while_no_webhook_is_configured(consumer: Con
     assert consumer.dead_letters() == []
 
 
-def test_copies_of_a_rejected_receipt_in_one_batch_all_reach_the_dlq(receipts: Consumer, webhook: Webhook) -> None:
-    webhook.statuses = [400]
+def test_copies_of_a_rejected_receipt_in_one_batch_all_reach_the_dlq(receipts: Consumer, webhook: WebhookSink) -> None:
+    webhook.answer_next(Answer(400))
 
     assert receipts.failed_ids([sqs_record("r1", receipt_body("1")), sqs_record("r1-copy", receipt_body("1"))]) == []
 
     assert reasons(receipts.dead_letters()) == {"r1": "WebhookRejected", "r1-copy": "WebhookRejected"}
-    assert len(webhook.calls) == 1
+    assert len(webhook.received()) == 1
 
 
 # -- lock mode: failures inside the handler -------------------------------------------------

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.backends import Backend, moto_backend
 from bench.capacity import CapacityMeter, item_size, number_size, read_units, write_units
 from bench.costs import (
     DUPLICATE_IN_BATCH,
@@ -25,11 +26,10 @@ from bench.costs import (
 )
 from bench.hooks import on_new_clients
 from bench.probe import RoundTripProbe
-from bench.records import MessageFactory
-from bench.stack import Stack, moto_stack
 from bench.systems import ThisConsumer, system_settings
-from bench.webhook_sink import webhook_sink
 from consumer import app
+from testkit.messages import MessageFactory
+from testkit.webhook import WebhookSink
 
 
 @pytest.fixture
@@ -38,19 +38,19 @@ def probe() -> RoundTripProbe:
 
 
 @pytest.fixture
-def stack(probe: RoundTripProbe) -> Iterator[Stack]:
-    with on_new_clients(probe.handler_specs()), moto_stack() as stack:
-        yield stack
+def backend(probe: RoundTripProbe) -> Iterator[Backend]:
+    with on_new_clients(probe.handler_specs()), moto_backend() as backend:
+        yield backend
     # The consumer built here points at this test's tables: let no later test inherit it.
     app.build_consumer.cache_clear()
 
 
 @pytest.fixture
-def consumer_costs(stack: Stack, probe: RoundTripProbe) -> dict[str, Cost]:
-    meter = CapacityMeter(stack.reader)
-    with webhook_sink() as webhook_url:
+def consumer_costs(backend: Backend, probe: RoundTripProbe) -> dict[str, Cost]:
+    meter = CapacityMeter(backend.reader)
+    with WebhookSink() as webhook:
         with on_new_clients(meter.handler_specs()):
-            consumer = ThisConsumer(system_settings(stack, "consumer", webhook_url))
+            consumer = ThisConsumer(system_settings(backend, "consumer", webhook.receipts_url))
         return message_costs(consumer, MessageFactory(), CostRecorder(probe, meter), count=3)
 
 
@@ -76,9 +76,9 @@ def test_no_message_reads_dynamodb(consumer_costs: dict[str, Cost]) -> None:
     assert all(cost.read_units == 0 for cost in consumer_costs.values())
 
 
-def test_the_latency_hook_delays_requests_answered_by_moto_in_process(stack: Stack, probe: RoundTripProbe) -> None:
-    client = stack.reader  # created inside the probe's hooks, like the systems' clients
-    tables = stack.create_tables("latency")
+def test_the_latency_hook_delays_requests_answered_by_moto_in_process(backend: Backend, probe: RoundTripProbe) -> None:
+    client = backend.reader  # created inside the probe's hooks, like the systems' clients
+    tables = backend.create_tables("latency")
     probe.latency_s = 0.05
     started = time.perf_counter()
     client.get_item(TableName=tables.idempotency, Key={"id": {"S": "absent"}})

@@ -10,12 +10,12 @@ DynamoDB Local behind the conflict emulation, not here.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import pytest
 from botocore.awsrequest import AWSResponse
+from botocore.compat import HTTPHeaders
 
 from consumer.batch import _lanes
 from consumer.conflicts import ConflictCount, ConflictRetry
@@ -23,18 +23,10 @@ from consumer.errors import TransactionConflict
 from consumer.idempotency.record import Status
 from consumer.outcome import Outcome
 from consumer.processor import Prepared, Rejected
-from tests.unit.conftest import (
-    REGION,
-    Clock,
-    Consumer,
-    Remaining,
-    balance,
-    make_consumer,
-    payment_body,
-    receipt_body,
-    sqs_record,
-)
-from tests.unit.webhook import Webhook, running_webhook
+from testkit.lambda_sqs import REGION, Remaining, sqs_record
+from testkit.messages import payment_body, receipt_body
+from testkit.webhook import WebhookSink
+from tests.unit.conftest import Clock, Consumer, balance, make_consumer
 
 
 class Conflicts:
@@ -43,7 +35,8 @@ class Conflicts:
     def __init__(self, session: boto3.session.Session, operation: str, count: int) -> None:
         self.left = count
         self.operation = operation
-        session.events.register(f"before-call.dynamodb.{operation}", self._answer)
+        # botocore's stubs type every handler as returning None; a before-call handler may answer instead.
+        session.events.register(f"before-call.dynamodb.{operation}", self._answer)  # type: ignore[arg-type]
 
     def _answer(self, params: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict[str, Any]] | None:
         if self.left <= 0:
@@ -53,20 +46,14 @@ class Conflicts:
             reasons = [{"Code": "None"}] * len(json.loads(params["body"])["TransactItems"])
             reasons[1] = {"Code": "TransactionConflict", "Message": "Transaction is ongoing for the item"}
             error = {"Code": "TransactionCanceledException", "Message": "Transaction cancelled"}
-            return AWSResponse("", 400, {}, None), {"Error": error, "CancellationReasons": reasons}
+            return AWSResponse("", 400, HTTPHeaders(), None), {"Error": error, "CancellationReasons": reasons}
         error = {"Code": "TransactionConflictException", "Message": "Transaction is ongoing for the item"}
-        return AWSResponse("", 400, {}, None), {"Error": error}
+        return AWSResponse("", 400, HTTPHeaders(), None), {"Error": error}
 
 
 @pytest.fixture
 def session(aws: None) -> boto3.session.Session:
     return boto3.session.Session(region_name=REGION)
-
-
-@pytest.fixture
-def webhook() -> Iterator[Webhook]:
-    with running_webhook() as hook:
-        yield hook
 
 
 def retry_policy(attempts: int = 10) -> ConflictRetry:
@@ -165,10 +152,10 @@ def test_a_payment_still_in_conflict_after_the_retries_is_its_own_outcome_and_co
 
 
 def test_a_receipt_whose_commit_conflicts_is_committed_without_a_second_webhook_call(
-    dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session, webhook: Webhook
+    dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session, webhook: WebhookSink
 ) -> None:
     Conflicts(session, "TransactWriteItems", 5)
-    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=webhook.url)
+    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=webhook.receipts_url)
 
     result = result_of(consumer, sqs_record("r", receipt_body("1")))
 
@@ -177,10 +164,10 @@ def test_a_receipt_whose_commit_conflicts_is_committed_without_a_second_webhook_
 
 
 def test_a_receipt_whose_commit_stays_in_conflict_keeps_its_claim_so_a_redelivery_cannot_call_again(
-    dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session, webhook: Webhook
+    dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session, webhook: WebhookSink
 ) -> None:
     conflicts = Conflicts(session, "TransactWriteItems", 10_000)
-    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=webhook.url)
+    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=webhook.receipts_url)
     consumer.remaining = Remaining(30_000, then=[30_000, 30_000, 30_000, *[30_000] * 20, 1_000])
 
     first = result_of(consumer, sqs_record("r", receipt_body("1")))
@@ -197,10 +184,10 @@ def test_a_receipt_whose_commit_stays_in_conflict_keeps_its_claim_so_a_redeliver
 
 
 def test_a_claim_refused_by_a_conflict_is_retried(
-    dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session, webhook: Webhook
+    dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session, webhook: WebhookSink
 ) -> None:
     Conflicts(session, "UpdateItem", 2)
-    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=webhook.url)
+    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=webhook.receipts_url)
 
     result = result_of(consumer, sqs_record("r", receipt_body("1")))
 

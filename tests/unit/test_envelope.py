@@ -8,7 +8,7 @@ import pytest
 
 from consumer.envelope import KeySource, parse_message, payload_hash
 from consumer.errors import PoisonMessage
-from tests.unit.conftest import sqs_record
+from testkit.lambda_sqs import sqs_record
 
 PAYLOAD = {"paymentId": "p-1", "accountId": "acc-1", "amountCents": 1250, "currency": "EUR"}
 ATTRIBUTE_KEY = {"IdempotencyKey": {"stringValue": "attr-key", "dataType": "String"}}

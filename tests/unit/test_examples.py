@@ -6,7 +6,9 @@ import json
 from typing import Any
 
 from examples.refund_issued import RefundIssuedHandler
-from tests.unit.conftest import LEDGER_TABLE, Clock, balance, make_consumer, payment_body, sqs_record
+from testkit.lambda_sqs import sqs_record
+from testkit.messages import payment_body
+from tests.unit.conftest import LEDGER_TABLE, Clock, balance, make_consumer
 
 
 def refund(refund_id: str, amount: int) -> str:

@@ -29,9 +29,12 @@ from consumer.config import Settings
 from consumer.envelope import MAX_BODY_BYTES, parse_message
 from consumer.errors import ErrorType, PoisonMessage
 from consumer.handlers import build_handlers
-from tests.unit.conftest import IDEMPOTENCY_TABLE, LEDGER_TABLE, REGION, balance, create_tables, sqs_record
-from tests.unit.test_app import LambdaContext
-from tests.unit.webhook import Webhook, running_webhook
+from testkit.lambda_sqs import REGION, LambdaContext, sqs_record
+from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
+from testkit.tables import LEDGER_TABLE as LEDGER
+from testkit.tables import create_template_tables
+from testkit.webhook import WebhookSink
+from tests.unit.conftest import IDEMPOTENCY_TABLE, LEDGER_TABLE, balance
 
 settings.register_profile(
     "bounded", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -181,16 +184,16 @@ def is_valid(record: dict[str, Any]) -> bool:
 class Function:
     """The deployed handler's view: its environment on moto, and what reached the DLQ."""
 
-    def __init__(self, webhook: Webhook) -> None:
+    def __init__(self, webhook: WebhookSink) -> None:
         self.dynamodb = boto3.client("dynamodb", region_name=REGION)
         self.sqs = boto3.client("sqs", region_name=REGION)
-        create_tables(self.dynamodb)
+        create_template_tables(self.dynamodb, {IDEMPOTENCY: IDEMPOTENCY_TABLE, LEDGER: LEDGER_TABLE})
         self.dlq_url = self.sqs.create_queue(QueueName="fuzz-dlq")["QueueUrl"]
         self.env = {
             "IDEMPOTENCY_TABLE_NAME": IDEMPOTENCY_TABLE,
             "LEDGER_TABLE_NAME": LEDGER_TABLE,
             "DEAD_LETTER_QUEUE_URL": self.dlq_url,
-            "RECEIPT_WEBHOOK_URL": webhook.url,
+            "RECEIPT_WEBHOOK_URL": webhook.receipts_url,
             "MAX_WORKERS": "1",  # moto in process is not thread-safe
         }
 
@@ -210,7 +213,7 @@ class Function:
 
 @pytest.fixture(scope="module")
 def function() -> Iterator[Function]:
-    with pytest.MonkeyPatch.context() as patch, running_webhook() as webhook:
+    with pytest.MonkeyPatch.context() as patch, WebhookSink() as webhook:
         for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS", "AWS_PROFILE"):
             patch.delenv(name, raising=False)
         for name, value in {

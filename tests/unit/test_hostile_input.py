@@ -8,14 +8,19 @@ the input is in fact valid), and the handler must return a partial batch respons
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
 from consumer.dead_letter import MAX_MESSAGE_BYTES, DeadLetterQueue, message_size
 from consumer.envelope import MAX_BODY_BYTES, MAX_KEY_BYTES, MAX_KEY_LENGTH, MAX_NESTING_DEPTH
 from consumer.errors import ErrorType
-from tests.unit.conftest import Consumer, balance, payment_body, sqs_record
+from testkit.lambda_sqs import sqs_record
+from testkit.messages import payment_body
+from tests.unit.conftest import Consumer, balance
+
+if TYPE_CHECKING:
+    from types_boto3_sqs import SQSClient
 
 
 def body_with(payload: Any, key: Any = "k-hostile", event_type: Any = "PaymentReceived") -> str:
@@ -156,6 +161,11 @@ class Recorder:
         return {}
 
 
+def recorded_queue(recorder: Recorder) -> DeadLetterQueue:
+    """A dead-letter queue whose client records what it would send; it only needs ``send_message``."""
+    return DeadLetterQueue(lambda: cast("SQSClient", recorder), "https://dlq")
+
+
 def many_attributes() -> dict[str, Any]:
     return {f"Attr{i}": {"dataType": "String", "stringValue": "v" * 200} for i in range(6)}
 
@@ -165,7 +175,7 @@ def test_a_poison_message_at_the_size_limit_reaches_the_dlq_with_its_reason_with
     recorder = Recorder()
     record = sqs_record("big", "b" * body_bytes, message_attributes=many_attributes())
 
-    DeadLetterQueue(lambda: recorder, "https://dlq").send(record, ErrorType.SCHEMA_VIOLATION, "too odd", "key-1")
+    recorded_queue(recorder).send(record, ErrorType.SCHEMA_VIOLATION, "too odd", "key-1")
 
     (sent,) = recorder.sent
     attributes = sent["MessageAttributes"]
@@ -185,7 +195,7 @@ def test_a_small_poison_message_keeps_its_body_and_attributes_untouched() -> Non
     recorder = Recorder()
     record = sqs_record("small", "{oops", message_attributes=many_attributes())
 
-    DeadLetterQueue(lambda: recorder, "https://dlq").send(record, ErrorType.INVALID_JSON, "bad", "")
+    recorded_queue(recorder).send(record, ErrorType.INVALID_JSON, "bad", "")
 
     (sent,) = recorder.sent
     assert sent["MessageBody"] == "{oops"
@@ -196,7 +206,7 @@ def test_a_truncated_body_is_cut_on_a_character_boundary() -> None:
     recorder = Recorder()
     record = sqs_record("wide", "€" * (MAX_BODY_BYTES // 3))
 
-    DeadLetterQueue(lambda: recorder, "https://dlq").send(record, ErrorType.BODY_TOO_LARGE, "x" * 5_000, "k")
+    recorded_queue(recorder).send(record, ErrorType.BODY_TOO_LARGE, "x" * 5_000, "k")
 
     (sent,) = recorder.sent
     assert set(sent["MessageBody"]) == {"€"}

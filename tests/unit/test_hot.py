@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from local import workload
 from local.cli import parser
 from local.hot import Figures, TimedRuntime, Tracker
 from local.invocation import Invocation
+from testkit import messages as outgoing
 
-_MESSAGES = [workload.payment(f"k{index}", f"p{index}", "acc-1", 100) for index in range(3)]
+_MESSAGES = [outgoing.payment(f"k{index}", f"p{index}", "acc-1", 100) for index in range(3)]
 
 
 def _event(*ids: str) -> dict[str, Any]:
@@ -37,7 +37,7 @@ def _invocation(response: Any = None, error: BaseException | None = None, timed_
 
 def test_a_message_is_done_at_its_first_completion_and_every_return_is_counted() -> None:
     tracker = Tracker()
-    tracker.sent(["a", "b", "c"], _MESSAGES, at=1.0)
+    tracker.sent(dict(zip(["a", "b", "c"], _MESSAGES, strict=True)), at=1.0)
     tracker.finished(["a", "b"], returned={"b"}, at=2.0)
     assert not tracker.all_done()
     tracker.finished(["b", "c", "a"], returned=set(), at=3.0)
@@ -59,7 +59,7 @@ def test_a_message_is_done_at_its_first_completion_and_every_return_is_counted()
 )
 def test_the_runtime_wrapper_reports_what_goes_back_to_sqs(invocation: Invocation, returned: set[str]) -> None:
     tracker = Tracker()
-    tracker.sent(["a", "b"], _MESSAGES[:2], at=1.0)
+    tracker.sent(dict(zip(["a", "b"], _MESSAGES[:2], strict=True)), at=1.0)
     TimedRuntime(_Runtime(invocation), tracker).invoke(_event("a", "b"))  # type: ignore[arg-type]
     assert tracker.returned == len(returned)
     assert set(tracker.done_at) == {"a", "b"} - returned

@@ -19,6 +19,7 @@ from typing import Any
 
 import boto3
 from botocore.awsrequest import AWSPreparedRequest, AWSResponse
+from botocore.compat import HTTPHeaders
 from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
 from botocore.httpsession import URLLib3Session
 
@@ -29,7 +30,7 @@ _INJECTED = "chaos-injected"
 _RETRY_DELAY_S = 0.005
 
 
-class WireFault(StrEnum):
+class TransportFault(StrEnum):
     THROTTLED = "throttled"  # a throttling error in the server's place; nothing applied
     SERVER_ERROR = "server_error"  # a 500 in the server's place; nothing applied
     CONNECT_TIMEOUT = "connect_timeout"  # the request never left; nothing applied
@@ -39,11 +40,11 @@ class WireFault(StrEnum):
 
     @property
     def reaches_server(self) -> bool:
-        return self in (WireFault.LOST_ANSWER, WireFault.READ_TIMEOUT)
+        return self in (TransportFault.LOST_ANSWER, TransportFault.READ_TIMEOUT)
 
 
 @dataclass(frozen=True)
-class WireCall:
+class TransportCall:
     """One attempt of one API call, as the hook sees it."""
 
     service: str  # botocore's service id: "dynamodb", "sqs"
@@ -53,10 +54,10 @@ class WireCall:
 
 
 @dataclass(frozen=True)
-class WirePlan:
+class TransportPlan:
     """What to do with one attempt. The default lets it through untouched."""
 
-    fault: WireFault | None = None
+    fault: TransportFault | None = None
     # Runs before the request is sent; may block (a paused worker) or raise (a crash).
     before: Callable[[], None] | None = None
     # Runs once the server answered, with its HTTP status, before the caller sees it;
@@ -64,7 +65,7 @@ class WirePlan:
     after: Callable[[int], None] | None = None
 
 
-WirePolicy = Callable[[WireCall], WirePlan | None]
+TransportPolicy = Callable[[TransportCall], TransportPlan | None]
 
 
 class _Body:
@@ -89,7 +90,7 @@ def _made_up(
     if service == "sqs":
         # SQS's JSON protocol names the error in this header as well.
         headers["x-amzn-query-error"] = f"{code};{'Sender' if status < 500 else 'Receiver'}"
-    return AWSResponse(request.url, status, headers, _Body(body))
+    return AWSResponse(request.url, status, HTTPHeaders.from_dict(headers), _Body(body))
 
 
 def _injected(error: Exception) -> Exception:
@@ -112,8 +113,8 @@ def _throttling_code(service: str) -> str:
     return "ProvisionedThroughputExceededException" if service == "dynamodb" else "ThrottlingException"
 
 
-class _WireHook:
-    def __init__(self, policy: WirePolicy, service: str) -> None:
+class _TransportHook:
+    def __init__(self, policy: TransportPolicy, service: str) -> None:
         self._policy = policy
         self._service = service
         # Our own connection pool: the hook sends the request itself when it has to act
@@ -122,8 +123,9 @@ class _WireHook:
 
     def before_send(self, request: AWSPreparedRequest, event_name: str, **_: Any) -> AWSResponse | None:
         operation = event_name.rsplit(".", 1)[-1]
-        params = json.loads(request.body) if request.body else {}
-        plan = self._policy(WireCall(self._service, operation, params, _attempt(request)))
+        body = request.body
+        params = json.loads(body) if isinstance(body, str | bytes) and body else {}
+        plan = self._policy(TransportCall(self._service, operation, params, _attempt(request)))
         if plan is None:
             return None
         if plan.before is not None:
@@ -134,24 +136,24 @@ class _WireHook:
             return None
         return self._send_then(request, plan)
 
-    def _instead_of_sending(self, request: AWSPreparedRequest, fault: WireFault) -> AWSResponse:
+    def _instead_of_sending(self, request: AWSPreparedRequest, fault: TransportFault) -> AWSResponse:
         service = self._service
-        if fault is WireFault.THROTTLED:
+        if fault is TransportFault.THROTTLED:
             return _made_up(request, service, 400, _throttling_code(service), "injected throttling")
-        if fault is WireFault.SERVER_ERROR:
+        if fault is TransportFault.SERVER_ERROR:
             return _made_up(request, service, 500, "InternalServerError", "injected server error")
-        if fault is WireFault.REJECTED:
+        if fault is TransportFault.REJECTED:
             return _made_up(request, service, 400, "ValidationException", "injected rejection", retryable=False)
         raise _injected(ConnectTimeoutError(endpoint_url=request.url, error="injected connect timeout"))
 
-    def _send_then(self, request: AWSPreparedRequest, plan: WirePlan) -> AWSResponse:
+    def _send_then(self, request: AWSPreparedRequest, plan: TransportPlan) -> AWSResponse:
         response = self._http.send(request)
         response.content  # noqa: B018 (read it all: the connection goes back to the pool)
         if plan.after is not None:
             plan.after(response.status_code)
-        if plan.fault is WireFault.READ_TIMEOUT:
+        if plan.fault is TransportFault.READ_TIMEOUT:
             raise _injected(ReadTimeoutError(endpoint_url=request.url, error="injected read timeout after sending"))
-        if plan.fault is WireFault.LOST_ANSWER and 200 <= response.status_code < 300:
+        if plan.fault is TransportFault.LOST_ANSWER and 200 <= response.status_code < 300:
             return _made_up(request, self._service, 500, "InternalServerError", "injected: applied, answer lost")
         return response
 
@@ -176,10 +178,13 @@ class _WireHook:
         return _RETRY_DELAY_S if attempts < max_attempts else None
 
 
-def install(session: boto3.session.Session, policy: WirePolicy, services: tuple[str, ...] = ("dynamodb",)) -> None:
+def install_faults(
+    session: boto3.session.Session, policy: TransportPolicy, services: tuple[str, ...] = ("dynamodb",)
+) -> None:
     """Put ``policy`` between every client ``session`` creates from now on and its endpoint."""
     for service in services:
-        hook = _WireHook(policy, service)
-        session.events.register(f"before-send.{service}", hook.before_send)
+        hook = _TransportHook(policy, service)
+        # botocore's stubs type every handler as returning None; these two answer in botocore's place.
+        session.events.register(f"before-send.{service}", hook.before_send)  # type: ignore[arg-type]
         # One level deeper than botocore's own retry handler, so this one is asked first.
-        session.events.register(f"needs-retry.{service}.*", hook.needs_retry)
+        session.events.register(f"needs-retry.{service}.*", hook.needs_retry)  # type: ignore[arg-type]

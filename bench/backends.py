@@ -1,6 +1,6 @@
 """Where the systems' DynamoDB calls go: moto in process, or Amazon's DynamoDB Local.
 
-Each yields a ``Stack`` whose environment points boto3 at it, the way the function is
+Each yields a ``Backend`` whose environment points boto3 at it, the way the function is
 pointed at local endpoints (``AWS_ENDPOINT_URL_DYNAMODB``), so the systems under test
 have no benchmark-specific code path.
 """
@@ -18,9 +18,10 @@ import boto3
 from moto import mock_aws
 
 from bench.hooks import unobserved
-from bench.records import REGION
 from local.aws import DUMMY_CREDENTIALS_ENV
 from local.dynamodb_local import DynamoDBLocal
+from testkit.lambda_sqs import REGION
+from testkit.tables import IDEMPOTENCY_TABLE, LEDGER_TABLE, create_template_tables
 
 _ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS", "AWS_PROFILE")
 # DynamoDB Local has no SQS. The dead-letter queue is only for poison messages, which the
@@ -36,19 +37,18 @@ class Tables:
 
 
 @dataclass(frozen=True)
-class Stack:
+class Backend:
     name: str
     # The benchmark's own client: tables, item sizes. Its calls are never counted.
     reader: Any
     dead_letter_queue_url: str
 
     def create_tables(self, prefix: str) -> Tables:
-        """The template's two table shapes, under names of their own for one system."""
+        """The template's two tables, under names of their own for one system."""
         suffix = uuid.uuid4().hex[:6]
         tables = Tables(idempotency=f"{prefix}-idempotency-{suffix}", ledger=f"{prefix}-ledger-{suffix}")
         with unobserved():
-            self._create(tables.idempotency, [("id", "HASH")])
-            self._create(tables.ledger, [("accountId", "HASH"), ("entryId", "RANGE")])
+            create_template_tables(self.reader, {IDEMPOTENCY_TABLE: tables.idempotency, LEDGER_TABLE: tables.ledger})
         return tables
 
     def empty_tables(self, names: Iterable[str]) -> None:
@@ -69,15 +69,6 @@ class Stack:
                         RequestItems={name: [{"DeleteRequest": {"Key": key}} for key in chunk]}
                     )
 
-    def _create(self, name: str, keys: list[tuple[str, str]]) -> None:
-        self.reader.create_table(
-            TableName=name,
-            KeySchema=[{"AttributeName": attribute, "KeyType": role} for attribute, role in keys],
-            AttributeDefinitions=[{"AttributeName": attribute, "AttributeType": "S"} for attribute, _ in keys],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        self.reader.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1})
-
 
 @contextmanager
 def scoped_environment(values: Mapping[str, str], *, unset: tuple[str, ...] = ()) -> Iterator[None]:
@@ -97,17 +88,17 @@ def scoped_environment(values: Mapping[str, str], *, unset: tuple[str, ...] = ()
 
 
 @contextmanager
-def moto_stack() -> Iterator[Stack]:
+def moto_backend() -> Iterator[Backend]:
     with scoped_environment(DUMMY_CREDENTIALS_ENV, unset=_ENDPOINT_VARIABLES), mock_aws():
         session = boto3.session.Session()
         with unobserved():
             queue_url = session.client("sqs").create_queue(QueueName="bench-dead-letters")["QueueUrl"]
-        yield Stack("moto in-process", session.client("dynamodb"), queue_url)
+        yield Backend("moto in-process", session.client("dynamodb"), queue_url)
 
 
 @contextmanager
-def dynamodb_local_stack() -> Iterator[Stack]:
+def dynamodb_local_backend() -> Iterator[Backend]:
     with DynamoDBLocal() as server:
         environment = {**DUMMY_CREDENTIALS_ENV, "AWS_ENDPOINT_URL_DYNAMODB": server.endpoint_url}
         with scoped_environment(environment, unset=_ENDPOINT_VARIABLES):
-            yield Stack("DynamoDB Local", boto3.session.Session().client("dynamodb"), _UNUSED_QUEUE_URL)
+            yield Backend("DynamoDB Local", boto3.session.Session().client("dynamodb"), _UNUSED_QUEUE_URL)

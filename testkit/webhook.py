@@ -4,7 +4,7 @@
 processes); in-process, ``WebhookSink.received`` does the same. ``answer_next`` plans
 the next answers (status and delay), for any request or for one ``Idempotency-Key``,
 so tests can make the downstream fail, stall or reject; once a plan runs out the POST
-gets ``default_status``.
+gets the ``default`` answer.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ class ReceivedRequest:
 class WebhookSink:
     """An HTTP server on 127.0.0.1 in a daemon thread of this process."""
 
-    def __init__(self, default_status: int = HTTPStatus.OK) -> None:
-        self.default_status = default_status
+    def __init__(self, default: Answer = Answer()) -> None:
+        self.default = default
         self._lock = threading.Lock()
         self._received: list[ReceivedRequest] = []
         self._plan: deque[Answer] = deque()
@@ -69,6 +69,10 @@ class WebhookSink:
     def received(self) -> list[ReceivedRequest]:
         with self._lock:
             return list(self._received)
+
+    def keys(self) -> list[str | None]:
+        """The ``Idempotency-Key`` of every POST received, in order."""
+        return [request.idempotency_key for request in self.received()]
 
     def answer_next(self, *answers: Answer, key: str | None = None) -> None:
         """Answer the next POSTs (those with this ``Idempotency-Key``, if given) with these, in order."""
@@ -108,7 +112,7 @@ class WebhookSink:
             for plan in (self._plans_by_key.get(key or ""), self._plan):
                 if plan:
                     return plan.popleft()
-            return Answer(self.default_status)
+            return self.default
 
     def _record(self, request: ReceivedRequest) -> None:
         with self._lock:

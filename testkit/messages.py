@@ -1,0 +1,225 @@
+"""Message bodies in the project's envelope: payments, receipt requests, producer resends and poison.
+
+A resend is what a producer does after a lost acknowledgement: the same body (same idempotency
+key, same payload) sent again, so SQS gives it a new ``messageId``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from consumer.errors import ErrorType
+
+CURRENCY = "EUR"
+_SEND_BATCH = 10
+
+
+def envelope(event_type: str, key: str | None, payload: dict[str, Any]) -> str:
+    body: dict[str, Any] = {"eventType": event_type, "payload": payload}
+    if key is not None:
+        body["metadata"] = {"idempotencyKey": key}
+    return json.dumps(body)
+
+
+def payment_payload(payment_id: str, account_id: str = "acc-1", amount_cents: int = 1250) -> dict[str, Any]:
+    return {"paymentId": payment_id, "accountId": account_id, "amountCents": amount_cents, "currency": CURRENCY}
+
+
+def receipt_payload(
+    receipt_id: str, account_id: str = "acc-1", payment_id: str | None = None, amount_cents: int = 1250
+) -> dict[str, Any]:
+    return {
+        "receiptId": receipt_id,
+        "paymentId": payment_id or f"p-{receipt_id}",
+        "accountId": account_id,
+        "amountCents": amount_cents,
+        "currency": CURRENCY,
+        "email": f"{account_id}@example.com",
+    }
+
+
+def payment_body(payment_id: str, account_id: str = "acc-1", amount: int = 1250, key: str | None = None) -> str:
+    return envelope("PaymentReceived", key or f"pay-{payment_id}", payment_payload(payment_id, account_id, amount))
+
+
+def receipt_body(receipt_id: str, key: str | None = None, account_id: str = "acc-1") -> str:
+    return envelope("ReceiptRequested", key or f"receipt-{receipt_id}", receipt_payload(receipt_id, account_id))
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One message to send, and what it should come to."""
+
+    body: str
+    kind: str  # "payment", "receipt", "poison" or "from-file"
+    key: str | None = None
+    # What the consumer should dead-letter it for, for poison.
+    expected_error: ErrorType | None = None
+    attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @cached_property
+    def _envelope(self) -> dict[str, Any]:
+        try:
+            document = json.loads(self.body)
+        except json.JSONDecodeError:
+            return {}
+        return document if isinstance(document, dict) else {}
+
+    @property
+    def event_type(self) -> str | None:
+        return self._envelope.get("eventType")
+
+    @property
+    def payload(self) -> dict[str, Any] | None:
+        """The payload of a well-formed body; ``None`` for a body that is not an envelope."""
+        payload = self._envelope.get("payload")
+        return payload if isinstance(payload, dict) else None
+
+
+def payment(key: str, payment_id: str, account_id: str, amount_cents: int) -> Outgoing:
+    return Outgoing(
+        envelope("PaymentReceived", key, payment_payload(payment_id, account_id, amount_cents)), "payment", key
+    )
+
+
+def receipt(key: str, receipt_id: str, account_id: str, payment_id: str, amount_cents: int) -> Outgoing:
+    payload = receipt_payload(receipt_id, account_id, payment_id, amount_cents)
+    return Outgoing(envelope("ReceiptRequested", key, payload), "receipt", key)
+
+
+def payments(count: int, accounts: int, rng: random.Random, prefix: str = "pay") -> list[Outgoing]:
+    return [
+        payment(
+            key=f"{prefix}-{index:06d}",
+            payment_id=f"{prefix}-p{index:06d}",
+            account_id=f"acc-{rng.randrange(accounts):03d}",
+            amount_cents=rng.randrange(100, 100_000),
+        )
+        for index in range(count)
+    ]
+
+
+def receipts(count: int, accounts: int, rng: random.Random, prefix: str = "rcpt") -> list[Outgoing]:
+    return [
+        receipt(
+            key=f"{prefix}-{index:06d}",
+            receipt_id=f"{prefix}-r{index:06d}",
+            account_id=f"acc-{rng.randrange(accounts):03d}",
+            payment_id=f"{prefix}-p{index:06d}",
+            amount_cents=rng.randrange(100, 100_000),
+        )
+        for index in range(count)
+    ]
+
+
+def with_resends(messages: Sequence[Outgoing], fraction: float, rng: random.Random) -> list[Outgoing]:
+    """The messages plus resends of about ``fraction`` of them, shuffled in among the originals."""
+    resends = [message for message in messages if rng.random() < fraction]
+    mixed = [*messages, *resends]
+    rng.shuffle(mixed)
+    return mixed
+
+
+def poison(per_kind: int, reused: Outgoing | None = None) -> list[Outgoing]:
+    """Messages that can never succeed, ``per_kind`` of each; key reuse needs an applied payment."""
+    made: list[Outgoing] = []
+    for index in range(per_kind):
+        made.append(Outgoing('{"eventType": "PaymentReceived", "payload": ', "poison", None, ErrorType.INVALID_JSON))
+        bad = envelope("PaymentReceived", f"bad-{index}", {"paymentId": f"bad-{index}", "accountId": "acc-000"})
+        made.append(Outgoing(bad, "poison", f"bad-{index}", ErrorType.SCHEMA_VIOLATION))
+        unknown = envelope("LoyaltyPointsAwarded", f"points-{index}", {"awardId": f"pts-{index}", "points": 50})
+        made.append(Outgoing(unknown, "poison", f"points-{index}", ErrorType.UNKNOWN_EVENT_TYPE))
+        if reused is not None and reused.kind == "payment" and reused.payload is not None:
+            changed = {**reused.payload, "amountCents": reused.payload["amountCents"] + 1 + index}
+            made.append(
+                Outgoing(
+                    envelope("PaymentReceived", reused.key, changed),
+                    "poison",
+                    reused.key,
+                    ErrorType.IDEMPOTENCY_KEY_REUSED,
+                )
+            )
+    return made
+
+
+def expected_balances(messages: Iterable[Outgoing]) -> dict[str, int]:
+    """Balance per account = the sum of its distinct payments, however often each was sent."""
+    distinct = {m.payload["paymentId"]: m.payload for m in messages if m.kind == "payment" and m.payload}
+    balances: Counter[str] = Counter()
+    for paid in distinct.values():
+        balances[paid["accountId"]] += paid["amountCents"]
+    return dict(balances)
+
+
+def queue_counts(sqs: Any, queue_url: str) -> tuple[int, int]:
+    """Messages waiting (visible or delayed), and in flight (received, or backing off)."""
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=queue_url,
+        AttributeNames=[
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ],
+    )["Attributes"]
+    waiting = int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesDelayed"])
+    return waiting, int(attributes["ApproximateNumberOfMessagesNotVisible"])
+
+
+def send_all(
+    sqs: Any, queue_url: str, messages: Sequence[Outgoing], max_depth: int | None = None
+) -> dict[str, Outgoing]:
+    """Send in batches of 10, each once fewer than ``max_depth`` wait (moto's send cost grows with
+    depth); returns each message by the ``messageId`` SQS gave it."""
+    sent: dict[str, Outgoing] = {}
+    for start in range(0, len(messages), _SEND_BATCH):
+        while max_depth is not None and queue_counts(sqs, queue_url)[0] >= max_depth:
+            time.sleep(0.05)
+        chunk = messages[start : start + _SEND_BATCH]
+        entries = [
+            {
+                "Id": str(index),
+                "MessageBody": message.body,
+                **({"MessageAttributes": message.attributes} if message.attributes else {}),
+            }
+            for index, message in enumerate(chunk)
+        ]
+        answer = sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
+        if answer.get("Failed"):
+            raise RuntimeError(f"SQS refused messages: {answer['Failed']}")
+        sent.update({entry["MessageId"]: chunk[int(entry["Id"])] for entry in answer["Successful"]})
+    return sent
+
+
+class MessageFactory:
+    """Bodies that never contend: each message has its own key, payment and account."""
+
+    def __init__(self, run_id: str | None = None) -> None:
+        # Keys unique across runs too: DynamoDB Local's tables outlive one system's turn.
+        self._run_id = run_id or uuid.uuid4().hex[:8]
+        self._sequence = itertools.count(1)
+
+    def payment(self) -> str:
+        n = self._next()
+        return payment_body(f"p-{n}", f"acc-{n}", key=f"pay-{n}")
+
+    def receipt(self) -> str:
+        n = self._next()
+        return envelope("ReceiptRequested", f"receipt-{n}", receipt_payload(f"r-{n}", f"acc-{n}", f"p-{n}"))
+
+    def payments(self, count: int) -> list[str]:
+        return [self.payment() for _ in range(count)]
+
+    def receipts(self, count: int) -> list[str]:
+        return [self.receipt() for _ in range(count)]
+
+    def _next(self) -> str:
+        return f"{self._run_id}-{next(self._sequence)}"

@@ -1,0 +1,63 @@
+"""DynamoDB tables made from ``template.yaml``'s own definitions, so no test or benchmark types a schema out.
+
+The table's name is the caller's (tests and benchmarks need several per server); keys, billing,
+indexes and TTL come from the template. SSE, point-in-time recovery and deletion protection have
+no meaning on DynamoDB Local or moto and are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from testkit.template import Template
+
+TABLE_TYPE = "AWS::DynamoDB::Table"
+IDEMPOTENCY_TABLE = "IdempotencyTable"
+LEDGER_TABLE = "LedgerTable"
+_CREATE_TABLE_PARAMETERS = (
+    "AttributeDefinitions",
+    "KeySchema",
+    "BillingMode",
+    "ProvisionedThroughput",
+    "GlobalSecondaryIndexes",
+    "LocalSecondaryIndexes",
+)
+
+
+def ttl_attribute(properties: Mapping[str, Any]) -> str | None:
+    ttl = properties.get("TimeToLiveSpecification") or {}
+    return ttl.get("AttributeName") if str(ttl.get("Enabled", "")).lower() == "true" else None
+
+
+def create_table(dynamodb: Any, name: str, properties: Mapping[str, Any]) -> None:
+    """Create ``name`` from a table's resolved template properties; an existing table is kept as it is."""
+    request: dict[str, Any] = {key: properties[key] for key in _CREATE_TABLE_PARAMETERS if key in properties}
+    stream = properties.get("StreamSpecification")
+    if stream:
+        request["StreamSpecification"] = {"StreamEnabled": True, **stream}
+    try:
+        dynamodb.create_table(TableName=name, **request)
+    except ClientError as error:
+        # A running stack's table: the template is the same, so is the table.
+        if error.response["Error"]["Code"] != "ResourceInUseException":
+            raise
+    dynamodb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 0.2})
+    attribute = ttl_attribute(properties)
+    if attribute:
+        current = dynamodb.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
+        if current.get("TimeToLiveStatus") != "ENABLED":
+            dynamodb.update_time_to_live(
+                TableName=name, TimeToLiveSpecification={"AttributeName": attribute, "Enabled": True}
+            )
+
+
+def create_template_tables(dynamodb: Any, names: Mapping[str, str], template: Template | None = None) -> None:
+    """Create each table of the template named in ``names`` (logical id -> table name)."""
+    template = template or Template.from_file()
+    for logical_id, name in names.items():
+        if template.resources.get(logical_id, {}).get("Type") != TABLE_TYPE:
+            raise ValueError(f"{logical_id!r} is not a DynamoDB table of {template.path}")
+        create_table(dynamodb, name, template.properties(logical_id))

@@ -1,0 +1,134 @@
+"""``make smoke``: the local form end to end, what the clean-up leaves, failed checks, a stack that does not fit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from local import dead_letters, smoke
+from local.stack import DeployedStack
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _target(stack: DeployedStack) -> smoke.Target:
+    return smoke.Target(
+        sqs=stack.servers.client("sqs"),
+        dynamodb=stack.servers.client("dynamodb"),
+        queue_url=stack.queue.url,
+        dead_letter_queue_url=stack.dead_letter_queue.url,
+        ledger_table=stack.table_name("LedgerTable"),
+        idempotency_table=stack.table_name("IdempotencyTable"),
+    )
+
+
+def _scan(stack: DeployedStack, logical_id: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = stack.servers.client("dynamodb").scan(TableName=stack.table_name(logical_id))["Items"]
+    return items
+
+
+@pytest.mark.integration
+def test_the_local_form_starts_the_stack_passes_and_stops() -> None:
+    answer = subprocess.run(
+        [sys.executable, "-m", "local", "smoke", "--timeout", "30"],
+        cwd=ROOT,
+        # As the Makefile runs it: the local tooling reads the consumer's own names from src/.
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert answer.returncode == 0, answer.stdout + answer.stderr
+    lines = answer.stdout.splitlines()
+    assert sum(line.startswith("ok ") for line in lines) == 6, answer.stdout
+    assert not any(line.startswith("FAIL") for line in lines)
+    assert lines[-1] == "smoke test passed"
+
+
+def test_a_run_removes_its_own_writes_and_nothing_else(make_stack: Callable[..., DeployedStack]) -> None:
+    stack = make_stack()
+    target = _target(stack)
+    # Someone else's dead letter and ledger entry, already there: the clean-up must leave them.
+    target.sqs.send_message(QueueUrl=target.dead_letter_queue_url, MessageBody="not the smoke test's")
+    other = {"accountId": {"S": "acc-real"}, "entryId": {"S": "BALANCE"}, "balanceCents": {"N": "5"}}
+    target.dynamodb.put_item(TableName=target.ledger_table, Item=other)
+    stack.pollers(2)
+
+    checks = smoke.run_smoke(target, run_id="cleanup-1", timeout_s=30)
+
+    assert all(check.passed for check in checks), [c.text for c in checks if not c.passed]
+    assert _scan(stack, "LedgerTable") == [other]
+    assert not [item for item in _scan(stack, "IdempotencyTable") if "cleanup-1" in item["id"]["S"]]
+    assert [d.body for d in dead_letters.peek(target.sqs, target.dead_letter_queue_url)] == ["not the smoke test's"]
+
+
+def test_each_failed_check_is_one_line_and_the_exit_status_is_1(
+    make_stack: Callable[..., DeployedStack], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No pollers: nothing consumes the queue, so nothing the smoke test waits for happens.
+    checks = smoke.run_smoke(_target(make_stack()), run_id="nobody-home", timeout_s=1)
+
+    assert smoke.report(checks, print) == 1
+    failed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL")]
+    assert failed == [
+        "FAIL ledger entry (smoke-nobody-home, PAYMENT#smoke-p-nobody-home) written within 1s",
+        "FAIL exactly one payment entry for the account (found 0)",
+        "FAIL balance moved once: 1234 cents expected, found None",
+        "FAIL the queue drained within 1s, so the resend was handled",
+        "FAIL the poison message is in the dead-letter queue within 1s",
+        "FAIL its ErrorType attribute is InvalidJson (found None)",
+    ]
+
+
+class _CloudFormation:
+    def __init__(self, outputs: dict[str, str] | None = None, error: ClientError | None = None) -> None:
+        self.outputs = outputs or {}
+        self.error = error
+
+    def describe_stacks(self, StackName: str) -> dict[str, Any]:  # noqa: N803 (boto3's parameter name)
+        if self.error is not None:
+            raise self.error
+        outputs = [{"OutputKey": key, "OutputValue": value} for key, value in self.outputs.items()]
+        return {"Stacks": [{"StackName": StackName, "Outputs": outputs}]}
+
+
+ALL_OUTPUTS = {
+    "ConsumerQueueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q.fifo",
+    "DeadLetterQueueUrl": "https://sqs.eu-west-1.amazonaws.com/1/dlq.fifo",
+    "LedgerTableName": "ledger",
+    "IdempotencyTableName": "idempotency",
+}
+
+
+def test_the_target_comes_from_the_stack_outputs() -> None:
+    target = smoke.target_from_stack(_CloudFormation(ALL_OUTPUTS), "sqs", "dynamodb", "prod")
+
+    assert (target.queue_url, target.dead_letter_queue_url) == (
+        ALL_OUTPUTS["ConsumerQueueUrl"],
+        ALL_OUTPUTS["DeadLetterQueueUrl"],
+    )
+    assert (target.ledger_table, target.idempotency_table, target.fifo) == ("ledger", "idempotency", True)
+
+
+def test_a_stack_without_the_outputs_is_named_with_what_it_lacks() -> None:
+    partial = {k: v for k, v in ALL_OUTPUTS.items() if k != "DeadLetterQueueUrl"}
+
+    with pytest.raises(smoke.SmokeError, match="stack 'other' has no output DeadLetterQueueUrl"):
+        smoke.target_from_stack(_CloudFormation(partial), "sqs", "dynamodb", "other")
+
+
+def test_a_stack_that_does_not_exist_says_so() -> None:
+    missing = ClientError(
+        {"Error": {"Code": "ValidationError", "Message": "Stack with id nope does not exist"}}, "DescribeStacks"
+    )
+
+    with pytest.raises(smoke.SmokeError, match=r"cannot describe stack 'nope': .*does not exist"):
+        smoke.target_from_stack(_CloudFormation(error=missing), "sqs", "dynamodb", "nope")
