@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# As the Makefile runs the commands: the local stack's message builders use the consumer's names.
+_COMMAND_PATH = {"PYTHONPATH": str(REPO_ROOT / "src")}
 pytestmark = pytest.mark.integration
 
 
@@ -21,7 +23,7 @@ def _local(state_dir: Path, *args: str, timeout_s: float = 120) -> subprocess.Co
     return subprocess.run(
         [sys.executable, "-m", "local", *args],
         cwd=REPO_ROOT,
-        env={**os.environ, "LOCAL_STACK_DIR": str(state_dir)},
+        env={**os.environ, **_COMMAND_PATH, "LOCAL_STACK_DIR": str(state_dir)},
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -54,7 +56,7 @@ def test_run_then_send_dlq_redrive_and_ctrl_c_leaves_nothing(tmp_path: Path) -> 
     run = subprocess.Popen(
         [sys.executable, "-m", "local", "run", "--pollers", "2"],
         cwd=REPO_ROOT,
-        env={**os.environ, "LOCAL_STACK_DIR": str(tmp_path)},
+        env={**os.environ, **_COMMAND_PATH, "LOCAL_STACK_DIR": str(tmp_path)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
