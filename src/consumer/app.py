@@ -13,9 +13,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
-import boto3
+import botocore.session
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -33,6 +33,7 @@ from consumer.processor import RecordProcessor
 from consumer.sdk import require_botocore
 
 if TYPE_CHECKING:
+    from types_boto3_dynamodb import DynamoDBClient
     from types_boto3_sqs import SQSClient
 
 logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "idempotent-consumer"))
@@ -57,15 +58,30 @@ class LazyClient(Generic[ClientT]):
         return self._client
 
 
+class ClientSession(Protocol):
+    """A boto3 session (tests and tools hook its events)."""
+
+    def client(self, service_name: str, *, config: Config | None = None) -> Any: ...
+
+
+def _client(session: botocore.session.Session | ClientSession, service: str, config: Config) -> Any:
+    if isinstance(session, botocore.session.Session):
+        return session.create_client(service, config=config)
+    return session.client(service, config=config)
+
+
 def wire(
     settings: Settings,
-    session: boto3.session.Session,
+    session: botocore.session.Session | ClientSession,
     clock: Callable[[], float] = time.time,
     *,
     logger: Any = logger,
     handlers: Mapping[str, MessageHandler[Any]] | None = None,
 ) -> BatchRunner:
-    """Build the consumer from settings, a boto3 session and a clock.
+    """Build the consumer from settings, a session and a clock.
+
+    The function uses botocore's session: importing boto3 would add its S3 transfer
+    manager to every cold start for nothing.
 
     Tests and the fault-injection harness pass their own session (to hook its events),
     clock (to skew it), logger and extra handlers; the function itself uses the defaults.
@@ -81,14 +97,14 @@ def wire(
         parameter_validation=False,
     )
     store = IdempotencyStore(
-        session.client("dynamodb", config=client_config),
+        cast("DynamoDBClient", _client(session, "dynamodb", client_config)),
         settings.idempotency_table_name,
         ttl_seconds=settings.idempotency_ttl_seconds,
         result_max_bytes=settings.result_max_bytes,
         clock=clock,
     )
     # SQS is only needed for poison and retries: create it then, not on every cold start.
-    sqs: LazyClient[SQSClient] = LazyClient(lambda: session.client("sqs", config=client_config))
+    sqs: LazyClient[SQSClient] = LazyClient(lambda: cast("SQSClient", _client(session, "sqs", client_config)))
     dead_letters = DeadLetterQueue(sqs.get, settings.dead_letter_queue_url)
     conflicts = ConflictRetry(
         base_ms=settings.conflict_retry_base_ms,
@@ -129,8 +145,8 @@ def build_consumer() -> BatchRunner:
     its first invocation with the cause named, before any record is touched.
     """
     settings = Settings.from_env()
-    session = boto3.session.Session()
-    require_botocore(session._session)
+    session = botocore.session.get_session()
+    require_botocore(session)
     return wire(settings, session)
 
 

@@ -45,19 +45,18 @@ def package_modules(root: Path = PACKAGE_ROOT) -> dict[str, ast.Module]:
 
 
 def client_services(root: Path = PACKAGE_ROOT) -> set[str]:
-    """Services the code creates clients for: ``<session or boto3>.client("<service>", ...)``."""
+    """Services the code creates clients for: the service named in a call of ``client``,
+    ``create_client`` or the package's own ``_client(session, "<service>", ...)``."""
+    creators = {"client", "create_client", "_client"}
     services: set[str] = set()
     for tree in package_modules(root).values():
         for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "client"
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-                and isinstance(node.args[0].value, str)
-            ):
-                services.add(node.args[0].value)
+            if not isinstance(node, ast.Call):
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            named = [arg.value for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+            if name in creators and named:
+                services.add(named[0])
     return services
 
 

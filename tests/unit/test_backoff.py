@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from consumer.envelope import payload_hash
 from consumer.idempotency.store import Claimed
 from consumer.outcome import Outcome, RecordResult
 from testkit.lambda_sqs import Remaining, sqs_record
-from testkit.messages import payment_body
+from testkit.messages import payment_body, receipt_body
 from tests.unit.conftest import Clock, Consumer, make_consumer
 
 QUEUE = "consumer-queue"
@@ -59,13 +60,15 @@ def test_queue_urls_are_derived_from_the_event_source_arn() -> None:
         queue_url_from_arn("arn:aws:sns:eu-west-1:123456789012:topic")
 
 
-def received(sqs: Any, count: int, visibility_timeout: int = 300) -> tuple[str, list[dict[str, Any]]]:
-    """Send ``count`` payments and receive them as Lambda would, with real receipt handles."""
+def received(
+    sqs: Any, count: int, visibility_timeout: int = 300, body: Callable[[int], str] = lambda i: payment_body(f"p-{i}")
+) -> tuple[str, list[dict[str, Any]]]:
+    """Send ``count`` messages (payments by default) and receive them as Lambda would, with real receipt handles."""
     attributes = {"VisibilityTimeout": str(visibility_timeout)}
     url = sqs.create_queue(QueueName=QUEUE, Attributes=attributes)["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     for i in range(count):
-        sqs.send_message(QueueUrl=url, MessageBody=payment_body(f"p-{i}"))
+        sqs.send_message(QueueUrl=url, MessageBody=body(i))
     messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
     records = []
     for message in messages:
@@ -100,10 +103,11 @@ def test_a_record_in_flight_elsewhere_is_hidden_for_its_backoff(dynamodb: Any, s
     # A queue whose visibility timeout is 0 would hand the record out again at once;
     # the backoff hides it for a while. The queue runs on real time, so the consumer
     # does too here.
-    url, records = received(sqs, 1, visibility_timeout=0)
+    # A receipt (lock mode): its key can be held by another worker's claim.
+    url, records = received(sqs, 1, visibility_timeout=0, body=lambda i: receipt_body(str(i)))
     wall_clock = Clock(time.time())
     consumer = make_consumer(dynamodb, sqs, wall_clock)
-    busy = consumer.store.claim("PaymentReceived#pay-p-0", _hash(records[0]["body"]), 120_000)
+    busy = consumer.store.claim("ReceiptRequested#receipt-0", _hash(records[0]["body"]), 120_000)
     assert isinstance(busy, Claimed)
     backoff = VisibilityBackoff(
         lambda: sqs, base_seconds=2, max_seconds=300, logger=logging.getLogger("test"), clock=wall_clock

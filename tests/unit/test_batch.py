@@ -39,12 +39,13 @@ def reasons(dead_letters: list[dict[str, Any]]) -> dict[str, str]:
 
 def test_a_mixed_batch_reports_exactly_the_records_to_retry(consumer: Consumer, clock: Clock) -> None:
     consumer.process([sqs_record("earlier", payment_body("p-0", amount=100))])
-    busy = consumer.store.claim("PaymentReceived#pay-p-9", _hash_of(payment_body("p-9")), 60_000)
+    # A receipt (lock mode) whose key another worker holds.
+    busy = consumer.store.claim("ReceiptRequested#receipt-9", _hash_of(receipt_body("9")), 60_000)
     assert isinstance(busy, Claimed)
     batch = [
         sqs_record("new", payment_body("p-1", amount=1250)),
         sqs_record("redelivered", payment_body("p-0", amount=100)),
-        sqs_record("in-flight", payment_body("p-9")),
+        sqs_record("in-flight", receipt_body("9")),
         sqs_record("bad-json", "{oops"),
         sqs_record("unknown", json.dumps({"eventType": "RefundIssued", "payload": {}})),
         sqs_record("schema", json.dumps({"eventType": "PaymentReceived", "payload": {"paymentId": "x"}})),
@@ -87,16 +88,36 @@ def test_duplicates_inside_one_batch_are_applied_once(consumer: Consumer) -> Non
     assert balance(consumer.dynamodb, "acc-1") == 500
 
 
-def test_a_key_reused_for_another_payload_goes_to_the_dlq(consumer: Consumer) -> None:
+def test_a_key_reused_for_the_same_payment_with_another_content_goes_to_the_dlq(consumer: Consumer) -> None:
     consumer.process([sqs_record("original", payment_body("p-1", amount=500, key="shared-key"))])
 
-    failed = consumer.failed_ids([sqs_record("reuse", payment_body("p-2", amount=900, key="shared-key"))])
+    failed = consumer.failed_ids([sqs_record("reuse", payment_body("p-1", amount=900, key="shared-key"))])
 
     assert failed == []
     dead = consumer.dead_letters()
     assert reasons(dead) == {"reuse": "IdempotencyKeyReused"}
     assert "shared-key" in dead[0]["MessageAttributes"]["ErrorMessage"]["StringValue"]
     assert balance(consumer.dynamodb, "acc-1") == 500
+
+
+def test_a_key_reused_for_a_receipt_with_another_payload_goes_to_the_dlq(receipts: Consumer) -> None:
+    receipts.process([sqs_record("original", receipt_body("1", key="shared-key"))])
+
+    failed = receipts.failed_ids([sqs_record("reuse", receipt_body("2", key="shared-key"))])
+
+    assert failed == []
+    assert reasons(receipts.dead_letters()) == {"reuse": "IdempotencyKeyReused"}
+
+
+def test_a_key_reused_for_a_different_payment_is_that_payment_and_is_applied(consumer: Consumer) -> None:
+    # The payment's record rides on its ledger entry: the entry, not the key, is the identity.
+    consumer.process([sqs_record("original", payment_body("p-1", amount=500, key="shared-key"))])
+
+    failed = consumer.failed_ids([sqs_record("other", payment_body("p-2", amount=900, key="shared-key"))])
+
+    assert failed == []
+    assert consumer.dead_letters() == []
+    assert balance(consumer.dynamodb, "acc-1") == 1400
 
 
 def test_the_same_payment_under_another_key_is_refused_by_the_ledger(consumer: Consumer) -> None:
@@ -166,12 +187,12 @@ def test_the_original_message_attributes_travel_to_the_dlq(consumer: Consumer) -
 
 
 def test_fifo_stops_a_group_at_its_first_failure_and_runs_other_groups(consumer: Consumer) -> None:
-    busy = consumer.store.claim("PaymentReceived#pay-a2", _hash_of(payment_body("a2", amount=2)), 60_000)
+    busy = consumer.store.claim("ReceiptRequested#receipt-a2", _hash_of(receipt_body("a2")), 60_000)
     assert isinstance(busy, Claimed)
     batch = [
         sqs_record("a1", payment_body("a1", amount=1), group_id="A"),
         sqs_record("b1", payment_body("b1", account_id="acc-b", amount=10), group_id="B"),
-        sqs_record("a2", payment_body("a2", amount=2), group_id="A"),
+        sqs_record("a2", receipt_body("a2"), group_id="A"),
         sqs_record("b2", payment_body("b2", account_id="acc-b", amount=20), group_id="B"),
         sqs_record("a3", payment_body("a3", amount=4), group_id="A"),
     ]

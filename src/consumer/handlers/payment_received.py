@@ -2,7 +2,12 @@
 
 Pure: it only returns writes, so the credit and the idempotency record land in one
 transaction. The ledger keeps the balance at ``(accountId, "BALANCE")`` and one
-entry per applied payment at ``(accountId, "PAYMENT#" + paymentId)``.
+entry per applied payment at ``(accountId, "PAYMENT#" + paymentId)``; the entry
+carries the message's idempotency record (its ``id``, ``status``, ``payloadHash``,
+``ownerToken``, ``result``), so a payment writes two items, not three. The record
+lives as long as the entry: a resend is caught however late it comes. A key reused
+for a different payment is not caught (it is a different entry) and is applied as
+that payment; a key reused for the same payment with other content is.
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ class PaymentReceivedHandler(MessageHandler[PaymentReceived]):
             },
             # The same payment under another idempotency key must not credit twice.
             condition="attribute_not_exists(entryId)",
+            # The entry is unique to the payment: the idempotency record rides on it (2 items
+            # per payment, not 3), and a redelivery is answered from it.
+            carries_record=True,
         )
         result = {"accountId": payload.accountId, "paymentId": payload.paymentId, "creditedCents": payload.amountCents}
         return Effect(result=result, writes=(credit, entry))

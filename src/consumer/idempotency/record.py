@@ -32,7 +32,7 @@ class Status(StrEnum):
 class IdempotencyRecord:
     id: str
     status: Status
-    expires_at: int  # epoch seconds; the TTL attribute
+    expires_at: int | None  # epoch seconds; the TTL attribute (None: carried on a business item, kept)
     lease_expires_at_ms: int | None  # epoch milliseconds; only while IN_PROGRESS
     owner_token: str  # the fencing token of the claim that wrote this record
     payload_hash: str
@@ -45,7 +45,7 @@ class IdempotencyRecord:
         return cls(
             id=item[Attr.ID]["S"],
             status=Status(item[Attr.STATUS]["S"]),
-            expires_at=int(item[Attr.EXPIRES_AT]["N"]),
+            expires_at=int(item[Attr.EXPIRES_AT]["N"]) if Attr.EXPIRES_AT in item else None,
             lease_expires_at_ms=int(item[Attr.LEASE_EXPIRES_AT]["N"]) if Attr.LEASE_EXPIRES_AT in item else None,
             owner_token=item.get(Attr.OWNER_TOKEN, {}).get("S", ""),
             payload_hash=item.get(Attr.PAYLOAD_HASH, {}).get("S", ""),

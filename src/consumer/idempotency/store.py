@@ -29,8 +29,9 @@ from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
 from consumer.errors import BusinessConditionFailed, LeaseLost, TransactionConflict, TransientError
+from consumer.idempotency.attribute_values import attribute_map
 from consumer.idempotency.record import Attr, IdempotencyRecord, Status, encode_result
-from consumer.idempotency.writes import MAX_BUSINESS_WRITES, Write
+from consumer.idempotency.writes import MAX_BUSINESS_WRITES, Put, Write
 
 if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient
@@ -211,9 +212,10 @@ class IdempotencyStore:
                 self._raise_unless_committed_by(claim, self._failed_condition_item_or_none(error))
             return
         token = str(uuid.uuid5(_COMMIT_TOKEN_NAMESPACE, claim.owner_token))
-        applied, current = self._transact(completion, writes, token)
+        items = [{"Update": completion}, *(write.to_transact_item() for write in writes)]
+        applied, failed_item = self._transact(items, token, 0, dict(enumerate(writes, start=1)))
         if not applied:
-            self._raise_unless_committed_by(claim, current)
+            self._raise_unless_committed_by(claim, IdempotencyRecord.from_item(failed_item) if failed_item else None)
 
     def release(self, claim: Claimed) -> bool:
         """Lock mode, on failure: delete the record if still ours, so a retry can claim at once.
@@ -242,7 +244,15 @@ class IdempotencyStore:
     def apply_once(
         self, record_id: str, payload_hash: str, result: Any = None, writes: Sequence[Write] = ()
     ) -> ApplyResult:
-        """Optimistic mode: claim, complete and apply the business writes in one round trip."""
+        """Optimistic mode: claim, complete and apply the business writes in one round trip.
+
+        When one of the writes is a ``Put`` that ``carries_record`` (a business item
+        unique to the message), the record's attributes ride on that item instead of
+        an item of their own: two items in the transaction instead of three.
+        """
+        carrier = next((write for write in writes if isinstance(write, Put) and write.carries_record), None)
+        if carrier is not None:
+            return self._apply_on_item(record_id, payload_hash, result, writes, carrier)
         now_ms = self._now_ms()
         token = self._new_token()
         record_write: dict[str, Any] = {
@@ -263,7 +273,9 @@ class IdempotencyStore:
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
         if writes:
-            applied, current = self._transact(record_write, writes, token)
+            items = [{"Update": record_write}, *(write.to_transact_item() for write in writes)]
+            applied, failed_item = self._transact(items, token, 0, dict(enumerate(writes, start=1)))
+            current = IdempotencyRecord.from_item(failed_item) if failed_item else None
             if not applied and current is None:
                 # "Claimable" holds for an absent item, so this cannot happen; retry if it does.
                 raise TransientError(f"condition on {record_id} failed and no item came back")
@@ -276,6 +288,48 @@ class IdempotencyStore:
         if current is None or current.owner_token == token:
             # The second case is ambiguous success: a retried write that found its own.
             return Applied(record_id, token)
+        return self._conflict(current, payload_hash)
+
+    def _apply_on_item(
+        self, record_id: str, payload_hash: str, result: Any, writes: Sequence[Write], carrier: Put
+    ) -> ApplyResult:
+        if carrier.condition is None:
+            raise ValueError("a write that carries the record needs a condition that only a new item meets")
+        token = self._new_token()
+        record = attribute_map(
+            {
+                Attr.ID: record_id,
+                Attr.STATUS: Status.COMPLETED.value,
+                Attr.OWNER_TOKEN: token,
+                Attr.PAYLOAD_HASH: payload_hash,
+                Attr.RESULT: encode_result(result, self._result_max_bytes),
+                Attr.ATTEMPTS: 1,
+            }
+        )
+        clash = sorted(set(record) & set(carrier.item))
+        if clash:
+            raise ValueError(f"the carrying item already has the record's attributes {clash}")
+        items: list[dict[str, Any]] = []
+        for write in writes:
+            item = write.to_transact_item()
+            if write is carrier:
+                item["Put"]["Item"].update(record)
+                item["Put"]["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+            items.append(item)
+        at = writes.index(carrier)
+        others = {index: write for index, write in enumerate(writes) if index != at}
+        applied, failed_item = self._transact(items, token, at, others)
+        if applied:
+            return Applied(record_id, token)
+        if not failed_item or Attr.OWNER_TOKEN not in failed_item:
+            # The item exists but no message's record is on it: written some other way.
+            raise BusinessConditionFailed(carrier)
+        current = IdempotencyRecord.from_item(failed_item)
+        if current.owner_token == token:
+            return Applied(record_id, token)  # ambiguous success: our own write, retried
+        if current.id != record_id:
+            # The same business item under another idempotency key: the business refuses it.
+            raise BusinessConditionFailed(carrier)
         return self._conflict(current, payload_hash)
 
     def get(self, record_id: str) -> IdempotencyRecord | None:
@@ -319,35 +373,31 @@ class IdempotencyStore:
         raise LeaseLost(claim.record_id, current)
 
     def _transact(
-        self, record_write: dict[str, Any], writes: Sequence[Write], token: str
-    ) -> tuple[bool, IdempotencyRecord | None]:
-        """Apply the record write and the business writes together.
+        self, items: list[dict[str, Any]], token: str, record_at: int, business: Mapping[int, Write]
+    ) -> tuple[bool, Mapping[str, Any] | None]:
+        """Apply the transaction holding the record (at ``record_at``) and the business writes.
 
-        Returns ``(True, None)`` on success, or ``(False, current record)`` when the
-        record's own condition failed (``None`` when the item is gone, e.g. released
-        by the owner that took a zombie's key over). ``ClientRequestToken`` makes a retried transaction
-        idempotent for ten minutes, which settles most ambiguous successes at the
-        source.
+        Returns ``(True, None)`` on success, or ``(False, the item as it was)`` when the
+        record's own condition failed (``None`` when no item came back, e.g. released by
+        the owner that took a zombie's key over). ``ClientRequestToken`` makes a retried
+        transaction idempotent for ten minutes, which settles most ambiguous successes at
+        the source.
         """
-        if len(writes) > MAX_BUSINESS_WRITES:
-            raise ValueError(f"at most {MAX_BUSINESS_WRITES} business writes per message, got {len(writes)}")
+        if len(business) > MAX_BUSINESS_WRITES:
+            raise ValueError(f"at most {MAX_BUSINESS_WRITES} business writes per message, got {len(business)}")
         try:
-            self._call(
-                self._client.transact_write_items,
-                TransactItems=[{"Update": record_write}, *(write.to_transact_item() for write in writes)],
-                ClientRequestToken=token,
-            )
+            self._call(self._client.transact_write_items, TransactItems=items, ClientRequestToken=token)
         except ClientError as error:
             if error.response["Error"]["Code"] != "TransactionCanceledException":
                 raise
-            reasons = error.response.get("CancellationReasons") or []
-            record_reason = reasons[0] if reasons else {}
+            reasons: list[Mapping[str, Any]] = list(error.response.get("CancellationReasons") or [])
+            record_reason = reasons[record_at] if record_at < len(reasons) else {}
             if record_reason.get("Code") == "ConditionalCheckFailed":
                 item = record_reason.get("Item")
-                return False, IdempotencyRecord.from_item(item) if item else None
-            for write, reason in zip(writes, reasons[1:], strict=False):
-                if reason.get("Code") == "ConditionalCheckFailed":
-                    raise BusinessConditionFailed(write) from None
+                return False, item if isinstance(item, Mapping) and item else None
+            for index, reason in enumerate(reasons):
+                if index in business and reason.get("Code") == "ConditionalCheckFailed":
+                    raise BusinessConditionFailed(business[index]) from None
             codes = sorted({str(reason.get("Code")) for reason in reasons} - {"None"})
             if "TransactionConflict" in codes:
                 raise TransactionConflict(f"transaction cancelled: {', '.join(codes)}") from None

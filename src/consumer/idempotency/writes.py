@@ -11,16 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from boto3.dynamodb.types import TypeSerializer
-
-_serializer = TypeSerializer()
+from consumer.idempotency.attribute_values import attribute_map
 
 # TransactWriteItems takes at most 100 items; one of them is the idempotency record.
 MAX_BUSINESS_WRITES = 99
-
-
-def _serialize(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: _serializer.serialize(value) for name, value in values.items()}
 
 
 def _expression_fields(condition: str | None, names: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -30,7 +24,7 @@ def _expression_fields(condition: str | None, names: Mapping[str, str], values: 
     if names:
         fields["ExpressionAttributeNames"] = dict(names)
     if values:
-        fields["ExpressionAttributeValues"] = _serialize(values)
+        fields["ExpressionAttributeValues"] = attribute_map(values)
     return fields
 
 
@@ -41,12 +35,16 @@ class Put:
     condition: str | None = None
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
+    # This item is unique to the message (its condition holds only for a new item): the
+    # idempotency record rides on it instead of taking an item of its own, so the
+    # transaction writes one item fewer. Duplicates are then answered from this item.
+    carries_record: bool = False
 
     def to_transact_item(self) -> dict[str, Any]:
         return {
             "Put": {
                 "TableName": self.table,
-                "Item": _serialize(self.item),
+                "Item": attribute_map(self.item),
                 **_expression_fields(self.condition, self.names, self.values),
             }
         }
@@ -65,7 +63,7 @@ class Update:
         return {
             "Update": {
                 "TableName": self.table,
-                "Key": _serialize(self.key),
+                "Key": attribute_map(self.key),
                 "UpdateExpression": self.expression,
                 **_expression_fields(self.condition, self.names, self.values),
             }
@@ -84,7 +82,7 @@ class Delete:
         return {
             "Delete": {
                 "TableName": self.table,
-                "Key": _serialize(self.key),
+                "Key": attribute_map(self.key),
                 **_expression_fields(self.condition, self.names, self.values),
             }
         }
@@ -102,7 +100,7 @@ class ConditionCheck:
         return {
             "ConditionCheck": {
                 "TableName": self.table,
-                "Key": _serialize(self.key),
+                "Key": attribute_map(self.key),
                 **_expression_fields(self.condition, self.names, self.values),
             }
         }
