@@ -26,6 +26,7 @@ from typing import TextIO
 from consumer.errors import ErrorType
 from local import dead_letters, fifo
 from local.function_output import outcome_counts, send_stdout_to
+from local.ledger import ledger_totals
 from local.session import running_stack
 from local.stack import DeployedStack
 from local.state import STATE_DIR
@@ -74,21 +75,6 @@ def _drain(stack: DeployedStack, say: Callable[[str], None], sent: int) -> tuple
             )
         time.sleep(0.2)
     raise TimeoutError(f"the queue did not drain within {_DRAIN_TIMEOUT_S}s")
-
-
-def ledger_totals(stack: DeployedStack) -> tuple[dict[str, int], int, int]:
-    """Balances per account, the number of payment entries and of receipt entries."""
-    dynamodb = stack.servers.client("dynamodb")
-    balances: dict[str, int] = {}
-    payments = receipts = 0
-    pages = dynamodb.get_paginator("scan").paginate(TableName=stack.table_name("LedgerTable"))
-    for item in (item for page in pages for item in page["Items"]):
-        entry = item["entryId"]["S"]
-        if entry == "BALANCE":
-            balances[item["accountId"]["S"]] = int(item["balanceCents"]["N"])
-        payments += entry.startswith("PAYMENT#")
-        receipts += entry.startswith("RECEIPT#")
-    return balances, payments, receipts
 
 
 def _workload(args: argparse.Namespace, sink: WebhookSink) -> tuple[list[messages.Outgoing], list[messages.Outgoing]]:

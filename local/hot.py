@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from local.conflict_emulation import DEFAULT_HOLD_MS, ConflictEmulation
-from local.demo import ledger_totals
 from local.dynamodb_local import DynamoDBLocal
 from local.function_output import outcome_counts, send_stdout_to
 from local.invocation import Invocation, Invoker
+from local.ledger import ledger_totals
 from local.poller import Poller, PollerGroup, reported_failures
 from local.resources import FunctionSpec
 from local.servers import LocalServers

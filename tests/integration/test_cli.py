@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# As the Makefile runs the commands: the local stack's message builders use the consumer's names.
+_COMMAND_PATH = {"PYTHONPATH": str(REPO_ROOT / "src")}
 pytestmark = pytest.mark.integration
 
 
@@ -21,7 +23,7 @@ def _local(state_dir: Path, *args: str, timeout_s: float = 120) -> subprocess.Co
     return subprocess.run(
         [sys.executable, "-m", "local", *args],
         cwd=REPO_ROOT,
-        env={**os.environ, "LOCAL_STACK_DIR": str(state_dir)},
+        env={**os.environ, **_COMMAND_PATH, "LOCAL_STACK_DIR": str(state_dir)},
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -54,7 +56,7 @@ def test_run_then_send_dlq_redrive_and_ctrl_c_leaves_nothing(tmp_path: Path) -> 
     run = subprocess.Popen(
         [sys.executable, "-m", "local", "run", "--pollers", "2"],
         cwd=REPO_ROOT,
-        env={**os.environ, "LOCAL_STACK_DIR": str(tmp_path)},
+        env={**os.environ, **_COMMAND_PATH, "LOCAL_STACK_DIR": str(tmp_path)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -62,8 +64,8 @@ def test_run_then_send_dlq_redrive_and_ctrl_c_leaves_nothing(tmp_path: Path) -> 
     try:
         _wait_for(lambda: state_file.exists() or run.poll() is not None, 90, "the stack to start")
         assert run.poll() is None, run.stdout.read() if run.stdout else ""
-        # DynamoDB Local, the moto server and one runtime emulator per poller (2 by default).
-        _wait_for(lambda: len(_children(run.pid)) == 4, 30, "the servers and the pollers' runtime emulators")
+        # DynamoDB Local, its conflict proxy, the moto server and one runtime emulator per poller.
+        _wait_for(lambda: len(_children(run.pid)) == 5, 30, "the servers and the pollers' runtime emulators")
         servers = _children(run.pid)
         state = json.loads(state_file.read_text())
 
