@@ -128,17 +128,18 @@ def test_concurrent_consumers_credit_each_payment_exactly_once(settings: Setting
     for _, account, amount in payments:
         expected[account] += amount
     assert balances == dict(expected)
-    entries = sorted(i["entryId"]["S"] for i in ledger if i["entryId"]["S"].startswith("PAYMENT#"))
-    assert entries == sorted(f"PAYMENT#{pid}" for pid, _, _ in payments)
-    records = scan(dynamodb, settings.idempotency_table_name)
-    assert len(records) == len(payments)
-    assert {record["status"]["S"] for record in records} == {"COMPLETED"}
+    entries = [i for i in ledger if i["entryId"]["S"].startswith("PAYMENT#")]
+    assert sorted(i["entryId"]["S"] for i in entries) == sorted(f"PAYMENT#{pid}" for pid, _, _ in payments)
+    # Each payment's record rides on its entry, completed; none in the idempotency table.
+    assert sorted(i["id"]["S"] for i in entries) == sorted(f"PaymentReceived#pay-{pid}" for pid, _, _ in payments)
+    assert {i["status"]["S"] for i in entries} == {"COMPLETED"}
+    assert scan(dynamodb, settings.idempotency_table_name) == []
 
 
 def test_concurrent_consumers_post_each_receipt_once(
     settings: Settings, local_servers: LocalServers, webhook: WebhookSink
 ) -> None:
-    settings = Settings(**{**settings.__dict__, "receipt_webhook_url": webhook.receipts_url})
+    settings = settings.model_copy(update={"receipt_webhook_url": webhook.receipts_url})
     webhook.default = Answer(delay_s=0.02)  # long enough for the others to find the claim in flight
     bodies = [receipt_body(str(i)) for i in range(20)]
 
