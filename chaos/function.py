@@ -18,8 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import boto3
-
 from chaos.faults import ContainerFaults, FaultKind, FaultLog, InvocationCrashed, Zombies
 from chaos.transport_faults import install_faults
 from consumer.config import Settings
@@ -36,7 +34,12 @@ class Consumer(Protocol):
 
 class ConsumerFactory(Protocol):
     def __call__(
-        self, settings: Settings, session: boto3.session.Session, *, clock: Callable[[], float]
+        # ``Any``: the container's boto3 session, which ``consumer.app.wire`` types by what it uses of it.
+        self,
+        settings: Settings,
+        session: Any,
+        *,
+        clock: Callable[[], float],
     ) -> Consumer: ...
 
 

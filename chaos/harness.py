@@ -29,9 +29,10 @@ from consumer.app import wire
 from consumer.config import Settings
 from consumer.idempotency.record import Attr
 from local import dead_letters
+from local.function_runtime import FunctionRuntime
 from local.poller import Poller, PollerGroup, PollerStats
+from local.resources import FunctionSpec, LocalResources, QueueResource, SqsTrigger
 from local.servers import LocalServers
-from local.stack import DeployedStack, deploy_stack
 from testkit.messages import Outgoing, queue_counts, send_all
 from testkit.tables import IDEMPOTENCY_TABLE, LEDGER_TABLE
 from testkit.webhook import Answer, WebhookSink
@@ -139,47 +140,65 @@ def _wait_until_drained(sqs: Any, queue_url: str, timeout_s: float) -> bool:
 
 
 @dataclass(frozen=True)
-class _Observer:
-    """Clients that watch the run's stack from outside the function."""
+class _Stack:
+    """The template deployed for one run, and the clients that watch it from outside the function.
 
-    stack: DeployedStack
+    Not ``local.stack.DeployedStack``: that one runs the function in Lambda's runtime, while chaos
+    builds its containers in this process, to reach the consumer's requests with its hooks.
+    """
+
+    resources: LocalResources
+    function: FunctionSpec
     sqs: Any
     dynamodb: Any
 
+    @property
+    def trigger(self) -> SqsTrigger:
+        return self.function.triggers[0]
+
+    @property
+    def queue(self) -> QueueResource:
+        return self.resources.queues[self.trigger.queue_logical_id]
+
     def owner_of(self, record_id: str) -> str | None:
         item = self.dynamodb.get_item(
-            TableName=self.stack.table_name(IDEMPOTENCY_TABLE), Key={Attr.ID: {"S": record_id}}, ConsistentRead=True
+            TableName=self.resources.tables[IDEMPOTENCY_TABLE].name,
+            Key={Attr.ID: {"S": record_id}},
+            ConsistentRead=True,
         ).get("Item")
         return item[Attr.OWNER_TOKEN]["S"] if item else None
 
     def end_state(self, sink: WebhookSink, drained: bool) -> EndState:
         return EndState(
-            ledger=scan(self.dynamodb, self.stack.table_name(LEDGER_TABLE)),
-            records=scan(self.dynamodb, self.stack.table_name(IDEMPOTENCY_TABLE)),
-            dead_letters=dead_letters.peek(self.sqs, self.stack.dead_letter_queue.url),
+            ledger=scan(self.dynamodb, self.resources.tables[LEDGER_TABLE].name),
+            records=scan(self.dynamodb, self.resources.tables[IDEMPOTENCY_TABLE].name),
+            dead_letters=dead_letters.peek(self.sqs, self.resources.dead_letter_queue(self.queue).url),
             webhook_calls=sink.received(),
             drained=drained,
         )
 
 
-def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, sink: WebhookSink) -> _Observer:
-    """The template deployed with its function active, the queue's visibility timeout cut to the run's."""
-    stack = deploy_stack(
-        servers,
+def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, webhook_url: str) -> _Stack:
+    """The template's resources, the queue's visibility timeout cut to the run's."""
+    resources = servers.deploy(
         # Unique even when a seed is replayed on the same servers.
         stack_name=f"chaos-{run_id}-{uuid.uuid4().hex[:6]}",
-        parameter_overrides={"MaxReceiveCount": config.max_receive_count, "LogLevel": "CRITICAL"},
-        webhook=sink,
+        parameter_overrides={
+            "ReceiptWebhookUrl": webhook_url,
+            "MaxReceiveCount": config.max_receive_count,
+            "LogLevel": "CRITICAL",
+        },
     )
-    observer = _Observer(
-        stack,
+    stack = _Stack(
+        resources,
+        resources.function(),
         sqs=servers.client("sqs", max_pool_connections=50, timeout_s=30.0),
         dynamodb=servers.client("dynamodb", max_pool_connections=20),
     )
-    observer.sqs.set_queue_attributes(
+    stack.sqs.set_queue_attributes(
         QueueUrl=stack.queue.url, Attributes={"VisibilityTimeout": str(config.visibility_timeout_s)}
     )
-    return observer
+    return stack
 
 
 @contextmanager
@@ -196,7 +215,7 @@ def _quiet_consumer() -> Iterator[None]:
 
 def _drive(
     config: ChaosConfig,
-    observer: _Observer,
+    stack: _Stack,
     setup: ContainerSetup,
     workload: Workload,
     rng: random.Random,
@@ -204,7 +223,7 @@ def _drive(
 ) -> tuple[dict[str, Outgoing], bool]:
     """Feed the workload to the pollers until the queue drains (or the time limit); then stop them."""
     history, stats = observed
-    stack, sqs = observer.stack, observer.sqs
+    sqs = stack.sqs
     pollers = [
         Poller(
             sqs,
@@ -239,26 +258,23 @@ def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFa
     with WebhookSink() as sink:
         plan = _webhook_plan(config, rng, calls=4 * max(1, round(config.messages * config.receipt_ratio)))
         sink.answer_next(*plan)
-        # The function's environment puts the consumer's clients on the local endpoints (AWS_ENDPOINT_URL_*).
-        observer = _deploy(servers, config, run_id, sink)
-        zombies = Zombies(ZombieSettings(observer.owner_of, max_pause_s, max_paused=config.pollers - 1), log)
+        stack = _deploy(servers, config, run_id, sink.receipts_url)
+        zombies = Zombies(ZombieSettings(stack.owner_of, max_pause_s, max_paused=config.pollers - 1), log)
         setup = ContainerSetup(
-            settings=_settings(observer.stack.function.environment, config),
+            settings=_settings(stack.function.environment, config),
             consumer_factory=consumer_factory,
             rates=config.rates,
             log=log,
             zombies=zombies,
             max_skew_ms=config.max_skew_ms,
         )
-        try:
-            with _quiet_consumer():
-                sent, drained = _drive(config, observer, setup, workload, rng, (history, stats))
-                zombies.wait_until_idle(max_pause_s + 10)
-        finally:
-            observer.stack.stop()
+        # The function's environment puts the consumer's clients on the local endpoints (AWS_ENDPOINT_URL_*).
+        with FunctionRuntime(stack.function, servers.function_environment(stack.function)), _quiet_consumer():
+            sent, drained = _drive(config, stack, setup, workload, rng, (history, stats))
+            zombies.wait_until_idle(max_pause_s + 10)
         # Leases run out; nothing may stay IN_PROGRESS whatever the clocks said.
         time.sleep(lease_slack_s)
-        end = observer.end_state(sink, drained)
+        end = stack.end_state(sink, drained)
     for kind, count in _count_planned(plan[: len(end.webhook_calls)]).items():
         log.counts[kind] += count
     parked = Counter(letter.error_type or "redrive (no reason)" for letter in end.dead_letters)

@@ -90,6 +90,10 @@ class LocalResources:
                 return queue
         raise KeyError(f"no queue with ARN {arn}")
 
+    def dead_letter_queue(self, queue: QueueResource) -> QueueResource:
+        """The queue that ``queue``'s redrive policy names."""
+        return self.queue_by_arn(json.loads(queue.attributes["RedrivePolicy"])["deadLetterTargetArn"])
+
     def function(self, logical_id: str | None = None) -> FunctionSpec:
         """The named function, or the template's only one."""
         if logical_id is not None:

@@ -6,7 +6,6 @@ invokes an execution environment of its own, as Lambda runs one per concurrent i
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
@@ -41,8 +40,7 @@ class DeployedStack:
     @property
     def dead_letter_queue(self) -> QueueResource:
         """The queue the redrive policy of the function's queue names."""
-        redrive = json.loads(self.queue.attributes["RedrivePolicy"])
-        return self.resources.queue_by_arn(redrive["deadLetterTargetArn"])
+        return self.resources.dead_letter_queue(self.queue)
 
     def table_name(self, logical_id: str) -> str:
         return self.resources.tables[logical_id].name
