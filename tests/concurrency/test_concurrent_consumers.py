@@ -14,12 +14,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 
 import boto3
 import pytest
 
-from consumer.app import ClientSession, wire
+from consumer.app import wire
 from consumer.batch import BatchRunner
 from consumer.config import Settings
 from local.servers import LocalServers
@@ -51,8 +51,7 @@ def settings(local_servers: LocalServers, monkeypatch: pytest.MonkeyPatch) -> It
 
 
 def consumers(settings: Settings) -> list[BatchRunner]:
-    # A boto3 session is a ClientSession; the stubs' per-service overloads hide that from mypy.
-    return [wire(settings, cast("ClientSession", boto3.session.Session())) for _ in range(CONSUMERS)]
+    return [wire(settings, boto3.session.Session()) for _ in range(CONSUMERS)]
 
 
 def deliver_until_done(consumer: BatchRunner, records: list[dict[str, Any]], failures: Counter[str]) -> None:

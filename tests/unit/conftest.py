@@ -10,13 +10,13 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import boto3
 import pytest
 from moto import mock_aws
 
-from consumer.app import ClientSession, wire
+from consumer.app import wire
 from consumer.batch import BatchRunner
 from consumer.config import Settings
 from consumer.handlers import MessageHandler
@@ -146,7 +146,7 @@ def make_consumer(
     batch = wire(
         settings,
         # A boto3 session is one (its ``client``); the stubs' per-service overloads hide that from mypy.
-        cast("ClientSession", session or boto3.session.Session(region_name=REGION)),
+        session or boto3.session.Session(region_name=REGION),
         clock=clock,
         logger=_quiet_logger(),
         handlers=extra_handlers,
