@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from local.processes import alive
 from local.resources import FunctionSpec, SqsTrigger
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -46,16 +47,6 @@ class StackState:
         return described
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def write(state: StackState, path: Path = STATE_FILE) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
@@ -69,7 +60,7 @@ def read(path: Path = STATE_FILE) -> StackState | None:
         state = StackState(**json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
         return None
-    if not _alive(state.pid):
+    if not alive(state.pid):
         remove(path)
         return None
     return state

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from local.processes import alive
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # As the Makefile runs the commands: the local stack's message builders use the consumer's names.
 _COMMAND_PATH = {"PYTHONPATH": str(REPO_ROOT / "src")}
@@ -34,14 +36,6 @@ def _local(state_dir: Path, *args: str, timeout_s: float = 120) -> subprocess.Co
 def _children(pid: int) -> set[int]:
     listed = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False)
     return {int(line) for line in listed.stdout.split()}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -102,7 +96,7 @@ def test_run_then_send_dlq_redrive_and_ctrl_c_leaves_nothing(tmp_path: Path) -> 
     assert "aws sqs send-message --endpoint-url" in output
     assert "batch of" in output
     assert not state_file.exists()
-    assert not any(_alive(pid) for pid in servers)
+    assert not any(alive(pid) for pid in servers)
 
 
 def test_send_without_a_running_stack_says_how_to_start_one(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from local.invocation import Invocation
 from local.lambda_runtime import EmulatorExited, HandlerImportError, LambdaEnvironment, LambdaFleet, PortTaken
 from local.lambda_venv import venv_python
 from local.poller import BatchVerdict, Poller
-from local.processes import LOOPBACK
+from local.processes import LOOPBACK, alive
 from local.resources import FunctionSpec
 from local.servers import LocalServers
 from local.stack import DeployedStack, deploy_stack
@@ -89,14 +89,6 @@ def _not_visible(consumer: DeployedStack) -> int:
         QueueUrl=consumer.queue.url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"]
     )["Attributes"]
     return int(attributes["ApproximateNumberOfMessagesNotVisible"])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # -- the consumer, one sample event per outcome ------------------------------------------------
@@ -177,7 +169,7 @@ def test_a_timeout_kills_the_runtime_and_the_next_invocation_starts_cold(
     assert warm.succeeded and warm.init_duration_ms is not None
     assert timed_out.timed_out and not timed_out.succeeded
     assert 1.0 <= timed_out.duration_s < 4.0
-    assert first_runtime is not None and not _alive(first_runtime)
+    assert first_runtime is not None and not alive(first_runtime)
     assert after.succeeded and after.init_duration_ms is not None
     assert environment.cold_starts == 2
 
