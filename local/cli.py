@@ -276,6 +276,9 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--memory", type=int, default=None, metavar="MB", help=MEMORY_HELP)
     demo.add_argument("--payments", type=int, default=400)
     demo.add_argument("--accounts", type=int, default=12)
+    demo.add_argument(
+        "--hot-share", type=float, default=0.25, help="share of the payments on one hot account (default 0.25)"
+    )
     demo.add_argument("--receipts", type=int, default=30)
     demo.add_argument("--duplicates", type=float, default=0.25)
     demo.add_argument("--seed", type=int, default=7)

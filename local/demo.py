@@ -25,7 +25,7 @@ from typing import TextIO
 
 from consumer.errors import ErrorType
 from local import dead_letters, fifo
-from local.function_output import outcome_counts, send_stdout_to
+from local.function_output import METRICS, outcome_counts, send_stdout_to
 from local.ledger import ledger_totals
 from local.session import running_stack
 from local.stack import DeployedStack
@@ -34,7 +34,6 @@ from testkit import messages
 from testkit.webhook import Answer, WebhookSink
 
 DEMO_LOG = STATE_DIR / "demo-function.log"
-OUTCOMES = ("applied", "duplicate", "in_flight", "retried", "poison")
 _DRAIN_TIMEOUT_S = 300
 
 
@@ -79,7 +78,12 @@ def _drain(stack: DeployedStack, say: Callable[[str], None], sent: int) -> tuple
 
 def _workload(args: argparse.Namespace, sink: WebhookSink) -> tuple[list[messages.Outgoing], list[messages.Outgoing]]:
     rng = random.Random(args.seed)
-    payments = messages.payments(args.payments, args.accounts, rng)
+    # A hot account: a share of all payments on one account, as a busy merchant's would be.
+    hot_count = round(args.payments * args.hot_share)
+    payments = [
+        *messages.payments(args.payments - hot_count, args.accounts, rng),
+        *messages.payments(hot_count, 1, rng, prefix="hot"),
+    ]
     receipts = messages.receipts(args.receipts, args.accounts, rng)
     flaky, rejected = receipts[0], receipts[1]
     sink.answer_next(Answer(503), Answer(503), key=flaky.key)
@@ -179,8 +183,13 @@ def _summary(
     say(f"  applied                {outcomes['applied']}")
     say(f"  duplicates suppressed  {outcomes['duplicate']}")
     say(
-        f"  retried                {outcomes['retried'] + outcomes['in_flight']} "
-        f"({outcomes['retried']} transient failures, {outcomes['in_flight']} in flight elsewhere)"
+        f"  retried                {outcomes['retried'] + outcomes['in_flight'] + outcomes['conflict']} "
+        f"({outcomes['retried']} transient failures, {outcomes['in_flight']} in flight elsewhere, "
+        f"{outcomes['conflict']} still in conflict)"
+    )
+    say(
+        f"  transaction conflicts  {outcomes['conflicts_absorbed']} absorbed in process, "
+        f"{outcomes['conflict']} records handed back to SQS"
     )
     say(f"  dead-lettered          {len(parked)}: " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())))
     say(f"  webhook                {len(posts)} POSTs, answers {dict(Counter(r.status for r in posts))}")
@@ -222,7 +231,7 @@ def run_demo(args: argparse.Namespace) -> int:
         _drain(stack, say, len(late))
         pollers.stop()
         sent = [*first, *late]
-        outcomes = outcome_counts(DEMO_LOG, OUTCOMES)
+        outcomes = outcome_counts(DEMO_LOG, METRICS)
         parked = dead_letters.peek(sqs, stack.dead_letter_queue.url)
         _summary(say, sent, outcomes, parked, sink, throughput)
         checks = _checks(stack, sink, sent, outcomes, parked)

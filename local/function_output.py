@@ -14,6 +14,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
+from consumer.outcome import Outcome
+
 
 def send_stdout_to(path: Path) -> TextIO:
     """From now on ``sys.stdout`` (where the handler logs and prints metrics) is ``path``.
@@ -34,6 +36,10 @@ def send_stdout_to(path: Path) -> TextIO:
 
     warnings.showwarning = warn_into_log
     return terminal
+
+
+# The EMF metrics the function emits per invocation: one per outcome, and the conflicts it absorbed.
+METRICS = (*(outcome.value for outcome in Outcome), "conflicts_absorbed")
 
 
 def outcome_counts(path: Path, names: tuple[str, ...]) -> Counter[str]:

@@ -34,7 +34,7 @@ from typing import Any, TextIO
 
 from local.conflict_emulation import DEFAULT_HOLD_MS, ConflictEmulation
 from local.dynamodb_local import DynamoDBLocal
-from local.function_output import outcome_counts, send_stdout_to
+from local.function_output import METRICS, outcome_counts, send_stdout_to
 from local.invocation import Invocation, Invoker
 from local.ledger import ledger_totals
 from local.poller import Poller, PollerGroup, reported_failures
@@ -46,7 +46,6 @@ from testkit import messages as outgoing
 from testkit.webhook import WebhookSink
 
 HOT_LOG = STATE_DIR / "hot-function.log"
-OUTCOMES = ("applied", "duplicate", "in_flight", "retried", "conflict", "poison")
 THROUGHPUT_TARGET = 0.80
 RETURNED_TARGET = 0.01
 
@@ -272,7 +271,7 @@ def measure(
             say(f"[{accounts} account(s)] pipeline: {args.messages} messages")
             messages = _messages(args.messages, accounts, args.receipts, rng, run)
             sink.clear()
-            outcomes_before = outcome_counts(function_log, OUTCOMES)
+            outcomes_before = outcome_counts(function_log, METRICS)
             proxy_before = dynamodb.proxy.stats() if dynamodb.proxy else {}
             tracker, first_sent, last_done = _pipeline(stack, messages, args.pollers, args.timeout, say)
             proxy_after = dynamodb.proxy.stats() if dynamodb.proxy else {}
@@ -298,7 +297,7 @@ def measure(
         dead_lettered=dead_lettered,
         webhook_repeats=sum(count - 1 for count in keys.values() if count > 1),
         proxy={name: proxy_after.get(name, 0) - proxy_before.get(name, 0) for name in proxy_after},
-        outcomes=dict(outcome_counts(function_log, OUTCOMES) - outcomes_before),
+        outcomes=dict(outcome_counts(function_log, METRICS) - outcomes_before),
         wrong_balances=sum(balances.get(account, 0) != total for account, total in expected.items()),
     )
 
