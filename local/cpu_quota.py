@@ -95,7 +95,10 @@ def _make_group(parent: Path, name: str) -> Path:
 
 def _create_v1(controller: Path, name: str, memory_mb: int) -> CpuQuota:
     path = _make_group(controller, name)
-    period = int((path / "cpu.cfs_period_us").read_text(encoding="ascii"))
+    try:
+        period = int((path / "cpu.cfs_period_us").read_text(encoding="ascii"))
+    except (OSError, ValueError) as error:
+        raise CpuQuotaUnavailable(f"cannot read the CFS period of {path}: {error}") from error
     quota = quota_us(memory_mb, period)
     _write(path / "cpu.cfs_quota_us", str(quota))
     return CpuQuota(path, memory_mb, quota, period)
