@@ -74,6 +74,7 @@ class RecordProcessor:
         try:
             return self._prepare(record)
         except MemoryError:
+            # The invocation ran out, not the record (bodies are capped): let Lambda retry the batch.
             raise
         except Exception as error:
             # Reading a record is deterministic: what failed once fails on every delivery.
