@@ -68,6 +68,26 @@ def peek(sqs: Any, queue_url: str) -> list[DeadLetter]:
         _show_again(sqs, queue_url, list(seen.values()))
 
 
+def drain(sqs: Any, queue_url: str) -> list[DeadLetter]:
+    """Every message in the queue, taken out of it (for tests that read each letter once)."""
+    taken: list[DeadLetter] = []
+    while True:
+        answer = sqs.receive_message(
+            QueueUrl=queue_url, MaxNumberOfMessages=_RECEIVE_MAX, MessageAttributeNames=["All"], WaitTimeSeconds=0
+        )
+        letters = [_dead_letter(message) for message in answer.get("Messages") or []]
+        if not letters:
+            return taken
+        taken += letters
+        for letter in letters:
+            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=letter.receipt_handle)
+
+
+def reasons(letters: list[DeadLetter]) -> dict[str, str | None]:
+    """The ``ErrorType`` of each dead-lettered message, by the id of the message it copies."""
+    return {letter.original_message_id: letter.error_type for letter in letters}
+
+
 def _show_again(sqs: Any, queue_url: str, letters: list[DeadLetter]) -> None:
     for start in range(0, len(letters), _RECEIVE_MAX):
         chunk = letters[start : start + _RECEIVE_MAX]

@@ -21,6 +21,7 @@ from consumer.batch import BatchRunner
 from consumer.config import Settings
 from consumer.handlers import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
+from local.dead_letters import DeadLetter, drain
 from testkit.lambda_sqs import REGION, Remaining
 from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
 from testkit.tables import LEDGER_TABLE as LEDGER
@@ -109,17 +110,8 @@ class Consumer:
     def failed_ids(self, records: list[dict[str, Any]]) -> list[str]:
         return [failure["itemIdentifier"] for failure in self.process(records)["batchItemFailures"]]
 
-    def dead_letters(self) -> list[dict[str, Any]]:
-        messages: list[dict[str, Any]] = []
-        while True:
-            batch = self.sqs.receive_message(
-                QueueUrl=self.dlq_url, MaxNumberOfMessages=10, MessageAttributeNames=["All"], WaitTimeSeconds=0
-            ).get("Messages", [])
-            if not batch:
-                return messages
-            messages.extend(batch)
-            for message in batch:
-                self.sqs.delete_message(QueueUrl=self.dlq_url, ReceiptHandle=message["ReceiptHandle"])
+    def dead_letters(self) -> list[DeadLetter]:
+        return drain(self.sqs, self.dlq_url)
 
 
 def make_consumer(

@@ -13,6 +13,7 @@ from consumer.errors import TransientError
 from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.store import Claimed
 from consumer.idempotency.writes import Put
+from local.dead_letters import reasons
 from testkit.lambda_sqs import Remaining, sqs_record
 from testkit.messages import payment_body, receipt_body
 from testkit.webhook import Answer, WebhookSink
@@ -22,16 +23,6 @@ from tests.unit.conftest import LEDGER_TABLE, Clock, Consumer, balance, ledger_e
 @pytest.fixture
 def receipts(dynamodb: Any, sqs: Any, clock: Clock, webhook: WebhookSink) -> Consumer:
     return make_consumer(dynamodb, sqs, clock, webhook_url=webhook.receipts_url, webhook_timeout_ms=500)
-
-
-def reasons(dead_letters: list[dict[str, Any]]) -> dict[str, str]:
-    """OriginalMessageId -> ErrorType of every dead-lettered message."""
-    return {
-        message["MessageAttributes"]["OriginalMessageId"]["StringValue"]: message["MessageAttributes"]["ErrorType"][
-            "StringValue"
-        ]
-        for message in dead_letters
-    }
 
 
 # -- mixed batches -------------------------------------------------------------------------
@@ -96,7 +87,7 @@ def test_a_key_reused_for_the_same_payment_with_another_content_goes_to_the_dlq(
     assert failed == []
     dead = consumer.dead_letters()
     assert reasons(dead) == {"reuse": "IdempotencyKeyReused"}
-    assert "shared-key" in dead[0]["MessageAttributes"]["ErrorMessage"]["StringValue"]
+    assert "shared-key" in (dead[0].error_message or "")
     assert balance(consumer.dynamodb, "acc-1") == 500
 
 
@@ -159,8 +150,8 @@ def test_a_payload_that_breaks_its_handlers_schema_is_poison(
 
     dead = consumer.dead_letters()
     assert reasons(dead) == {"bad": "SchemaViolation"}
-    assert dead[0]["MessageAttributes"]["ErrorMessage"]["StringValue"].startswith(field)
-    assert dead[0]["Body"] == json.dumps(body)
+    assert (dead[0].error_message or "").startswith(field)
+    assert dead[0].body == json.dumps(body)
 
 
 def test_a_failed_dead_letter_send_keeps_the_record_for_retry(dynamodb: Any, sqs: Any, clock: Clock) -> None:
@@ -179,8 +170,8 @@ def test_the_original_message_attributes_travel_to_the_dlq(consumer: Consumer) -
     consumer.process([sqs_record("bad", "{oops", message_attributes=attributes)])
 
     (dead,) = consumer.dead_letters()
-    assert dead["MessageAttributes"]["TraceId"]["StringValue"] == "t-1"
-    assert "not JSON" in dead["MessageAttributes"]["ErrorMessage"]["StringValue"]
+    assert dead.attributes["TraceId"]["StringValue"] == "t-1"
+    assert "not JSON" in (dead.error_message or "")
 
 
 # -- FIFO and deadline ---------------------------------------------------------------------

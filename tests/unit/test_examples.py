@@ -31,4 +31,4 @@ def test_the_example_refund_handler_debits_once_and_refuses_an_overdraft(dynamod
     assert failed == []
     assert balance(dynamodb, "acc-1") == 700
     dead = consumer.dead_letters()
-    assert [m["MessageAttributes"]["ErrorType"]["StringValue"] for m in dead] == ["BusinessConditionFailed"]
+    assert [letter.error_type for letter in dead] == ["BusinessConditionFailed"]

@@ -29,6 +29,7 @@ from consumer.config import Settings
 from consumer.envelope import MAX_BODY_BYTES, parse_message
 from consumer.errors import ErrorType, PoisonMessage
 from consumer.handlers import build_handlers
+from local.dead_letters import drain, reasons
 from testkit.lambda_sqs import REGION, LambdaContext, sqs_record
 from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
 from testkit.tables import LEDGER_TABLE as LEDGER
@@ -197,18 +198,8 @@ class Function:
             "MAX_WORKERS": "1",  # moto in process is not thread-safe
         }
 
-    def dead_letters(self) -> dict[str, str]:
-        found: dict[str, str] = {}
-        while True:
-            messages = self.sqs.receive_message(
-                QueueUrl=self.dlq_url, MaxNumberOfMessages=10, MessageAttributeNames=["All"]
-            ).get("Messages", [])
-            if not messages:
-                return found
-            for message in messages:
-                attributes = message["MessageAttributes"]
-                found[attributes["OriginalMessageId"]["StringValue"]] = attributes["ErrorType"]["StringValue"]
-                self.sqs.delete_message(QueueUrl=self.dlq_url, ReceiptHandle=message["ReceiptHandle"])
+    def dead_letters(self) -> dict[str, str | None]:
+        return reasons(drain(self.sqs, self.dlq_url))
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import pytest
 from consumer.dead_letter import MAX_MESSAGE_BYTES, DeadLetterQueue, message_size
 from consumer.envelope import MAX_BODY_BYTES, MAX_KEY_BYTES, MAX_KEY_LENGTH, MAX_NESTING_DEPTH
 from consumer.errors import ErrorType
+from local.dead_letters import reasons
 from testkit.lambda_sqs import sqs_record
 from testkit.messages import payment_body
 from tests.unit.conftest import Consumer, balance
@@ -31,16 +32,11 @@ def nested(depth: int) -> str:
     return '{"eventType":"PaymentReceived","payload":' + "[" * depth + "]" * depth + "}"
 
 
-def error_types(consumer: Consumer) -> dict[str, str]:
-    return {
-        message["MessageAttributes"]["OriginalMessageId"]["StringValue"]: message["MessageAttributes"]["ErrorType"][
-            "StringValue"
-        ]
-        for message in consumer.dead_letters()
-    }
+def error_types(consumer: Consumer) -> dict[str, str | None]:
+    return reasons(consumer.dead_letters())
 
 
-def run_beside_a_payment(consumer: Consumer, hostile: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+def run_beside_a_payment(consumer: Consumer, hostile: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str | None]]:
     response = consumer.process([sqs_record("good", payment_body("p-good", account_id="acc-good")), hostile])
     assert balance(consumer.dynamodb, "acc-good") == 1250
     return response, error_types(consumer)
@@ -145,8 +141,8 @@ def test_a_record_that_breaks_an_unforeseen_step_is_dead_lettered_as_unprocessab
 
     assert response == {"batchItemFailures": []}
     (message,) = consumer.dead_letters()
-    assert message["MessageAttributes"]["ErrorType"]["StringValue"] == ErrorType.UNPROCESSABLE_RECORD.value
-    assert "RuntimeError: hashing broke" in message["MessageAttributes"]["ErrorMessage"]["StringValue"]
+    assert message.error_type == ErrorType.UNPROCESSABLE_RECORD.value
+    assert "RuntimeError: hashing broke" in (message.error_message or "")
 
 
 # -- the dead-letter copy stays within SQS's message limit --------------------------------------
