@@ -25,10 +25,20 @@ from bench.hooks import on_new_clients
 from bench.machine import describe_machine, load_average
 from bench.probe import RoundTripProbe
 from bench.report import benchmarks_markdown, stdout_report
-from bench.results import NO_QUOTA, TARGET_BATCH, TARGET_LATENCY_MS, TARGET_MEMORY_MB, BenchResults, TimingKey
+from bench.results import (
+    DIRECT,
+    LATENCY_AT_PROXY,
+    NO_QUOTA,
+    TARGET_BATCH,
+    TARGET_LATENCY_MS,
+    TARGET_MEMORY_MB,
+    BenchResults,
+    TimingKey,
+)
 from bench.systems import PowertoolsBaseline, SeedPattern, ThisConsumer, build_systems
 from bench.timing import invoke, system_functions, time_batches
 from local.aws import DUMMY_CREDENTIALS_ENV
+from local.conflict_emulation import ConflictEmulation, ConflictProxy
 from local.dynamodb_local import JavaNotFound, jar_directory, java_runtime
 from local.lambda_runtime import LambdaEnvironment
 from testkit.messages import MessageFactory
@@ -46,9 +56,9 @@ def _integers(text: str) -> list[int]:
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--memory-sizes", type=_integers, default=[512, 1024, 1769], help="MB, each its CPU share")
-    parser.add_argument("--latencies-ms", type=_integers, default=[0, 5, 10], help="injected per request, at 512 MB")
+    parser.add_argument("--latencies-ms", type=_integers, default=[0, 10], help="injected per request, at 512 MB")
     parser.add_argument("--min-repetitions", type=int, default=15, help="timed batches per system, at least")
-    parser.add_argument("--max-repetitions", type=int, default=60, help="at most, if the 95%% CI stays wider")
+    parser.add_argument("--max-repetitions", type=int, default=40, help="at most, if the 95%% CI stays wider")
     parser.add_argument("--precision", type=float, default=0.10, help="the CI's half-width the run aims at")
     parser.add_argument("--warm-up-batches", type=int, default=20, help="per system, before timing (JVM)")
     parser.add_argument("--cost-messages", type=int, default=10, help="messages per case for calls and units")
@@ -118,11 +128,12 @@ def _time(
     batch = factory.payments_on_one_account if key.hot else factory.payments
     share = "no quota" if key.memory_mb == NO_QUOTA else f"{key.memory_mb} MB"
     hot = ", one account" if key.hot else ""
-    _progress(f"{share}: batches of {key.batch_size}{hot} at {key.latency_ms} ms")
+    where = f" ({key.route})" if key.route else ""
+    _progress(f"{share}: batches of {key.batch_size}{hot} at {key.latency_ms} ms{where}")
     results.timings[key] = time_batches(
         functions,
         lambda: batch(key.batch_size),
-        latency_ms=key.latency_ms,
+        latency_ms=0 if key.route == LATENCY_AT_PROXY else key.latency_ms,
         min_repetitions=arguments.min_repetitions,
         max_repetitions=arguments.max_repetitions,
         precision=arguments.precision,
@@ -150,16 +161,33 @@ def _run_dynamodb_local(results: BenchResults, arguments: argparse.Namespace) ->
             with system_functions(variables, memory_mb or 1769, cpu_share=memory_mb != NO_QUOTA) as functions:
                 if index == 0:
                     _warm_up(results, functions, arguments.warm_up_batches)
-                latencies = arguments.latencies_ms if memory_mb == TARGET_MEMORY_MB else [TARGET_LATENCY_MS]
-                for latency in latencies:
-                    for size in (1, TARGET_BATCH):
-                        _time(results, functions, TimingKey(memory_mb, latency, size), arguments)
+                if memory_mb == TARGET_MEMORY_MB:
+                    for latency in arguments.latencies_ms:
+                        for size in (1, TARGET_BATCH):
+                            _time(results, functions, TimingKey(memory_mb, latency, size), arguments)
+                else:  # the cost chart's point and the earlier run's setting: batches of 10 only
+                    _time(results, functions, TimingKey(memory_mb, TARGET_LATENCY_MS, TARGET_BATCH), arguments)
                 if memory_mb == TARGET_MEMORY_MB:
                     before = backend.proxy_stats() if backend.proxy_stats else {}
                     _time(results, functions, TimingKey(memory_mb, TARGET_LATENCY_MS, TARGET_BATCH, True), arguments)
                     after = backend.proxy_stats() if backend.proxy_stats else {}
                     results.hot_proxy_stats = {name: after[name] - before.get(name, 0) for name in after}
                     _profile(results, functions[ThisConsumer.name])
+        _time_controls(results, backend, variables, arguments)
+
+
+def _time_controls(
+    results: BenchResults, backend: Backend, variables: dict[str, dict[str, str]], arguments: argparse.Namespace
+) -> None:
+    """The same tables and 512 MB functions, reached another way: latency at a proxy, or no proxy at all."""
+    assert backend.upstream_url is not None
+    emulation = ConflictEmulation(latency_ms=TARGET_LATENCY_MS)
+    with ConflictProxy(backend.upstream_url, emulation) as proxy:
+        for route, endpoint in ((LATENCY_AT_PROXY, proxy.endpoint_url), (DIRECT, backend.upstream_url)):
+            routed = {name: {**values, "AWS_ENDPOINT_URL_DYNAMODB": endpoint} for name, values in variables.items()}
+            with system_functions(routed, TARGET_MEMORY_MB) as functions:
+                key = TimingKey(TARGET_MEMORY_MB, TARGET_LATENCY_MS, TARGET_BATCH, route=route)
+                _time(results, functions, key, arguments)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

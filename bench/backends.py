@@ -44,6 +44,8 @@ class Backend:
     dead_letter_queue_url: str
     # The conflict proxy's counts (transactions, cancelled, writes refused), where there is one.
     proxy_stats: Callable[[], dict[str, int]] | None = None
+    # The server behind the proxy, for a second proxy of other settings (DynamoDB Local only).
+    upstream_url: str | None = None
 
     def create_tables(self, prefix: str) -> Tables:
         """The template's two tables, under names of their own for one system."""
@@ -88,4 +90,4 @@ def dynamodb_local_backend() -> Iterator[Backend]:
         with scoped_environment(environment, unset=_ENDPOINT_VARIABLES):
             reader = boto3.session.Session().client("dynamodb")
             assert server.proxy is not None
-            yield Backend("DynamoDB Local", reader, _UNUSED_QUEUE_URL, server.proxy.stats)
+            yield Backend("DynamoDB Local", reader, _UNUSED_QUEUE_URL, server.proxy.stats, server.direct_endpoint_url)

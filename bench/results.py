@@ -16,6 +16,11 @@ TARGET_MEMORY_MB = 512
 TARGET_LATENCY_MS = 10
 TARGET_BATCH = 10
 NO_QUOTA = 0
+# Controls for what changed since the earlier benchmark: where the latency is slept, and the
+# conflict proxy's own hop (the earlier run went to DynamoDB Local directly).
+VIA_PROXY = ""
+LATENCY_AT_PROXY = "latency slept by the proxy"
+DIRECT = "direct, no conflict proxy"
 
 
 @dataclass(frozen=True, order=True)
@@ -24,6 +29,8 @@ class TimingKey:
     latency_ms: int
     batch_size: int
     hot: bool = False  # all records on one account, through the conflict emulation
+    # How the calls reach DynamoDB Local: VIA_PROXY as everywhere, or one of the controls.
+    route: str = ""
 
 
 @dataclass
