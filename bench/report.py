@@ -6,6 +6,7 @@ Every number and ratio here is computed from the run's own measurements.
 from __future__ import annotations
 
 import datetime
+import re
 import statistics
 
 from bench.cold_start import BOTOCORE_FLOOR
@@ -222,6 +223,11 @@ def _difference(results: BenchResults) -> list[str]:
     return lines
 
 
+def _short_paths(text: str) -> str:
+    """site-packages/botocore/x.py rather than the venv's absolute path: the same on every machine."""
+    return re.sub(r"/\S*?/(site-packages|python3\.\d+)/", "", text)
+
+
 def _profile(results: BenchResults) -> list[str]:
     if not results.profile:
         return []
@@ -239,7 +245,8 @@ def _profile(results: BenchResults) -> list[str]:
     ]
     for package, seconds in sorted(by_package.items(), key=lambda item: -item[1]):
         lines.append(f"| {package} | {seconds / total:.0%} | {seconds / results.profile_records * 1000:.3f} |")
-    lines += ["", "Top entries by own time:", "", "```", results.profile["top"].strip(), "```"]
+    for title, key in (("Top entries by own time", "top"), ("Top entries by cumulative time", "cumulative")):
+        lines += ["", f"{title}:", "", "```", _short_paths(results.profile[key]).strip(), "```"]
     return lines
 
 
