@@ -10,10 +10,11 @@ fresh processes under the target share. Progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from bench.backends import Backend, dynamodb_local_backend, moto_backend
@@ -71,6 +72,22 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _progress(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _function_output_discarded() -> Iterator[None]:
+    """Point file descriptor 1 at /dev/null: in process, the systems' logs would bury the report."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(devnull)
+        os.close(saved)
 
 
 def _measure_costs(results: BenchResults, webhook_url: str, count: int) -> None:
@@ -205,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (JavaNotFound, FileNotFoundError) as error:
         print(f"make bench needs DynamoDB Local: {error}", file=sys.stderr)
         return 2
-    with WebhookSink() as webhook:
+    with WebhookSink() as webhook, _function_output_discarded():
         _measure_costs(results, webhook.receipts_url, arguments.cost_messages)
     _run_dynamodb_local(results, arguments)
     _progress(f"cold starts: {arguments.cold_starts} fresh processes per system at {TARGET_MEMORY_MB} MB")
