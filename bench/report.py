@@ -67,7 +67,9 @@ def _timing_table(results: BenchResults) -> list[str]:
 
 
 def _cpu_table(results: BenchResults) -> list[str]:
-    lines = ["| CPU share | " + " | ".join(results.systems) + " |", "|---|" + "---|" * len(results.systems)]
+    throttled = [f"{name}: throttled per batch, ms" for name in results.systems]
+    header = ["CPU share", *results.systems, *throttled]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for memory in [*results.memory_sizes_mb, NO_QUOTA]:
         samples = results.samples(memory, TARGET_LATENCY_MS, TARGET_BATCH)
         if not samples:
@@ -76,6 +78,8 @@ def _cpu_table(results: BenchResults) -> list[str]:
         for name in results.systems:
             low, high = samples[name].cpu_per_record_ci_s
             cells.append(f"{_ms(samples[name].cpu_per_record_s)} [{_ms(low)}-{_ms(high)}]")
+        for name in results.systems:
+            cells.append(f"{_ms(samples[name].throttled_per_batch_s)} ({samples[name].throttled_periods} periods)")
         lines.append(f"| {_share(memory)} | " + " | ".join(cells) + " |")
     return lines
 
@@ -197,8 +201,12 @@ def _difference(results: BenchResults) -> list[str]:
             f"for Powertools, {open_[theirs].median_s / open_[ours].median_s:.1f}{TIMES}; at 512 MB's share "
             f"{_ms(quota[ours].median_s)} ms and {_ms(quota[theirs].median_s)} ms, "
             f"{quota[theirs].median_s / quota[ours].median_s:.1f}{TIMES}. The ten records' CPU "
-            f"({_ms(quota[ours].cpu_per_record_s * 10)} ms of CPU for this consumer) is spent at 0.29 of a core, "
-            "one thread at a time, while only the waits overlap."
+            f"({_ms(quota[ours].cpu_per_record_s * 10)} ms of CPU for this consumer) is spent at 0.29 of a core "
+            "only once the quota of the current CFS period (0.29 x the period: 29 ms of every 100 ms by default) "
+            f"is used up: the cgroup throttled this consumer {_ms(quota[ours].throttled_per_batch_s)} ms per batch "
+            f"and Powertools {_ms(quota[theirs].throttled_per_batch_s)} ms. A batch whose CPU fits in one period's "
+            "quota, after an idle gap, runs at full speed: the share slows long or back-to-back invocations, "
+            "not a short batch."
         )
     for name, walls in results.warm_up_s.items():
         if len(walls) >= 4:

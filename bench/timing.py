@@ -54,6 +54,13 @@ class Samples:
     wall_s: list[float] = field(default_factory=list)
     cpu_s: list[float] = field(default_factory=list)
     records: int = 1
+    # The cgroup's own count of time its processes waited for quota, over the timed batches.
+    throttled_s: float = 0.0
+    throttled_periods: int = 0
+
+    @property
+    def throttled_per_batch_s(self) -> float:
+        return self.throttled_s / len(self.wall_s)
 
     @property
     def median_s(self) -> float:
@@ -77,6 +84,18 @@ class Samples:
     def cpu_per_record_ci_s(self) -> tuple[float, float]:
         low, high = median_ci(self.cpu_s)
         return low / self.records, high / self.records
+
+
+def throttling(function: LambdaEnvironment) -> tuple[int, float]:
+    """Periods in which the function's cgroup ran out of quota, and the time it waited: (0, 0.0) without one."""
+    if function.quota is None:
+        return 0, 0.0
+    fields = dict(line.split() for line in (function.quota.path / "cpu.stat").read_text().splitlines())
+    # cgroup v1 counts throttled_time in ns, v2 throttled_usec in us.
+    waited_s = (
+        int(fields["throttled_time"]) / 1e9 if "throttled_time" in fields else int(fields["throttled_usec"]) / 1e6
+    )
+    return int(fields["nr_throttled"]), waited_s
 
 
 def bench_function(memory_mb: int) -> FunctionSpec:
@@ -140,7 +159,11 @@ def time_batches(
         turn = repetition % len(names)
         for name in [*names[turn:], *names[:turn]]:
             bodies = batch()
+            periods, waited_s = throttling(functions[name])
             answer = invoke(functions[name], bodies, latency_ms)
+            periods_after, waited_after_s = throttling(functions[name])
+            samples[name].throttled_periods += periods_after - periods
+            samples[name].throttled_s += waited_after_s - waited_s
             samples[name].records = len(bodies)
             samples[name].wall_s.append(answer["wall_s"])
             samples[name].cpu_s.append(answer["cpu_s"])
