@@ -23,7 +23,7 @@ from bench.results import (
     TimingKey,
 )
 from bench.systems import PowertoolsBaseline
-from bench.timing import Samples
+from bench.timing import REPO_ROOT, Samples
 
 TIMES = "\u00d7"
 POWERTOOLS = PowertoolsBaseline.name
@@ -233,7 +233,7 @@ def _difference(results: BenchResults) -> list[str]:
 
 def _short_paths(text: str) -> str:
     """site-packages/botocore/x.py rather than the venv's absolute path: the same on every machine."""
-    return re.sub(r"/\S*?/(site-packages|python3\.\d+)/", "", text)
+    return re.sub(r"/\S*?/(site-packages|python3\.\d+)/", "", text).replace(f"{REPO_ROOT}/", "")
 
 
 def _profile(results: BenchResults) -> list[str]:
