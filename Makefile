@@ -115,7 +115,7 @@ hot: venv node_modules/.installed ## issue 9's hot-account figures through the c
 	@$(LOCAL) hot $(ARGS)
 
 .PHONY: bench
-bench: venv node_modules/.installed $(LAMBDA_RUNTIME) ## this consumer against Powertools and the seed pattern: writes BENCHMARKS.md and its chart
+bench: venv node_modules/.installed $(LAMBDA_RUNTIME) ## this consumer against Powertools and the seed pattern at Lambda's CPU share: writes BENCHMARKS.md and its two charts
 	PYTHONPATH=src $(PY) -m bench $(ARGS)
 
 .PHONY: chaos

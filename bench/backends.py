@@ -7,9 +7,8 @@ have no benchmark-specific code path.
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ import boto3
 from moto import mock_aws
 
 from bench.hooks import unobserved
+from bench.systems.this_consumer import scoped_environment
 from local.aws import DUMMY_CREDENTIALS_ENV
 from local.dynamodb_local import DynamoDBLocal
 from testkit.lambda_sqs import REGION
@@ -42,6 +42,10 @@ class Backend:
     # The benchmark's own client: tables, item sizes. Its calls are never counted.
     reader: Any
     dead_letter_queue_url: str
+    # The conflict proxy's counts (transactions, cancelled, writes refused), where there is one.
+    proxy_stats: Callable[[], dict[str, int]] | None = None
+    # The server behind the proxy, for a second proxy of other settings (DynamoDB Local only).
+    upstream_url: str | None = None
 
     def create_tables(self, prefix: str) -> Tables:
         """The template's two tables, under names of their own for one system."""
@@ -71,23 +75,6 @@ class Backend:
 
 
 @contextmanager
-def scoped_environment(values: Mapping[str, str], *, unset: tuple[str, ...] = ()) -> Iterator[None]:
-    """Set and unset environment variables for the block, then put everything back."""
-    saved = {name: os.environ.get(name) for name in (*values, *unset)}
-    for name in unset:
-        os.environ.pop(name, None)
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-@contextmanager
 def moto_backend() -> Iterator[Backend]:
     with scoped_environment(DUMMY_CREDENTIALS_ENV, unset=_ENDPOINT_VARIABLES), mock_aws():
         session = boto3.session.Session()
@@ -101,4 +88,6 @@ def dynamodb_local_backend() -> Iterator[Backend]:
     with DynamoDBLocal() as server:
         environment = {**DUMMY_CREDENTIALS_ENV, "AWS_ENDPOINT_URL_DYNAMODB": server.endpoint_url}
         with scoped_environment(environment, unset=_ENDPOINT_VARIABLES):
-            yield Backend("DynamoDB Local", boto3.session.Session().client("dynamodb"), _UNUSED_QUEUE_URL)
+            reader = boto3.session.Session().client("dynamodb")
+            assert server.proxy is not None
+            yield Backend("DynamoDB Local", reader, _UNUSED_QUEUE_URL, server.proxy.stats, server.direct_endpoint_url)

@@ -1,4 +1,4 @@
-"""Batch wall time against injected DynamoDB latency, one panel per batch size."""
+"""The two charts: batch wall time against injected latency, and cost per million against memory size."""
 
 from __future__ import annotations
 
@@ -11,50 +11,74 @@ matplotlib.use("Agg")  # files only: no display on CI or a server
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
 
-from bench.results import DYNAMODB_LOCAL, MOTO, BenchResults
+from bench.results import TARGET_MEMORY_MB, BenchResults
 
 _COLOURS = ("#1b7f3b", "#c0392b", "#7f8c8d")
-_BACKEND_STYLES = ("-", "--")
-_MARKERS = ("o", "s")
+_STYLES = {1: ("--", "s"), 10: ("-", "o")}
 
 
 def draw_batch_latency_chart(results: BenchResults, path: Path) -> None:
-    sizes = [size for size in results.batch_sizes if size > 1]
-    figure, axes = plt.subplots(1, len(sizes), figsize=(6.2 * len(sizes), 5.4), squeeze=False)
-    for axis, size in zip(axes[0], sizes, strict=True):
-        for backend, style, marker in zip(results.backends, _BACKEND_STYLES, _MARKERS, strict=False):
-            for name, colour in zip(results.systems, _COLOURS, strict=False):
-                points = [
-                    (latency, samples[name])
-                    for latency in results.latencies_ms
-                    if (samples := results.samples(backend, latency, size)) and name in samples
-                ]
-                if not points:
-                    continue
-                latencies = [latency for latency, _ in points]
-                medians = [sample.median_s * 1000 for _, sample in points]
-                above = [(sample.p99_s - sample.median_s) * 1000 for _, sample in points]
-                axis.errorbar(
-                    latencies,
-                    medians,
-                    yerr=[[0] * len(above), above],
-                    color=colour,
-                    linestyle=style,
-                    marker=marker,
-                    capsize=3,
-                    label=f"{name} ({backend})",
-                )
-        axis.set_yscale("log")
-        axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-        axis.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: f"{value:g}" if str(value)[0] in "25" else ""))
-        axis.set_title(f"batch of {size} records")
-        axis.set_xlabel("injected DynamoDB latency per request (ms)")
-        axis.set_ylabel("batch wall time (ms, log scale): median, bar up to p99")
-        axis.set_xticks(results.latencies_ms)
-        axis.grid(True, which="both", alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="lower center", ncol=len(results.backends), fontsize=9, frameon=False)
-    figure.suptitle(f"SQS batch wall time against DynamoDB latency (solid: {MOTO}, dashed: {DYNAMODB_LOCAL})")
-    figure.tight_layout(rect=(0, 0.1, 1, 1))
+    figure, axis = plt.subplots(figsize=(7.5, 5.4))
+    for size, (style, marker) in _STYLES.items():
+        for name, colour in zip(results.systems, _COLOURS, strict=False):
+            points = [
+                (latency, samples[name])
+                for latency in results.latencies_ms
+                if name in (samples := results.samples(TARGET_MEMORY_MB, latency, size))
+            ]
+            if not points:
+                continue
+            medians = [sample.median_s * 1000 for _, sample in points]
+            cis = [sample.ci_s for _, sample in points]
+            axis.errorbar(
+                [latency for latency, _ in points],
+                medians,
+                yerr=[
+                    [median - low * 1000 for median, (low, _) in zip(medians, cis, strict=True)],
+                    [high * 1000 - median for median, (_, high) in zip(medians, cis, strict=True)],
+                ],
+                color=colour,
+                linestyle=style,
+                marker=marker,
+                capsize=3,
+                label=f"{name}, batch of {size}",
+            )
+    axis.set_yscale("log")
+    axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_xlabel("injected DynamoDB latency per request (ms)")
+    axis.set_ylabel("invocation wall time (ms, log scale): median, bar = 95% CI")
+    axis.set_xticks(results.latencies_ms)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=8)
+    axis.set_title(f"SQS batch at {TARGET_MEMORY_MB} MB's CPU share, DynamoDB Local + conflict emulation")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def draw_cost_chart(results: BenchResults, path: Path) -> None:
+    figure, axis = plt.subplots(figsize=(7.5, 5.0))
+    for name, colour in zip(results.systems, _COLOURS, strict=False):
+        points = [(memory, cost) for memory in results.memory_sizes_mb if (cost := results.cost(name, memory))]
+        if not points:
+            continue
+        memories = [memory for memory, _ in points]
+        axis.plot(memories, [cost.total_usd for _, cost in points], color=colour, marker="o", label=f"{name}: total")
+        axis.plot(
+            memories,
+            [cost.lambda_usd for _, cost in points],
+            color=colour,
+            marker=".",
+            linestyle=":",
+            label=f"{name}: of which Lambda",
+        )
+    axis.set_xlabel("function memory size (MB); CPU share = MB / 1769")
+    axis.set_ylabel("USD per million messages (us-east-1)")
+    axis.set_xticks(results.memory_sizes_mb)
+    axis.set_ylim(bottom=0)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8)
+    axis.set_title("Cost per million new payments, batches of 10, 10 ms DynamoDB latency")
+    figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

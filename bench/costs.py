@@ -50,7 +50,7 @@ class CostRecorder:
 
     def _total(self) -> Cost:
         capacity = self._meter.reading()
-        return Cost(self._probe.reading().calls, capacity.write_units, capacity.read_units)
+        return Cost(self._probe.calls(), capacity.write_units, capacity.read_units)
 
 
 def message_costs(system: LambdaSystem, factory: MessageFactory, recorder: CostRecorder, count: int) -> dict[str, Cost]:

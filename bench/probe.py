@@ -1,4 +1,4 @@
-"""Count DynamoDB calls, add network latency to each HTTP request, time moto's own work.
+"""Count DynamoDB calls, add network latency to each HTTP request, keep moto to one request at a time.
 
 - ``before-call`` fires once per API call, whatever botocore's retries do: that is the
   round-trip count a reader of the code expects (1 for a transaction, 1 for a put).
@@ -6,9 +6,7 @@
   a network. botocore emits it with ``emit`` (not ``emit_until_response``): every
   handler runs even after moto's stub has produced the response, so the sleep here
   runs for moto in-process as it does for a real endpoint. It is registered first, so
-  the sleep comes before the stub answers, and a second handler registered last closes
-  a CPU stopwatch around moto's stub: that CPU is the simulated server's, not the
-  function's, and is subtracted from the CPU per record.
+  the sleep comes before the stub answers.
 - moto in-process is not thread-safe (its ``TransactWriteItems`` deep-copies the tables
   while other threads write them, and fails with "dictionary changed size during
   iteration"), so the same two handlers hold a lock around its stub: the simulated
@@ -23,7 +21,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 from bench.hooks import REGISTER_FIRST, REGISTER_LAST, HandlerSpec, observed
@@ -31,19 +28,11 @@ from bench.hooks import REGISTER_FIRST, REGISTER_LAST, HandlerSpec, observed
 _DYNAMODB_SEND = "before-send.dynamodb."
 
 
-@dataclass(frozen=True)
-class ProbeReading:
-    calls: int
-    # CPU spent answering requests in process (moto's stub); about 0 for a real endpoint.
-    server_cpu_s: float
-
-
 class RoundTripProbe:
     def __init__(self) -> None:
         self.latency_s = 0.0
         self._lock = threading.Lock()
         self._calls: Counter[str] = Counter()
-        self._server_cpu_s = 0.0
         self._server = threading.Lock()
         self._in_server = threading.local()
 
@@ -58,9 +47,9 @@ class RoundTripProbe:
             ("needs-retry.dynamodb", self._on_send_end),
         ]
 
-    def reading(self) -> ProbeReading:
+    def calls(self) -> int:
         with self._lock:
-            return ProbeReading(sum(self._calls.values()), self._server_cpu_s)
+            return sum(self._calls.values())
 
     def calls_by_operation(self) -> dict[str, int]:
         with self._lock:
@@ -74,20 +63,13 @@ class RoundTripProbe:
     def _on_send_start(self, event_name: str, **_: Any) -> None:
         if not event_name.startswith(_DYNAMODB_SEND):
             return
-        counted = observed()
-        if counted and self.latency_s > 0:
+        if observed() and self.latency_s > 0:
             time.sleep(self.latency_s)
         self._server.acquire()
-        self._in_server.counted = counted
-        self._in_server.cpu_s = time.thread_time()
+        self._in_server.held = True
 
     def _on_send_end(self, **_: Any) -> None:
-        started = getattr(self._in_server, "cpu_s", None)
-        if started is None:
-            return  # needs-retry after the last handler already closed this attempt
-        elapsed = time.thread_time() - started
-        self._in_server.cpu_s = None
+        if not getattr(self._in_server, "held", False):
+            return  # needs-retry after the last handler already released this attempt's hold
+        self._in_server.held = False
         self._server.release()
-        if self._in_server.counted:
-            with self._lock:
-                self._server_cpu_s += elapsed

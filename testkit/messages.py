@@ -229,7 +229,7 @@ def send_all(
 
 
 class MessageFactory:
-    """Bodies that never contend: each message has its own key, payment and account."""
+    """Bodies that never contend (each message has its own key, payment and account) unless asked to."""
 
     def __init__(self, run_id: str | None = None) -> None:
         # Keys unique across runs too: DynamoDB Local's tables outlive one system's turn.
@@ -246,6 +246,11 @@ class MessageFactory:
 
     def payments(self, count: int) -> list[str]:
         return [self.payment() for _ in range(count)]
+
+    def payments_on_one_account(self, count: int) -> list[str]:
+        """A hot account: ``count`` distinct payments that all credit one new account."""
+        account = f"acc-hot-{self._next()}"
+        return [payment_body(f"p-{n}", account, key=f"pay-{n}") for n in (self._next() for _ in range(count))]
 
     def receipts(self, count: int) -> list[str]:
         return [self.receipt() for _ in range(count)]

@@ -11,21 +11,26 @@ idempotency mechanism differs between the three.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from bench.backends import Backend
 from bench.systems.powertools import PowertoolsBaseline
 from bench.systems.seed_pattern import SeedPattern
-from bench.systems.this_consumer import ThisConsumer, ThisConsumerQuiet
+from bench.systems.this_consumer import ThisConsumer
 from consumer.config import Settings
 from testkit.lambda_sqs import LambdaContext
 
+if TYPE_CHECKING:  # the function's own process has no moto: only the harness creates tables
+    from bench.backends import Backend
+
+# Which system a benchmark function runs (bench.function reads it at init).
+SYSTEM_ENV = "BENCH_SYSTEM"
+
 __all__ = [
+    "SYSTEM_ENV",
     "LambdaSystem",
     "PowertoolsBaseline",
     "SeedPattern",
     "ThisConsumer",
-    "ThisConsumerQuiet",
     "build_systems",
     "system_settings",
 ]

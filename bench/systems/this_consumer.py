@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
-from bench.backends import scoped_environment
 from consumer import app
 from consumer.config import Settings
 from testkit.lambda_sqs import LambdaContext
+
+
+@contextmanager
+def scoped_environment(values: Mapping[str, str], *, unset: tuple[str, ...] = ()) -> Iterator[None]:
+    """Set and unset environment variables for the block, then put everything back."""
+    saved = {name: os.environ.get(name) for name in (*values, *unset)}
+    for name in unset:
+        os.environ.pop(name, None)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class ThisConsumer:
@@ -36,25 +55,3 @@ class ThisConsumer:
 
     def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         return app.handler(event, context)
-
-
-class ThisConsumerQuiet:
-    """This consumer with POWERTOOLS_LOG_LEVEL=WARNING: what its per-record INFO logs cost.
-
-    The level is module-wide, so it is lowered only for the length of each invocation,
-    and this variant can take turns with the ordinary one in the same measurement.
-    """
-
-    name = "this consumer, logs at WARNING"
-
-    def __init__(self, consumer: ThisConsumer) -> None:
-        self.settings = consumer.settings
-        self._consumer = consumer
-
-    def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-        level = app.logger.log_level
-        ThisConsumer.set_log_level("WARNING")
-        try:
-            return self._consumer.handle(event, context)
-        finally:
-            ThisConsumer.set_log_level(level)

@@ -83,7 +83,7 @@ def test_the_latency_hook_delays_requests_answered_by_moto_in_process(backend: B
     started = time.perf_counter()
     client.get_item(TableName=tables.idempotency, Key={"id": {"S": "absent"}})
     assert time.perf_counter() - started >= 0.05
-    assert probe.reading().calls == 1
+    assert probe.calls() == 1
 
 
 def test_item_size_follows_dynamodb_rules() -> None:

@@ -1,0 +1,61 @@
+"""The benchmark's arithmetic: the median's confidence interval, cost per million, hot batches."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from bench.costs import Cost
+from bench.pricing import DYNAMODB_PER_WRITE_UNIT, LAMBDA_ARM64_PER_GB_S, SqsRequests, cost_per_million
+from bench.timing import median_ci
+from testkit.messages import MessageFactory
+
+
+def test_the_interval_of_twenty_samples_is_the_6th_and_15th_order_statistics() -> None:
+    # The binomial(20, 1/2) table: P(B <= 5) = 2.07% <= 2.5% < P(B <= 6), so ranks 6 and 15 (1-based).
+    values = [float(value) for value in range(1, 21)]
+    random.Random(3).shuffle(values)
+    assert median_ci(values) == (6.0, 15.0)
+
+
+def test_the_interval_covers_the_true_median_about_95_percent_of_the_time() -> None:
+    rng = random.Random(7)
+    trials, covered = 2000, 0
+    for _ in range(trials):
+        # Skewed like batch times: a lognormal whose median is exactly 1.
+        low, high = median_ci([rng.lognormvariate(0.0, 0.5) for _ in range(25)])
+        covered += low <= 1.0 <= high
+    assert 0.94 <= covered / trials <= 0.99
+
+
+def test_too_few_samples_give_the_whole_range() -> None:
+    assert median_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)
+
+
+def test_lambda_bills_each_batch_rounded_up_to_the_millisecond() -> None:
+    nothing = Cost(calls=0, write_units=0, read_units=0)
+    at_100_1 = cost_per_million(0.1001, 10, 1024, nothing)
+    at_101 = cost_per_million(0.101, 10, 1024, nothing)
+    assert at_100_1.lambda_usd == pytest.approx(at_101.lambda_usd)
+    # 100,000 batches of 101 ms at 1 GB, plus 100,000 requests.
+    assert at_101.lambda_usd == pytest.approx(100_000 * (0.101 * LAMBDA_ARM64_PER_GB_S + 0.2e-6))
+
+
+def test_dynamodb_cost_follows_the_write_units() -> None:
+    six = cost_per_million(0.05, 10, 512, Cost(calls=1, write_units=6, read_units=0))
+    four = cost_per_million(0.05, 10, 512, Cost(calls=4, write_units=4, read_units=0))
+    assert six.dynamodb_usd == pytest.approx(6 * DYNAMODB_PER_WRITE_UNIT * 1e6)
+    assert six.dynamodb_usd - four.dynamodb_usd == pytest.approx(2 * DYNAMODB_PER_WRITE_UNIT * 1e6)
+
+
+def test_sqs_requests_per_message_shrink_with_the_batch() -> None:
+    assert SqsRequests(10).total == pytest.approx(1.2)
+    assert SqsRequests(1).total == pytest.approx(3.0)
+
+
+def test_a_hot_batch_credits_one_account_with_distinct_payments() -> None:
+    payloads = [json.loads(body) for body in MessageFactory().payments_on_one_account(10)]
+    assert len({payload["payload"]["accountId"] for payload in payloads}) == 1
+    assert len({payload["metadata"]["idempotencyKey"] for payload in payloads}) == 10
