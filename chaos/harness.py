@@ -9,27 +9,22 @@ what is really stuck.
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
-from chaos.faults import DEFAULT_RATES, FaultKind, FaultLog, Zombies, ZombieSettings
-from chaos.function import ChaosFunction, ConsumerFactory, ContainerSetup, InvocationHistory
+from chaos.faults import DEFAULT_RATES, FaultKind, FaultLog
+from chaos.function import ChaosFunction, ConsumerFactory, FaultPlan, InvocationHistory, chaos_functions
 from chaos.invariants import Checker, EndState, Verdict, scan
 from chaos.workload import Workload, WorkloadShape, build_workload
-from consumer import app as consumer_app
 from consumer.app import wire
 from consumer.config import Settings
-from consumer.idempotency.record import Attr
 from local import dead_letters
-from local.function_runtime import FunctionRuntime
 from local.poller import Poller, PollerGroup, PollerStats
 from local.resources import FunctionSpec, LocalResources, QueueResource, SqsTrigger
 from local.servers import LocalServers
@@ -143,8 +138,8 @@ def _wait_until_drained(sqs: Any, queue_url: str, timeout_s: float) -> bool:
 class _Stack:
     """The template deployed for one run, and the clients that watch it from outside the function.
 
-    Not ``local.stack.DeployedStack``: that one runs the function in Lambda's runtime, while chaos
-    builds its containers in this process, to reach the consumer's requests with its hooks.
+    Not ``local.stack.DeployedStack``: chaos runs its own handler in Lambda's runtime
+    (``chaos.runtime_handler``), to put its hooks between the consumer and its endpoints.
     """
 
     resources: LocalResources
@@ -159,14 +154,6 @@ class _Stack:
     @property
     def queue(self) -> QueueResource:
         return self.resources.queues[self.trigger.queue_logical_id]
-
-    def owner_of(self, record_id: str) -> str | None:
-        item = self.dynamodb.get_item(
-            TableName=self.resources.tables[IDEMPOTENCY_TABLE].name,
-            Key={Attr.ID: {"S": record_id}},
-            ConsistentRead=True,
-        ).get("Item")
-        return item[Attr.OWNER_TOKEN]["S"] if item else None
 
     def end_state(self, sink: WebhookSink, drained: bool) -> EndState:
         return EndState(
@@ -201,39 +188,16 @@ def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, webhook_url
     return stack
 
 
-@contextmanager
-def _quiet_consumer() -> Iterator[None]:
-    """Thousands of faults make thousands of warnings; the report says what matters."""
-    consumer_log = logging.getLogger(consumer_app.logger.name)
-    level = consumer_log.level
-    consumer_log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        consumer_log.setLevel(level)
-
-
 def _drive(
     config: ChaosConfig,
     stack: _Stack,
-    setup: ContainerSetup,
+    functions: list[ChaosFunction],
     workload: Workload,
-    rng: random.Random,
-    observed: tuple[InvocationHistory, PollerStats],
+    stats: PollerStats,
 ) -> tuple[dict[str, Outgoing], bool]:
     """Feed the workload to the pollers until the queue drains (or the time limit); then stop them."""
-    history, stats = observed
     sqs = stack.sqs
-    pollers = [
-        Poller(
-            sqs,
-            stack.queue,
-            stack.trigger,
-            ChaosFunction(stack.function, setup, history, random.Random(rng.random()), config.deadline_margin_ms),
-            on_batch=stats.add,
-        )
-        for _ in range(config.pollers)
-    ]
+    pollers = [Poller(sqs, stack.queue, stack.trigger, function, on_batch=stats.add) for function in functions]
     with PollerGroup(pollers):
         sent = send_all(sqs, stack.queue.url, workload.messages, max_depth=config.max_queue_depth)
         drained = _wait_until_drained(sqs, stack.queue.url, config.drain_timeout_s)
@@ -259,19 +223,21 @@ def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFa
         plan = _webhook_plan(config, rng, calls=4 * max(1, round(config.messages * config.receipt_ratio)))
         sink.answer_next(*plan)
         stack = _deploy(servers, config, run_id, sink.receipts_url)
-        zombies = Zombies(ZombieSettings(stack.owner_of, max_pause_s, max_paused=config.pollers - 1), log)
-        setup = ContainerSetup(
+        fault_plan = FaultPlan(
             settings=_settings(stack.function.environment, config),
             consumer_factory=consumer_factory,
             rates=config.rates,
-            log=log,
-            zombies=zombies,
             max_skew_ms=config.max_skew_ms,
+            # A paused worker holds its poller; some must stay free to take the key over.
+            max_paused=config.pollers - 1,
+            max_pause_s=max_pause_s,
+            deadline_margin_ms=config.deadline_margin_ms,
         )
+        seeds = [rng.getrandbits(32) for _ in range(config.pollers)]
         # The function's environment puts the consumer's clients on the local endpoints (AWS_ENDPOINT_URL_*).
-        with FunctionRuntime(stack.function, servers.function_environment(stack.function)), _quiet_consumer():
-            sent, drained = _drive(config, stack, setup, workload, rng, (history, stats))
-            zombies.wait_until_idle(max_pause_s + 10)
+        environment = servers.function_environment(stack.function)
+        with chaos_functions(stack.function, environment, fault_plan, seeds, history, log) as functions:
+            sent, drained = _drive(config, stack, functions, workload, stats)
         # Leases run out; nothing may stay IN_PROGRESS whatever the clocks said.
         time.sleep(lease_slack_s)
         end = stack.end_state(sink, drained)
