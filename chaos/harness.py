@@ -38,6 +38,9 @@ class ChaosConfig:
     seed: int = 1
     messages: int = 1_000
     accounts: int = 20
+    # The hot-item workload: this share of all payments on ``hot_accounts`` accounts.
+    hot_share: float = 0.3
+    hot_accounts: int = 2
     pollers: int = 3
     receipt_ratio: float = 0.25
     duplicate_ratio: float = 0.2
@@ -56,6 +59,20 @@ class ChaosConfig:
 
 
 @dataclass(frozen=True)
+class Conflicts:
+    """Transaction conflicts of the run, and what the consumer made of them."""
+
+    injected: int  # answered in DynamoDB's place by the conflict fault
+    emulated: int  # raised by the local stack's conflict emulation (overlapping transactions)
+    absorbed: int  # retried in process within the record's time (the records' ``conflicts_absorbed``)
+    returned: int  # records handed back to SQS with the ``conflict`` outcome
+
+    @property
+    def seen(self) -> int:
+        return self.injected + self.emulated
+
+
+@dataclass(frozen=True)
 class ChaosReport:
     config: ChaosConfig
     workload: Workload
@@ -68,6 +85,7 @@ class ChaosReport:
     webhook_calls: int
     # Receipts whose webhook was called more than once (each allowed only after a failed attempt).
     receipts_called_again: int
+    conflicts: Conflicts
     verdicts: list[Verdict]
     duration_s: float
 
@@ -188,6 +206,15 @@ def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, webhook_url
     return stack
 
 
+def _emulated_conflicts(servers: LocalServers) -> int:
+    """Conflicts the local stack's emulation has raised so far (its proxy counts for every run on it)."""
+    proxy = servers.dynamodb.proxy
+    if proxy is None:
+        return 0
+    stats = proxy.stats()
+    return stats.get("transactions_cancelled", 0) + stats.get("writes_refused", 0)
+
+
 def _drive(
     config: ChaosConfig,
     stack: _Stack,
@@ -210,7 +237,13 @@ def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFa
     rng = random.Random(config.seed)
     run_id = uuid.UUID(int=rng.getrandbits(128)).hex[:8]
     shape = WorkloadShape(
-        config.messages, config.accounts, config.receipt_ratio, config.duplicate_ratio, config.poison_ratio
+        config.messages,
+        config.accounts,
+        config.receipt_ratio,
+        config.duplicate_ratio,
+        config.poison_ratio,
+        config.hot_share,
+        config.hot_accounts,
     )
     workload = build_workload(shape, rng, run_id)
     log = FaultLog()
@@ -236,8 +269,10 @@ def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFa
         seeds = [rng.getrandbits(32) for _ in range(config.pollers)]
         # The function's environment puts the consumer's clients on the local endpoints (AWS_ENDPOINT_URL_*).
         environment = servers.function_environment(stack.function)
+        emulated_before = _emulated_conflicts(servers)
         with chaos_functions(stack.function, environment, fault_plan, seeds, history, log) as functions:
             sent, drained = _drive(config, stack, functions, workload, stats)
+        emulated = _emulated_conflicts(servers) - emulated_before
         # Leases run out; nothing may stay IN_PROGRESS whatever the clocks said.
         time.sleep(lease_slack_s)
         end = stack.end_state(sink, drained)
@@ -256,6 +291,12 @@ def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFa
         webhook_calls=len(end.webhook_calls),
         receipts_called_again=sum(
             1 for count in Counter(call.idempotency_key for call in end.webhook_calls).values() if count > 1
+        ),
+        conflicts=Conflicts(
+            injected=log.counts[FaultKind.TRANSACTION_CONFLICT],
+            emulated=emulated,
+            absorbed=history.conflicts_absorbed,
+            returned=history.outcomes["conflict"],
         ),
         verdicts=Checker(sent, end, history, log).all(),
         duration_s=time.monotonic() - started,

@@ -28,6 +28,7 @@ def render(report: ChaosReport) -> str:
         _row("distinct receipt requests", workload.distinct_receipts),
         _row("duplicates (same key, new messageId)", workload.resends),
         _row("poison (incl. key reused with another payload)", workload.poison),
+        _row(f"payments on {config.hot_accounts} hot accounts ({config.hot_share:.0%} share)", workload.hot_payments),
         *_section("faults injected"),
     ]
     lines += [_row(f"{kind.description} [{kind.value}]", report.faults.get(kind, 0)) for kind in FaultKind]
@@ -42,6 +43,11 @@ def render(report: ChaosReport) -> str:
         _row("records redelivered by SQS (receive count > 1)", history.redelivered_records),
         *(_row(f"record results: {outcome}", count) for outcome, count in sorted(history.outcomes.items())),
         *(_row(f"dead letters: {reason}", count) for reason, count in sorted(report.dead_letters.items())),
+        _row("transaction conflicts seen", report.conflicts.seen),
+        _row("  injected by the conflict fault", report.conflicts.injected),
+        _row("  raised by the local stack's emulation (overlapping transactions)", report.conflicts.emulated),
+        _row("  absorbed in process (retried within the record's time)", report.conflicts.absorbed),
+        _row("  returned to SQS (outcome conflict)", report.conflicts.returned),
         _row("webhook calls", report.webhook_calls),
         _row("  receipts whose webhook was called more than once", report.receipts_called_again),
         *_section("invariants (violations; each must be 0)"),
