@@ -34,12 +34,12 @@ def render(report: ChaosReport) -> str:
     lines += [_row(f"{kind.description} [{kind.value}]", report.faults.get(kind, 0)) for kind in FaultKind]
     lines += [
         _row("zombies that saw no takeover (not counted above)", report.zombies_without_takeover),
-        _row(f"clock skew between containers (up to +/-{config.max_skew_ms} ms)", f"{history.containers} clocks"),
+        _row(f"clock skew between runtimes (up to +/-{config.max_skew_ms} ms)", f"{history.containers} clocks"),
         *_section("outcomes"),
         _row("invocations", history.invocations),
         _row("  crashed (nothing deleted, batch comes back)", history.crashed),
         *(_row(f"  poller verdict {verdict}", count) for verdict, count in sorted(report.pollers.verdicts.items())),
-        _row("containers started (cold starts after crashes)", history.containers),
+        _row("runtimes started (cold starts, after crashes too)", history.containers),
         _row("records redelivered by SQS (receive count > 1)", history.redelivered_records),
         *(_row(f"record results: {outcome}", count) for outcome, count in sorted(history.outcomes.items())),
         *(_row(f"dead letters: {reason}", count) for reason, count in sorted(report.dead_letters.items())),
