@@ -1,30 +1,40 @@
-"""The function under test as the pollers see it: containers that crash, restart and run out of time.
+"""The function under test as the pollers see it: Lambda runtimes that crash, restart and run out of time.
 
-``ChaosFunction`` stands where ``local.function_runtime.FunctionRuntime`` stands for
-``local.poller.Poller`` (``invoke(event) -> Invocation``, ``function``), but builds its
-consumer with ``consumer.app.wire`` from its own session and clock, so faults and
-clock skew reach the real code path. One ``ChaosFunction`` per poller: one warm
-container per concurrent invocation, as Lambda has. A crash kills the container; the
-next invocation starts a new one (a cold start, with a new clock skew).
+One execution environment per poller (``local.lambda_runtime.LambdaEnvironment``: the
+Runtime Interface Emulator and awslambdaric under Lambda's CPU share), as Lambda has one
+per concurrent invocation. Its handler is ``chaos.runtime_handler``, which builds the
+consumer with ``consumer.app.wire`` from a session carrying the fault hooks and a skewed
+clock, and reads its fault plan from the environment's variables. A crash kills the
+runtime process; the emulator reports the invocation as failed and the next one
+cold-starts a new runtime.
+
+The runtime's task root is a directory of links standing for the deployment package: the
+consumer (``src/consumer``) and the packages the fault plan needs (``chaos``, ``local``,
+``testkit``, ``tests`` for the negative controls' consumers).
 """
 
 from __future__ import annotations
 
-import random
+import json
+import shutil
+import tempfile
 import threading
-import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol
 
-from chaos.faults import ContainerFaults, FaultKind, FaultLog, InvocationCrashed, Zombies
-from chaos.transport_faults import install_faults
+from chaos import journal
+from chaos.faults import FaultKind, FaultLog
+from chaos.runtime_handler import PlanVariable
 from consumer.config import Settings
-from local.aws import session as local_session
 from local.invocation import Invocation
+from local.lambda_runtime import LambdaEnvironment, check_handler
+from local.lambda_venv import venv_python
 from local.resources import FunctionSpec
-from testkit.lambda_sqs import LambdaContext
+from local.state import REPO_ROOT
 
 
 class Consumer(Protocol):
@@ -45,13 +55,19 @@ class ConsumerFactory(Protocol):
 
 @dataclass
 class InvocationHistory:
-    """What every invocation of every container did; thread-safe."""
+    """What every invocation of every execution environment did; thread-safe.
+
+    The poller's side (``started``, ``answered``, ``crashed_invocation``) is recorded as it
+    happens; the runtime's side (cold starts, each record's outcome) is replayed from the
+    journals once the run is over.
+    """
 
     invocations: int = 0
     crashed: int = 0
     containers: int = 0
     redelivered_records: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
+    conflicts_absorbed: int = 0
     # messageId -> outcomes of its deliveries that reached a result, with the reason.
     results: defaultdict[str, list[tuple[str, str | None]]] = field(default_factory=lambda: defaultdict(list))
     # batchItemFailures ids that were not ids of the invocation's batch.
@@ -66,107 +82,126 @@ class InvocationHistory:
             self.invocations += 1
             self.redelivered_records += redelivered
 
-    def container_started(self) -> None:
-        with self._lock:
-            self.containers += 1
-
     def crashed_invocation(self) -> None:
         with self._lock:
             self.crashed += 1
 
-    def finished(self, batch: Any, records: list[dict[str, Any]]) -> None:
+    def answered(self, response: Any, records: list[dict[str, Any]]) -> None:
         batch_ids = {record["messageId"] for record in records}
-        response = batch.response()
+        failures = response.get("batchItemFailures", []) if isinstance(response, Mapping) else []
         foreign = [
-            str(failure.get("itemIdentifier"))
-            for failure in response.get("batchItemFailures", [])
-            if failure.get("itemIdentifier") not in batch_ids
+            str(failure.get("itemIdentifier")) for failure in failures if failure.get("itemIdentifier") not in batch_ids
         ]
         with self._lock:
-            for result in getattr(batch, "results", ()):
-                self.outcomes[str(result.outcome)] += 1
-                self.results[result.message_id].append((str(result.outcome), result.reason))
             self.foreign_failure_ids.extend(foreign)
+
+    def replay(self, entries: Iterable[dict[str, Any]]) -> None:
+        """Add the cold starts and record results of journal ``entries``."""
+        with self._lock:
+            for entry in entries:
+                if entry.get("event") == "init":
+                    self.containers += 1
+                elif entry.get("event") == "results":
+                    for message_id, outcome, reason, absorbed in entry["results"]:
+                        self.outcomes[outcome] += 1
+                        self.conflicts_absorbed += int(absorbed)
+                        self.results[message_id].append((outcome, reason))
+
+
+# What the emulator reports when the runtime process exits during an invocation.
+_EXIT_ERROR = "Runtime.ExitError"
+_PACKAGES = {
+    "consumer": REPO_ROOT / "src" / "consumer",
+    **{name: REPO_ROOT / name for name in ("chaos", "local", "testkit", "tests")},
+}
 
 
 @dataclass(frozen=True)
-class ContainerSetup:
-    """What every container of the run shares."""
+class FaultPlan:
+    """What every execution environment of the run shares."""
 
     settings: Settings
     consumer_factory: ConsumerFactory
     rates: Mapping[FaultKind, float]
-    log: FaultLog
-    zombies: Zombies
     max_skew_ms: int
-
-
-class Container:
-    """One execution environment: its session (with the fault hooks), its clock, its consumer."""
-
-    def __init__(self, setup: ContainerSetup, rng: random.Random) -> None:
-        self.faults = ContainerFaults(
-            setup.rates, random.Random(rng.random()), setup.log, setup.settings.idempotency_table_name, setup.zombies
-        )
-        self.skew_s = rng.uniform(-setup.max_skew_ms, setup.max_skew_ms) / 1000
-        session = local_session()
-        install_faults(session, self.faults, services=("dynamodb", "sqs"))
-        self.consumer = setup.consumer_factory(setup.settings, session, clock=self.clock)
-
-    def clock(self) -> float:
-        return time.time() + self.skew_s
+    max_paused: int
+    max_pause_s: float
+    deadline_margin_ms: int
 
 
 class ChaosFunction:
-    """Invoked by one poller; answers as the function would, or dies trying."""
+    """One poller's execution environment, and what the poller sees of its invocations."""
 
-    def __init__(
-        self,
-        function: FunctionSpec,
-        setup: ContainerSetup,
-        history: InvocationHistory,
-        rng: random.Random,
-        deadline_margin_ms: int,
-    ) -> None:
-        self.function = function
-        self._setup = setup
+    def __init__(self, environment: LambdaEnvironment, history: InvocationHistory) -> None:
+        self._environment = environment
         self._history = history
-        self._rng = rng
-        self._deadline_margin_ms = deadline_margin_ms
-        self._container = self._start_container()
 
-    def _start_container(self) -> Container:
-        self._history.container_started()
-        return Container(self._setup, self._rng)
-
-    def _timeout_s(self) -> float:
-        """The function's Timeout; or, for a deadline fault, one that runs out partway through the batch."""
-        if self._rng.random() < self._setup.rates.get(FaultKind.DEADLINE, 0.0):
-            self._setup.log.add(FaultKind.DEADLINE)
-            return (self._deadline_margin_ms + self._rng.uniform(0, 400)) / 1000
-        return float(self.function.timeout_s)
+    @property
+    def function(self) -> FunctionSpec:
+        return self._environment.function
 
     def invoke(self, event: dict[str, Any]) -> Invocation:
-        context = LambdaContext(
-            function_name=self.function.name,
-            invoked_function_arn=self.function.arn,
-            memory_limit_in_mb=self.function.memory_mb,
-            timeout_s=self._timeout_s(),
-        )
         records = event["Records"]
         self._history.started(records)
-        started = time.monotonic()
-        response: Any = None
-        error: BaseException | None = None
-        try:
-            batch = self._container.consumer.process(records, context.get_remaining_time_in_millis)
-            response = batch.response()
-            self._history.finished(batch, records)
-        except InvocationCrashed as crash:
-            # Lambda reports the dead invocation as an error; the next one gets a new container.
+        invocation = self._environment.invoke(event)
+        if invocation.error_type == _EXIT_ERROR:
             self._history.crashed_invocation()
-            self._container = self._start_container()
-            error = RuntimeError(f"invocation crashed: {crash}")
-        except Exception as raised:
-            error = raised
-        return Invocation(response, error, context.timed_out(), time.monotonic() - started, context.aws_request_id)
+        elif invocation.succeeded:
+            self._history.answered(invocation.response, records)
+        return invocation
+
+
+def _reference(factory: ConsumerFactory) -> str:
+    """``module:callable``, for the runtime to import."""
+    return f"{factory.__module__}:{getattr(factory, '__qualname__', '')}"
+
+
+@contextmanager
+def chaos_functions(
+    function: FunctionSpec,
+    environment: Mapping[str, str],
+    plan: FaultPlan,
+    seeds: list[int],
+    history: InvocationHistory,
+    log: FaultLog,
+) -> Iterator[list[ChaosFunction]]:
+    """One started environment per seed; on the way out, stopped, and their journals replayed
+    into ``history`` and ``log``."""
+    run_dir = Path(tempfile.mkdtemp(prefix="chaos-run-"))
+    environments: list[LambdaEnvironment] = []
+    try:
+        task_root, slots = run_dir / "task", run_dir / "pause-slots"
+        task_root.mkdir()
+        slots.mkdir()
+        for name, source in _PACKAGES.items():
+            (task_root / name).symlink_to(source, target_is_directory=True)
+        packaged = replace(function, handler="chaos.runtime_handler.handler", code_dir=task_root)
+        shared = {
+            **environment,
+            "PYTHONPATH": str(task_root),
+            PlanVariable.SETTINGS: plan.settings.model_dump_json(),
+            PlanVariable.RATES: json.dumps({kind.value: rate for kind, rate in plan.rates.items()}),
+            PlanVariable.MAX_SKEW_MS: str(plan.max_skew_ms),
+            PlanVariable.PAUSE_SLOTS: str(slots),
+            PlanVariable.MAX_PAUSED: str(plan.max_paused),
+            PlanVariable.MAX_PAUSE_S: str(plan.max_pause_s),
+            PlanVariable.DEADLINE_MARGIN_MS: str(plan.deadline_margin_ms),
+            PlanVariable.CONSUMER: _reference(plan.consumer_factory),
+        }
+        python = venv_python()
+        check_handler(packaged, shared, python)
+        for index, seed in enumerate(seeds):
+            variables = {
+                **shared,
+                PlanVariable.SEED: str(seed),
+                PlanVariable.JOURNAL: str(run_dir / f"env-{index}.jsonl"),
+            }
+            environments.append(LambdaEnvironment(packaged, variables, python=python, name=f"chaos-{index}").start())
+        yield [ChaosFunction(environment, history) for environment in environments]
+    finally:
+        for started in environments:
+            started.stop()
+        entries = list(journal.read(sorted(run_dir.glob("env-*.jsonl"))))
+        history.replay(entries)
+        log.replay(entries)
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -9,27 +9,22 @@ what is really stuck.
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
-from chaos.faults import DEFAULT_RATES, FaultKind, FaultLog, Zombies, ZombieSettings
-from chaos.function import ChaosFunction, ConsumerFactory, ContainerSetup, InvocationHistory
+from chaos.faults import DEFAULT_RATES, FaultKind, FaultLog
+from chaos.function import ChaosFunction, ConsumerFactory, FaultPlan, InvocationHistory, chaos_functions
 from chaos.invariants import Checker, EndState, Verdict, scan
 from chaos.workload import Workload, WorkloadShape, build_workload
-from consumer import app as consumer_app
 from consumer.app import wire
 from consumer.config import Settings
-from consumer.idempotency.record import Attr
 from local import dead_letters
-from local.function_runtime import FunctionRuntime
 from local.poller import Poller, PollerGroup, PollerStats
 from local.resources import FunctionSpec, LocalResources, QueueResource, SqsTrigger
 from local.servers import LocalServers
@@ -43,6 +38,9 @@ class ChaosConfig:
     seed: int = 1
     messages: int = 1_000
     accounts: int = 20
+    # The hot-item workload: this share of all payments on ``hot_accounts`` accounts.
+    hot_share: float = 0.3
+    hot_accounts: int = 2
     pollers: int = 3
     receipt_ratio: float = 0.25
     duplicate_ratio: float = 0.2
@@ -61,6 +59,20 @@ class ChaosConfig:
 
 
 @dataclass(frozen=True)
+class Conflicts:
+    """Transaction conflicts of the run, and what the consumer made of them."""
+
+    injected: int  # answered in DynamoDB's place by the conflict fault
+    emulated: int  # raised by the local stack's conflict emulation (overlapping transactions)
+    absorbed: int  # retried in process within the record's time (the records' ``conflicts_absorbed``)
+    returned: int  # records handed back to SQS with the ``conflict`` outcome
+
+    @property
+    def seen(self) -> int:
+        return self.injected + self.emulated
+
+
+@dataclass(frozen=True)
 class ChaosReport:
     config: ChaosConfig
     workload: Workload
@@ -73,6 +85,7 @@ class ChaosReport:
     webhook_calls: int
     # Receipts whose webhook was called more than once (each allowed only after a failed attempt).
     receipts_called_again: int
+    conflicts: Conflicts
     verdicts: list[Verdict]
     duration_s: float
 
@@ -143,8 +156,8 @@ def _wait_until_drained(sqs: Any, queue_url: str, timeout_s: float) -> bool:
 class _Stack:
     """The template deployed for one run, and the clients that watch it from outside the function.
 
-    Not ``local.stack.DeployedStack``: that one runs the function in Lambda's runtime, while chaos
-    builds its containers in this process, to reach the consumer's requests with its hooks.
+    Not ``local.stack.DeployedStack``: chaos runs its own handler in Lambda's runtime
+    (``chaos.runtime_handler``), to put its hooks between the consumer and its endpoints.
     """
 
     resources: LocalResources
@@ -159,14 +172,6 @@ class _Stack:
     @property
     def queue(self) -> QueueResource:
         return self.resources.queues[self.trigger.queue_logical_id]
-
-    def owner_of(self, record_id: str) -> str | None:
-        item = self.dynamodb.get_item(
-            TableName=self.resources.tables[IDEMPOTENCY_TABLE].name,
-            Key={Attr.ID: {"S": record_id}},
-            ConsistentRead=True,
-        ).get("Item")
-        return item[Attr.OWNER_TOKEN]["S"] if item else None
 
     def end_state(self, sink: WebhookSink, drained: bool) -> EndState:
         return EndState(
@@ -201,39 +206,25 @@ def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, webhook_url
     return stack
 
 
-@contextmanager
-def _quiet_consumer() -> Iterator[None]:
-    """Thousands of faults make thousands of warnings; the report says what matters."""
-    consumer_log = logging.getLogger(consumer_app.logger.name)
-    level = consumer_log.level
-    consumer_log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        consumer_log.setLevel(level)
+def _emulated_conflicts(servers: LocalServers) -> int:
+    """Conflicts the local stack's emulation has raised so far (its proxy counts for every run on it)."""
+    proxy = servers.dynamodb.proxy
+    if proxy is None:
+        return 0
+    stats = proxy.stats()
+    return stats.get("transactions_cancelled", 0) + stats.get("writes_refused", 0)
 
 
 def _drive(
     config: ChaosConfig,
     stack: _Stack,
-    setup: ContainerSetup,
+    functions: list[ChaosFunction],
     workload: Workload,
-    rng: random.Random,
-    observed: tuple[InvocationHistory, PollerStats],
+    stats: PollerStats,
 ) -> tuple[dict[str, Outgoing], bool]:
     """Feed the workload to the pollers until the queue drains (or the time limit); then stop them."""
-    history, stats = observed
     sqs = stack.sqs
-    pollers = [
-        Poller(
-            sqs,
-            stack.queue,
-            stack.trigger,
-            ChaosFunction(stack.function, setup, history, random.Random(rng.random()), config.deadline_margin_ms),
-            on_batch=stats.add,
-        )
-        for _ in range(config.pollers)
-    ]
+    pollers = [Poller(sqs, stack.queue, stack.trigger, function, on_batch=stats.add) for function in functions]
     with PollerGroup(pollers):
         sent = send_all(sqs, stack.queue.url, workload.messages, max_depth=config.max_queue_depth)
         drained = _wait_until_drained(sqs, stack.queue.url, config.drain_timeout_s)
@@ -246,7 +237,13 @@ def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFa
     rng = random.Random(config.seed)
     run_id = uuid.UUID(int=rng.getrandbits(128)).hex[:8]
     shape = WorkloadShape(
-        config.messages, config.accounts, config.receipt_ratio, config.duplicate_ratio, config.poison_ratio
+        config.messages,
+        config.accounts,
+        config.receipt_ratio,
+        config.duplicate_ratio,
+        config.poison_ratio,
+        config.hot_share,
+        config.hot_accounts,
     )
     workload = build_workload(shape, rng, run_id)
     log = FaultLog()
@@ -259,19 +256,23 @@ def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFa
         plan = _webhook_plan(config, rng, calls=4 * max(1, round(config.messages * config.receipt_ratio)))
         sink.answer_next(*plan)
         stack = _deploy(servers, config, run_id, sink.receipts_url)
-        zombies = Zombies(ZombieSettings(stack.owner_of, max_pause_s, max_paused=config.pollers - 1), log)
-        setup = ContainerSetup(
+        fault_plan = FaultPlan(
             settings=_settings(stack.function.environment, config),
             consumer_factory=consumer_factory,
             rates=config.rates,
-            log=log,
-            zombies=zombies,
             max_skew_ms=config.max_skew_ms,
+            # A paused worker holds its poller; some must stay free to take the key over.
+            max_paused=config.pollers - 1,
+            max_pause_s=max_pause_s,
+            deadline_margin_ms=config.deadline_margin_ms,
         )
+        seeds = [rng.getrandbits(32) for _ in range(config.pollers)]
         # The function's environment puts the consumer's clients on the local endpoints (AWS_ENDPOINT_URL_*).
-        with FunctionRuntime(stack.function, servers.function_environment(stack.function)), _quiet_consumer():
-            sent, drained = _drive(config, stack, setup, workload, rng, (history, stats))
-            zombies.wait_until_idle(max_pause_s + 10)
+        environment = servers.function_environment(stack.function)
+        emulated_before = _emulated_conflicts(servers)
+        with chaos_functions(stack.function, environment, fault_plan, seeds, history, log) as functions:
+            sent, drained = _drive(config, stack, functions, workload, stats)
+        emulated = _emulated_conflicts(servers) - emulated_before
         # Leases run out; nothing may stay IN_PROGRESS whatever the clocks said.
         time.sleep(lease_slack_s)
         end = stack.end_state(sink, drained)
@@ -290,6 +291,12 @@ def run(config: ChaosConfig, servers: LocalServers, consumer_factory: ConsumerFa
         webhook_calls=len(end.webhook_calls),
         receipts_called_again=sum(
             1 for count in Counter(call.idempotency_key for call in end.webhook_calls).values() if count > 1
+        ),
+        conflicts=Conflicts(
+            injected=log.counts[FaultKind.TRANSACTION_CONFLICT],
+            emulated=emulated,
+            absorbed=history.conflicts_absorbed,
+            returned=history.outcomes["conflict"],
         ),
         verdicts=Checker(sent, end, history, log).all(),
         duration_s=time.monotonic() - started,

@@ -16,7 +16,7 @@ from typing import Any
 
 from boto3.dynamodb.types import TypeDeserializer
 
-from chaos.faults import FaultLog
+from chaos.faults import FaultKind, FaultLog
 from chaos.function import InvocationHistory
 from consumer.errors import ErrorType
 from consumer.idempotency.record import Attr, Status
@@ -214,18 +214,27 @@ class Checker:
         return verdict
 
     def receipts_called_once(self) -> Verdict:
-        """More than one accepted webhook call per key only after as many failed attempts."""
+        """More than one accepted webhook call per key only after as many failed attempts.
+
+        A transaction conflict is not a failed attempt: the consumer retries the fenced
+        commit, never the call, so a repeat after one is a violation.
+        """
         verdict = Verdict("receipt webhook: a repeat call only after a failed attempt")
         accepted = Counter(call.idempotency_key for call in self.end.webhook_calls if 200 <= call.status < 300)
         for group in self.groups.values():
             if group.event_type != "ReceiptRequested":
                 continue
             record_id = f"{group.event_type}#{group.key}"
-            failed_attempts = sum(self.log.by_record.get(record_id, Counter()).values()) + sum(
-                1
-                for message_id in group.message_ids
-                for outcome, _ in self.history.results.get(message_id, [])
-                if outcome == "retried"
+            faults = self.log.by_record.get(record_id, Counter())
+            failed_attempts = (
+                sum(faults.values())
+                - faults[FaultKind.TRANSACTION_CONFLICT.value]
+                + sum(
+                    1
+                    for message_id in group.message_ids
+                    for outcome, _ in self.history.results.get(message_id, [])
+                    if outcome == "retried"
+                )
             )
             if accepted[group.key] > 1 + failed_attempts:
                 verdict.violation(

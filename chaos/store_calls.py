@@ -8,6 +8,10 @@ from what the request does to the record, not from the store's placeholder names
 - sets ``status`` to COMPLETED under a condition on ``ownerToken``: a commit;
 - sets ``status`` to COMPLETED without one: optimistic mode's claim-and-apply;
 - deletes the record: a release.
+
+Optimistic mode may carry the record on a business item instead (a payment's ledger
+entry, in whatever table): a ``TransactWriteItems`` whose ``Put`` writes ``ownerToken``
+with ``status`` COMPLETED is a claim-and-apply too.
 """
 
 from __future__ import annotations
@@ -73,13 +77,23 @@ def _update(params: Mapping[str, Any]) -> StoreCall:
     return _OTHER
 
 
+def _carried(put: Mapping[str, Any]) -> StoreCall | None:
+    """A ``Put`` that carries a completed record on its business item, as ``apply_once`` writes it."""
+    item = put.get("Item") or {}
+    if Attr.OWNER_TOKEN not in item or (item.get(Attr.STATUS) or {}).get("S") != Status.COMPLETED:
+        return None
+    return StoreCall(Step.APPLY_ONCE, (item.get(Attr.ID) or {}).get("S"), item[Attr.OWNER_TOKEN].get("S"))
+
+
 def classify(operation: str, params: Mapping[str, Any], idempotency_table: str) -> StoreCall:
-    """The state-machine step a DynamoDB request performs on ``idempotency_table``, if any."""
+    """The state-machine step a DynamoDB request performs on the record, if any."""
     if operation == "TransactWriteItems":
         for item in params.get("TransactItems") or []:
             update = item.get("Update") or {}
-            if update.get("TableName") == idempotency_table:
-                return _update(update)
+            # A business write may share the table: the record's own write is the one that sets a status.
+            found = _update(update) if update.get("TableName") == idempotency_table else _carried(item.get("Put") or {})
+            if found is not None and found.step is not Step.OTHER:
+                return found
         return _OTHER
     if params.get("TableName") != idempotency_table:
         return _OTHER

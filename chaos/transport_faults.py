@@ -23,6 +23,8 @@ from botocore.compat import HTTPHeaders
 from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
 from botocore.httpsession import URLLib3Session
 
+from local.conflict_rules import transaction_cancelled
+
 # Marks a failure we made up (a response header, an exception attribute), so that its
 # retry need not wait for backoff.
 _INJECTED = "chaos-injected"
@@ -37,6 +39,8 @@ class TransportFault(StrEnum):
     LOST_ANSWER = "lost_answer"  # applied, then a 2xx answer replaced by a 500
     READ_TIMEOUT = "read_timeout"  # sent (and maybe applied), then no answer in time
     REJECTED = "rejected"  # a 400 no retry can cure, in the server's place; nothing applied
+    # A TransactWriteItems cancelled for a conflict, as DynamoDB answers it; nothing applied.
+    TRANSACTION_CONFLICT = "transaction_conflict"
 
     @property
     def reaches_server(self) -> bool:
@@ -79,9 +83,16 @@ class _Body:
 
 
 def _made_up(
-    request: AWSPreparedRequest, service: str, status: int, code: str, message: str, *, retryable: bool = True
+    request: AWSPreparedRequest,
+    service: str,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    retryable: bool = True,
+    document: Mapping[str, Any] | None = None,
 ) -> AWSResponse:
-    body = json.dumps({"__type": code, "message": message}).encode()
+    body = json.dumps(document or {"__type": code, "message": message}).encode()
     headers = {
         "Content-Type": "application/x-amz-json-1.0",
         "Content-Length": str(len(body)),
@@ -131,12 +142,14 @@ class _TransportHook:
         if plan.before is not None:
             plan.before()
         if plan.fault is not None and not plan.fault.reaches_server:
-            return self._instead_of_sending(request, plan.fault)
+            return self._instead_of_sending(request, plan.fault, params)
         if plan.fault is None and plan.after is None:
             return None
         return self._send_then(request, plan)
 
-    def _instead_of_sending(self, request: AWSPreparedRequest, fault: TransportFault) -> AWSResponse:
+    def _instead_of_sending(
+        self, request: AWSPreparedRequest, fault: TransportFault, params: Mapping[str, Any]
+    ) -> AWSResponse:
         service = self._service
         if fault is TransportFault.THROTTLED:
             return _made_up(request, service, 400, _throttling_code(service), "injected throttling")
@@ -144,6 +157,11 @@ class _TransportHook:
             return _made_up(request, service, 500, "InternalServerError", "injected server error")
         if fault is TransportFault.REJECTED:
             return _made_up(request, service, 400, "ValidationException", "injected rejection", retryable=False)
+        if fault is TransportFault.TRANSACTION_CONFLICT:
+            # Not retried by the SDK (DynamoDB's is not either): the consumer's own conflict retry must absorb it.
+            actions = len(params.get("TransactItems") or [None])
+            document = transaction_cancelled(actions, conflicting={0})
+            return _made_up(request, service, 400, "", "", retryable=False, document=document)
         raise _injected(ConnectTimeoutError(endpoint_url=request.url, error="injected connect timeout"))
 
     def _send_then(self, request: AWSPreparedRequest, plan: TransportPlan) -> AWSResponse:

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
-
 from chaos.faults import DEFAULT_RATES, FaultKind
 from chaos.harness import ChaosConfig, ChaosReport, run
 from chaos.report import render
-from consumer.idempotency import store as store_module
 from local.servers import LocalServers
 from tests.reliability.naive_consumer import NaiveConsumer
+from tests.reliability.unfenced_consumer import unfenced_wire
 
 # Short, with the rates doubled so that a couple of hundred messages meet every kind of fault.
 SHORT = ChaosConfig(
@@ -46,20 +44,13 @@ def test_the_harness_catches_a_consumer_that_reads_then_writes(local_servers: Lo
     assert _violations(report)["no payment applied twice (balance = sum of distinct payments)"] > 0, table
 
 
-# The store's fencing condition with the owner check made vacuous.
-_UNFENCED = "(#owner = :owner OR #owner <> :owner) AND #status = :in_progress"
-
-
-def test_the_harness_catches_a_store_without_fencing(
-    local_servers: LocalServers, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(store_module, "_OWNED", _UNFENCED)
+def test_the_harness_catches_a_store_without_fencing(local_servers: LocalServers) -> None:
     # Receipts only, zombies only; a slow webhook keeps the new owner busy while the zombie resumes.
     rates = dict.fromkeys(FaultKind, 0.0) | {FaultKind.ZOMBIE: 0.5, FaultKind.WEBHOOK_SLOW: 1.0}
     config = replace(
         SHORT, messages=60, receipt_ratio=1.0, poison_ratio=0.0, duplicate_ratio=0.0, webhook_timeout_ms=2_000
     )
-    report = run(replace(config, rates=rates), local_servers)
+    report = run(replace(config, rates=rates), local_servers, consumer_factory=unfenced_wire)
     table = render(report)
     print(table)
     assert _violations(report)["no zombie commit or release over a newer owner"] > 0, table

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from chaos.faults import FaultLog
+from chaos.faults import FaultKind, FaultLog
 from chaos.function import InvocationHistory
 from chaos.invariants import Checker, EndState
 from consumer.errors import ErrorType
@@ -111,6 +111,15 @@ def test_a_repeat_webhook_call_is_allowed_after_a_failed_attempt() -> None:
     history.results["m-receipt"].append(("retried", "webhook answered HTTP 503"))
     end = replace(CORRECT, webhook_calls=[_call("rcpt-1"), _call("rcpt-1")])
     assert set(_verdicts(end, history=history).values()) == {0}
+
+
+def test_a_repeat_webhook_call_after_a_conflict_is_a_violation() -> None:
+    log = FaultLog()
+    log.add(FaultKind.TRANSACTION_CONFLICT, "ReceiptRequested#rcpt-1")
+    history = InvocationHistory()
+    history.results["m-receipt"].append(("conflict", "transaction cancelled: TransactionConflict"))
+    end = replace(CORRECT, webhook_calls=[_call("rcpt-1"), _call("rcpt-1")])
+    assert _verdicts(end, history=history, log=log)["receipt webhook: a repeat call only after a failed attempt"] == 1
 
 
 def test_a_zombie_write_and_a_foreign_failure_id_are_violations() -> None:

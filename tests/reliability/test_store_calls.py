@@ -10,7 +10,7 @@ import pytest
 from chaos.store_calls import Step, StoreCall, classify
 from chaos.transport_faults import TransportCall, TransportPlan, install_faults
 from consumer.idempotency.store import Applied, Claimed, IdempotencyStore
-from consumer.idempotency.writes import Update
+from consumer.idempotency.writes import Put, Update
 from local.aws import session as local_session
 from local.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
@@ -47,6 +47,10 @@ def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLoca
     assert store.release(claim)
     applied = store.apply_once(f"{first}-optimistic", "h", None, (effect,))
     assert isinstance(applied, Applied)
+    # A payment's record rides on its ledger entry: still a claim-and-apply, fault points included.
+    entry = Put(table=table, item={"kind": "entry"}, condition="attribute_not_exists(id)", carries_record=True)
+    carried = store.apply_once(f"{first}-carried", "h", None, (effect, entry))
+    assert isinstance(carried, Applied)
 
     assert [(call.step, call.record_id) for call in seen] == [
         (Step.CLAIM, first),
@@ -56,7 +60,9 @@ def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLoca
         (Step.CLAIM, third),
         (Step.RELEASE, third),
         (Step.APPLY_ONCE, f"{first}-optimistic"),
+        (Step.APPLY_ONCE, f"{first}-carried"),
     ]
+    assert seen[-1].owner_token == carried.owner_token
     # The fencing token is read too: what a claim wrote is what its commit is conditioned on.
     assert seen[0].owner_token == seen[1].owner_token is not None
     assert seen[4].owner_token == seen[5].owner_token == claim.owner_token
