@@ -193,11 +193,14 @@ class RecordProcessor:
             self._release_quietly(item, claim, remaining_ms)
             raise
         try:
-            # Fenced, and the same request each time: repeating it is safe, while releasing
-            # would let the next delivery make the external call again.
+            # Fenced by the owner token, and the same request each time: repeating it is safe,
+            # while releasing would let the next delivery make the external call again. The
+            # budget is the invocation's time, not the lease's: past the lease the commit still
+            # lands unless another worker took the key over, and this message cannot come back
+            # to one before this invocation hands it back.
             self._conflicts.run(
                 lambda: self._store.commit(claim, effect.result, tuple(effect.writes)),
-                lease_remaining_ms,
+                remaining_ms,
                 conflicts,
                 until_out_of_time=True,
             )

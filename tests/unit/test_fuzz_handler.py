@@ -41,7 +41,10 @@ settings.register_profile(
     "bounded", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 settings.register_profile(
-    "fuzz", max_examples=7_000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    "fuzz",
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "7000")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 PROFILE = os.environ.get("FUZZ_PROFILE", "bounded")
 
