@@ -4,10 +4,12 @@ Fault points are named after the state machine (after the claim, before the comm
 after the commit), but the hooks only see requests in transport. The step is read
 from what the request does to the record, not from the store's placeholder names:
 
-- sets ``status`` to IN_PROGRESS: a claim;
-- sets ``status`` to COMPLETED under a condition on ``ownerToken``: a commit;
-- sets ``status`` to COMPLETED without one: optimistic mode's claim-and-apply;
-- deletes the record: a release.
+- the store's claim update (``store.CLAIM_UPDATE``): a claim;
+- its commit update: a commit; its claim-and-apply update: optimistic mode's apply;
+- a delete of a record: a release.
+
+The updates are the store's own exported expressions, compared for equality: nothing
+here parses an expression. The fencing token is the value of ``store.OWNER``.
 
 Optimistic mode may carry the record on a business item instead (a payment's ledger
 entry, in whatever table): a ``TransactWriteItems`` whose ``Put`` writes ``ownerToken``
@@ -16,15 +18,13 @@ with ``status`` COMPLETED is a claim-and-apply too.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from consumer.idempotency import store
 from consumer.idempotency.record import Attr, Status
-
-_COMPARISON = re.compile(r"(#\w+)\s*=\s*(:\w+)")
 
 
 class Step(StrEnum):
@@ -46,35 +46,25 @@ class StoreCall:
 _OTHER = StoreCall(Step.OTHER)
 
 
-def _assignments(expression: str, params: Mapping[str, Any]) -> dict[str, str]:
-    """``#name = :value`` pairs of an expression, as attribute name -> string value."""
-    names = params.get("ExpressionAttributeNames") or {}
-    values = params.get("ExpressionAttributeValues") or {}
-    found: dict[str, str] = {}
-    for placeholder, value in _COMPARISON.findall(expression or ""):
-        attribute = names.get(placeholder, placeholder)
-        typed = values.get(value) or {}
-        if "S" in typed:
-            found[attribute] = typed["S"]
-    return found
+def _owner(params: Mapping[str, Any]) -> str | None:
+    """The fencing token a store request writes or is conditioned on."""
+    return ((params.get("ExpressionAttributeValues") or {}).get(store.OWNER) or {}).get("S")
 
 
 def _record_id(params: Mapping[str, Any]) -> str | None:
     return ((params.get("Key") or {}).get(Attr.ID) or {}).get("S")
 
 
+_UPDATES = {
+    store.CLAIM_UPDATE: Step.CLAIM,
+    store.COMMIT_UPDATE: Step.COMMIT,
+    store.APPLY_UPDATE: Step.APPLY_ONCE,
+}
+
+
 def _update(params: Mapping[str, Any]) -> StoreCall:
-    written = _assignments(params.get("UpdateExpression", ""), params)
-    required = _assignments(params.get("ConditionExpression", ""), params)
-    record_id = _record_id(params)
-    status = written.get(Attr.STATUS)
-    if status == Status.IN_PROGRESS:
-        return StoreCall(Step.CLAIM, record_id, written.get(Attr.OWNER_TOKEN))
-    if status == Status.COMPLETED and Attr.OWNER_TOKEN in required:
-        return StoreCall(Step.COMMIT, record_id, required[Attr.OWNER_TOKEN])
-    if status == Status.COMPLETED:
-        return StoreCall(Step.APPLY_ONCE, record_id, written.get(Attr.OWNER_TOKEN))
-    return _OTHER
+    step = _UPDATES.get(params.get("UpdateExpression", ""))
+    return _OTHER if step is None else StoreCall(step, _record_id(params), _owner(params))
 
 
 def _carried(put: Mapping[str, Any]) -> StoreCall | None:
@@ -100,6 +90,5 @@ def classify(operation: str, params: Mapping[str, Any], idempotency_table: str) 
     if operation == "UpdateItem":
         return _update(params)
     if operation == "DeleteItem":
-        required = _assignments(params.get("ConditionExpression", ""), params)
-        return StoreCall(Step.RELEASE, _record_id(params), required.get(Attr.OWNER_TOKEN))
+        return StoreCall(Step.RELEASE, _record_id(params), _owner(params))
     return _OTHER

@@ -54,6 +54,20 @@ _CLAIMABLE = (
     "attribute_not_exists(#id) OR #expires < :now_s OR (#status = :in_progress AND #lease < :now_ms AND #hash = :hash)"
 )
 _OWNED = "#owner = :owner AND #status = :in_progress"
+
+# Each transition's update, named so that tooling (the fault-injection harness) can tell
+# the transitions apart by equality instead of parsing expressions. ``OWNER`` is the value
+# placeholder of the fencing token in every one of them.
+OWNER = ":owner"
+CLAIM_UPDATE = (
+    "SET #status = :in_progress, #expires = :expires_at, #lease = :lease, #owner = :owner, #hash = :hash,"
+    " #attempts = if_not_exists(#attempts, :zero) + :one REMOVE #result"
+)
+COMMIT_UPDATE = "SET #status = :completed, #result = :result, #expires = :expires_at REMOVE #lease"
+APPLY_UPDATE = (
+    "SET #status = :completed, #expires = :expires_at, #owner = :owner, #hash = :hash,"
+    " #result = :result, #attempts = if_not_exists(#attempts, :zero) + :one REMOVE #lease"
+)
 _COMMIT_NAMES = {k: _NAMES[k] for k in ("#status", "#result", "#expires", "#lease", "#owner")}
 _RELEASE_NAMES = {k: _NAMES[k] for k in ("#owner", "#status")}
 
@@ -153,12 +167,7 @@ class IdempotencyStore:
                 self._client.update_item,
                 TableName=self._table,
                 Key={Attr.ID: {"S": record_id}},
-                UpdateExpression=(
-                    "SET #status = :in_progress, #expires = :expires_at, #lease = :lease,"
-                    " #owner = :owner, #hash = :hash,"
-                    " #attempts = if_not_exists(#attempts, :zero) + :one"
-                    " REMOVE #result"
-                ),
+                UpdateExpression=CLAIM_UPDATE,
                 ConditionExpression=_CLAIMABLE,
                 ExpressionAttributeNames=_NAMES,
                 ExpressionAttributeValues={
@@ -190,7 +199,7 @@ class IdempotencyStore:
         completion: dict[str, Any] = {
             "TableName": self._table,
             "Key": {Attr.ID: {"S": claim.record_id}},
-            "UpdateExpression": "SET #status = :completed, #result = :result, #expires = :expires_at REMOVE #lease",
+            "UpdateExpression": COMMIT_UPDATE,
             "ConditionExpression": _OWNED,
             "ExpressionAttributeNames": _COMMIT_NAMES,
             "ExpressionAttributeValues": {
@@ -201,7 +210,7 @@ class IdempotencyStore:
                 # request (its ClientRequestToken allows nothing else), and a commit comes
                 # before the lease ends, so the record lives at least its TTL.
                 ":expires_at": {"N": str(claim.lease_expires_at_ms // 1000 + self._ttl_seconds)},
-                ":owner": {"S": claim.owner_token},
+                OWNER: {"S": claim.owner_token},
             },
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
@@ -231,7 +240,7 @@ class IdempotencyStore:
                 ConditionExpression=_OWNED,
                 ExpressionAttributeNames=_RELEASE_NAMES,
                 ExpressionAttributeValues={
-                    ":owner": {"S": claim.owner_token},
+                    OWNER: {"S": claim.owner_token},
                     ":in_progress": {"S": Status.IN_PROGRESS.value},
                 },
             )
@@ -258,11 +267,7 @@ class IdempotencyStore:
         record_write: dict[str, Any] = {
             "TableName": self._table,
             "Key": {Attr.ID: {"S": record_id}},
-            "UpdateExpression": (
-                "SET #status = :completed, #expires = :expires_at, #owner = :owner, #hash = :hash,"
-                " #result = :result, #attempts = if_not_exists(#attempts, :zero) + :one"
-                " REMOVE #lease"
-            ),
+            "UpdateExpression": APPLY_UPDATE,
             "ConditionExpression": _CLAIMABLE,
             "ExpressionAttributeNames": _NAMES,
             "ExpressionAttributeValues": {
@@ -350,7 +355,7 @@ class IdempotencyStore:
         return {
             ":in_progress": {"S": Status.IN_PROGRESS.value},
             ":expires_at": {"N": str(now_ms // 1000 + self._ttl_seconds)},
-            ":owner": {"S": token},
+            OWNER: {"S": token},
             ":hash": {"S": payload_hash},
             ":zero": {"N": "0"},
             ":one": {"N": "1"},
