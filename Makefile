@@ -115,7 +115,7 @@ redrive: venv ## move the running stack's dead-lettered messages back to its que
 	@$(LOCAL) redrive
 
 .PHONY: hot
-hot: venv node_modules/.installed ## issue 9's hot-account figures through the conflict emulation (ARGS="--messages 800 --accounts 1")
+hot: venv node_modules/.installed $(LAMBDA_RUNTIME) ## hot-account figures through the conflict emulation (ARGS="--messages 800 --accounts 1")
 	@$(LOCAL) hot $(ARGS)
 
 .PHONY: bench

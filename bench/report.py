@@ -132,7 +132,7 @@ def _cold_start_table(results: BenchResults) -> list[str]:
 
 
 def targets(results: BenchResults) -> list[str]:
-    """One line per target of issue 13, read at 512 MB, 10 ms, batch of 10 new payments."""
+    """One line per performance target, read at 512 MB, 10 ms, batch of 10 new payments."""
     verdicts = []
     batch = results.samples(TARGET_MEMORY_MB, TARGET_LATENCY_MS, TARGET_BATCH)
     single = results.samples(TARGET_MEMORY_MB, TARGET_LATENCY_MS, 1)

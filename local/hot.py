@@ -1,6 +1,6 @@
 """``make hot``: a hot account through the conflict emulation, measured against its serial limit.
 
-The figures issue 9 sets targets for. For each spread of payments (every one on ONE
+The hot-item targets, measured. For each spread of payments (every one on ONE
 account, then over 100 accounts), on the local stack with the conflict emulation and a
 latency injected on every DynamoDB call:
 
