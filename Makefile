@@ -122,6 +122,10 @@ hot: venv node_modules/.installed $(LAMBDA_RUNTIME) ## hot-account figures throu
 bench: venv node_modules/.installed $(LAMBDA_RUNTIME) ## this consumer against Powertools and the seed pattern at Lambda's CPU share: writes BENCHMARKS.md and its two charts
 	PYTHONPATH=src $(PY) -m bench $(ARGS)
 
+.PHONY: runtime-overhead
+runtime-overhead: venv $(LAMBDA_RUNTIME) ## cold start and per-invocation time: Lambda's runtime against the in-process call
+	PYTHONPATH=src $(PY) -m bench.runtime_overhead $(ARGS)
+
 .PHONY: chaos
 chaos: venv node_modules/.installed $(LAMBDA_RUNTIME) ## fault injection on the local stack, invariants checked (ARGS="--messages 5000 --pollers 4 --seed 7")
 	PYTHONPATH=src $(PY) -m chaos $(ARGS)

@@ -466,7 +466,7 @@ def tables(dynamodb_local: DynamoDBLocal, id_table: TableFactory) -> Tables:
 
 def test_store_keeps_its_invariants_in_every_interleaving(tables: Tables) -> None:
     # About a second and a half per example on DynamoDB Local; raise it for a deeper search.
-    examples = int(os.environ.get("STORE_MACHINE_EXAMPLES", "30"))
+    examples = int(os.environ.get("STORE_MACHINE_EXAMPLES", "20"))
     run_state_machine_as_test(machine_for(tables), settings=_settings(examples))
 
 

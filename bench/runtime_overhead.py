@@ -1,0 +1,137 @@
+"""What Lambda's own runtime costs against calling the handler in process, in one run.
+
+``python -m bench.runtime_overhead`` (``make runtime-overhead``): the function's handler on
+an empty SQS batch (no AWS call, so what is timed is the way to the handler and back),
+
+- cold: a fresh execution environment (emulator + awslambdaric on Python 3.12 under the
+  512 MB CPU share) and its first invocation, against a fresh Python process that
+  imports the handler and calls it once (the in-process path's own cold start);
+- warm: invocations of a started environment against calls in process, taking turns.
+
+Medians and p95 with the number of samples, and the difference of the medians: the
+runtime path's overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from local.function_runtime import FunctionRuntime
+from local.lambda_runtime import LambdaEnvironment
+from local.lambda_venv import venv_python
+from local.resources import FunctionSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+EMPTY_BATCH: dict[str, list[object]] = {"Records": []}
+# Names only: an empty batch makes no AWS call.
+ENVIRONMENT = {
+    "IDEMPOTENCY_TABLE_NAME": "overhead-idempotency",
+    "LEDGER_TABLE_NAME": "overhead-ledger",
+    "DEAD_LETTER_QUEUE_URL": "http://127.0.0.1:9/overhead-dlq",
+    "AWS_ACCESS_KEY_ID": "overhead",
+    "AWS_SECRET_ACCESS_KEY": "overhead",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "POWERTOOLS_METRICS_NAMESPACE": "Overhead",
+    # Both paths quiet alike: the in-process one would print into this report.
+    "POWERTOOLS_LOG_LEVEL": "WARNING",
+    "POWERTOOLS_METRICS_DISABLED": "true",
+}
+_IN_PROCESS_COLD = """
+import json, sys, time
+started = time.perf_counter()
+sys.path.insert(0, sys.argv[1])
+from consumer.app import handler
+from testkit.lambda_sqs import LambdaContext
+handler({"Records": []}, LambdaContext())
+print(json.dumps({"ms": (time.perf_counter() - started) * 1000}))
+"""
+
+
+def function_spec(memory_mb: int) -> FunctionSpec:
+    return FunctionSpec(
+        logical_id="ConsumerFunction",
+        name="runtime-overhead",
+        arn="arn:aws:lambda:us-east-1:123456789012:function:runtime-overhead",
+        handler="consumer.app.handler",
+        code_dir=ROOT / "src",
+        timeout_s=30,
+        memory_mb=memory_mb,
+        environment=dict(ENVIRONMENT),
+        triggers=(),
+    )
+
+
+def summary(samples: list[float]) -> str:
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return f"median {statistics.median(ordered):7.1f} ms, p95 {p95:7.1f} ms (n={len(ordered)})"
+
+
+def cold_runtime(function: FunctionSpec, python: Path) -> float:
+    with LambdaEnvironment(function, ENVIRONMENT, python=python, name="cold") as environment:
+        started = time.perf_counter()
+        invocation = environment.invoke(EMPTY_BATCH)
+        elapsed = (time.perf_counter() - started) * 1000
+    if not invocation.succeeded:
+        raise RuntimeError(f"the runtime's first invocation failed: {invocation.error}")
+    return elapsed
+
+
+def cold_in_process() -> float:
+    answer = subprocess.run(
+        [sys.executable, "-c", _IN_PROCESS_COLD, str(ROOT / "src")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**ENVIRONMENT, "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    return float(json.loads(answer.stdout.strip().splitlines()[-1])["ms"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.runtime_overhead", description=__doc__)
+    parser.add_argument("--cold", type=int, default=10, help="fresh environments and processes each (default 10)")
+    parser.add_argument("--warm", type=int, default=200, help="warm invocations each (default 200)")
+    parser.add_argument("--memory", type=int, default=512, help="the runtime's memory size, MB (default 512)")
+    args = parser.parse_args(argv)
+    function = function_spec(args.memory)
+    python = venv_python()
+
+    cold: dict[str, list[float]] = {"runtime": [], "in process": []}
+    for _ in range(args.cold):
+        cold["runtime"].append(cold_runtime(function, python))
+        cold["in process"].append(cold_in_process())
+
+    warm: dict[str, list[float]] = {"runtime": [], "in process": []}
+    with (
+        LambdaEnvironment(function, ENVIRONMENT, python=python, name="warm") as environment,
+        FunctionRuntime(function, ENVIRONMENT) as in_process,
+    ):
+        environment.invoke(EMPTY_BATCH)
+        in_process.invoke(EMPTY_BATCH)
+        for _ in range(args.warm):
+            started = time.perf_counter()
+            environment.invoke(EMPTY_BATCH)
+            warm["runtime"].append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            in_process.invoke(EMPTY_BATCH)
+            warm["in process"].append((time.perf_counter() - started) * 1000)
+
+    print(f"Handler on an empty batch; runtime at {args.memory} MB's CPU share, in process without a quota.")
+    for label, samples in (("cold", cold), ("warm", warm)):
+        for path, values in samples.items():
+            print(f"  {label:<5} {path:<11} {summary(values)}")
+        overhead = statistics.median(samples["runtime"]) - statistics.median(samples["in process"])
+        print(f"  {label:<5} runtime overhead (difference of medians): {overhead:7.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
