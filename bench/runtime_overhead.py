@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.timing import bench_function
 from local.function_runtime import FunctionRuntime
 from local.lambda_runtime import LambdaEnvironment
 from local.lambda_venv import venv_python
@@ -51,20 +52,6 @@ from testkit.lambda_sqs import LambdaContext
 handler({"Records": []}, LambdaContext())
 print(json.dumps({"ms": (time.perf_counter() - started) * 1000}))
 """
-
-
-def function_spec(memory_mb: int) -> FunctionSpec:
-    return FunctionSpec(
-        logical_id="ConsumerFunction",
-        name="runtime-overhead",
-        arn="arn:aws:lambda:us-east-1:123456789012:function:runtime-overhead",
-        handler="consumer.app.handler",
-        code_dir=ROOT / "src",
-        timeout_s=30,
-        memory_mb=memory_mb,
-        environment=dict(ENVIRONMENT),
-        triggers=(),
-    )
 
 
 def summary(samples: list[float]) -> str:
@@ -101,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm", type=int, default=200, help="warm invocations each (default 200)")
     parser.add_argument("--memory", type=int, default=512, help="the runtime's memory size, MB (default 512)")
     args = parser.parse_args(argv)
-    function = function_spec(args.memory)
+    function = bench_function(
+        args.memory, handler="consumer.app.handler", code_dir=ROOT / "src", environment=ENVIRONMENT
+    )
     python = venv_python()
 
     cold: dict[str, list[float]] = {"runtime": [], "in process": []}

@@ -98,17 +98,24 @@ def throttling(function: LambdaEnvironment) -> tuple[int, float]:
     return int(fields["nr_throttled"]), waited_s
 
 
-def bench_function(memory_mb: int) -> FunctionSpec:
-    """``bench.function.handler`` as a Lambda function of ``memory_mb``, the repository as its code."""
+def bench_function(
+    memory_mb: int,
+    *,
+    handler: str = "bench.function.handler",
+    code_dir: Path = REPO_ROOT,
+    environment: Mapping[str, str] | None = None,
+) -> FunctionSpec:
+    """``handler`` as a Lambda function of ``memory_mb`` (by default the benchmark's, the repository as its code)."""
+    name = handler.rpartition(".")[0].replace(".", "-")
     return FunctionSpec(
         logical_id="BenchFunction",
-        name="bench-function",
-        arn="arn:aws:lambda:us-east-1:123456789012:function:bench-function",
-        handler="bench.function.handler",
-        code_dir=REPO_ROOT,
+        name=name,
+        arn=f"arn:aws:lambda:us-east-1:123456789012:function:{name}",
+        handler=handler,
+        code_dir=code_dir,
         timeout_s=120,
         memory_mb=memory_mb,
-        environment={},
+        environment=dict(environment or {}),
         triggers=(),
     )
 
