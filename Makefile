@@ -66,7 +66,7 @@ test: lint validate node_modules/.installed $(LAMBDA_RUNTIME) ## everything CI r
 
 .PHONY: fuzz
 fuzz: venv ## the whole handler fuzzed with hostile batches for about 20 minutes (make test runs a bounded sample)
-	@# Ten processes of 700 batches each, seeded apart: one process's moto state grows with every batch.
+	@# Ten processes of 700 batches each, seeded apart, so that no run leans on one process's memory for 20 minutes.
 	for seed in 1 2 3 4 5 6 7 8 9 10; do \
 		FUZZ_PROFILE=fuzz FUZZ_EXAMPLES=700 $(PY) -m pytest -p no:cacheprovider -o addopts= -q \
 			--hypothesis-seed=$$seed --hypothesis-show-statistics tests/unit/test_fuzz_handler.py || exit 1; \
