@@ -21,11 +21,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
 
 from consumer.errors import ErrorType
 from local import dead_letters, fifo
-from local.function_output import METRICS, outcome_counts, send_stdout_to
+from local.function_output import METRICS, command_output, outcome_counts
 from local.ledger import ledger_totals
 from local.session import running_stack
 from local.stack import DeployedStack
@@ -197,12 +196,7 @@ def _summary(
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    DEMO_LOG.parent.mkdir(parents=True, exist_ok=True)
-    DEMO_LOG.write_text("", encoding="utf-8")
-    out: TextIO = send_stdout_to(DEMO_LOG)
-
-    def say(text: str) -> None:
-        print(text, file=out, flush=True)
+    say = command_output(DEMO_LOG)
 
     say("1/4 starting DynamoDB Local, the moto SQS server and the webhook sink; creating template.yaml's resources")
     overrides = {"QueueType": "fifo"} if args.fifo else {}

@@ -11,6 +11,7 @@ import json
 import sys
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -36,6 +37,18 @@ def send_stdout_to(path: Path) -> TextIO:
 
     warnings.showwarning = warn_into_log
     return terminal
+
+
+def command_output(log: Path) -> Callable[[str], None]:
+    """Start ``log`` afresh with the function's output, and return how the command prints its own lines."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("", encoding="utf-8")
+    terminal = send_stdout_to(log)
+
+    def say(text: str) -> None:
+        print(text, file=terminal, flush=True)
+
+    return say
 
 
 # The EMF metrics the function emits per invocation: one per outcome, and the conflicts it absorbed.

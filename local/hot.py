@@ -30,11 +30,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from local.conflict_emulation import DEFAULT_HOLD_MS, ConflictEmulation
 from local.dynamodb_local import DynamoDBLocal
-from local.function_output import METRICS, outcome_counts, send_stdout_to
+from local.function_output import METRICS, command_output, outcome_counts
 from local.invocation import Invocation, Invoker
 from local.ledger import ledger_totals
 from local.poller import Poller, PollerGroup, reported_failures
@@ -327,12 +327,7 @@ def report(figures: Figures, args: argparse.Namespace, say: Callable[[str], None
 
 
 def run_hot(args: argparse.Namespace) -> int:
-    HOT_LOG.parent.mkdir(parents=True, exist_ok=True)
-    HOT_LOG.write_text("", encoding="utf-8")
-    out: TextIO = send_stdout_to(HOT_LOG)
-
-    def say(text: str) -> None:
-        print(text, file=out, flush=True)
+    say = command_output(HOT_LOG)
 
     emulation = ConflictEmulation(conflicts=not args.no_conflicts, hold_ms=args.hold_ms, latency_ms=args.latency_ms)
     say(f"hot items: {args.pollers} pollers, BatchSize {args.batch_size}, DynamoDB: {emulation.describe()}")
