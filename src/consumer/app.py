@@ -154,14 +154,15 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     counts = batch.counts()
     for outcome in Outcome:
         metrics.add_metric(name=outcome.value, unit=MetricUnit.Count, value=counts.get(outcome, 0))
-    metrics.add_metric(name="conflicts_absorbed", unit=MetricUnit.Count, value=batch.conflicts_absorbed())
+    absorbed = batch.conflicts_absorbed()
+    metrics.add_metric(name="conflicts_absorbed", unit=MetricUnit.Count, value=absorbed)
     response = batch.response()
     logger.info(
         "batch done",
         extra={
             "records": len(batch.results),
             "failures": len(response["batchItemFailures"]),
-            "conflicts_absorbed": batch.conflicts_absorbed(),
+            "conflicts_absorbed": absorbed,
             **{outcome.value: counts.get(outcome, 0) for outcome in Outcome},
         },
     )

@@ -57,7 +57,11 @@ def _utf8(text: str) -> bytes:
 
 def message_size(body: str, attributes: Mapping[str, MessageAttributeValueTypeDef]) -> int:
     """Bytes SQS counts toward its limit: the body, and each attribute's name, type and value."""
-    size = len(_utf8(body))
+    return len(_utf8(body)) + _attributes_size(attributes)
+
+
+def _attributes_size(attributes: Mapping[str, MessageAttributeValueTypeDef]) -> int:
+    size = 0
     for name, value in attributes.items():
         payload = value.get("StringValue")
         payload_bytes = _utf8(payload) if isinstance(payload, str) else bytes(value.get("BinaryValue", b""))  # type: ignore[arg-type]
@@ -71,10 +75,6 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _truncate_utf8(text: str, max_bytes: int) -> str:
-    return _utf8(text)[:max_bytes].decode("utf-8", "ignore")
 
 
 class DeadLetterQueue:
@@ -115,21 +115,22 @@ class DeadLetterQueue:
         originals: dict[str, MessageAttributeValueTypeDef],
         ours: dict[str, MessageAttributeValueTypeDef],
     ) -> tuple[str, dict[str, MessageAttributeValueTypeDef]]:
+        # The body is encoded once: it may be a megabyte, the attributes are small.
+        original = _utf8(body)
         attributes = {**originals, **ours}
-        if message_size(body, attributes) <= MAX_MESSAGE_BYTES:
+        if len(original) + _attributes_size(attributes) <= MAX_MESSAGE_BYTES:
             return body, attributes
         attributes = dict(ours)
         if originals:
             attributes["DroppedAttributes"] = {"DataType": "String", "StringValue": ",".join(sorted(originals))[:1000]}
-        if message_size(body, attributes) <= MAX_MESSAGE_BYTES:
+        if len(original) + _attributes_size(attributes) <= MAX_MESSAGE_BYTES:
             return body, attributes
-        original = _utf8(body)
         attributes["BodyTruncated"] = {
             "DataType": "String",
             "StringValue": f"{len(original)} bytes, sha256:{hashlib.sha256(original).hexdigest()}",
         }
-        room = MAX_MESSAGE_BYTES - message_size("", attributes)
-        return _truncate_utf8(body, room), attributes
+        room = MAX_MESSAGE_BYTES - _attributes_size(attributes)
+        return original[:room].decode("utf-8", "ignore"), attributes
 
     @staticmethod
     def _original_attributes(record: Record, room: int) -> dict[str, MessageAttributeValueTypeDef]:

@@ -42,8 +42,7 @@ MAX_NESTING_DEPTH = 32
 MAX_KEY_LENGTH = 512
 MAX_KEY_BYTES = 1024
 
-# What SQS accepts in a message body or attribute value, and what it refuses.
-_SQS_TEXT = re.compile("^[\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*$")
+# A character SQS refuses in a message body or attribute value.
 _NOT_SQS_TEXT = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 Record = Mapping[str, Any]
@@ -164,8 +163,8 @@ def _parse_body(record: Record) -> dict[str, Any]:
     body = record.get("body")
     if not isinstance(body, str):
         raise PoisonMessage(ErrorType.INVALID_JSON, f"body is not text, got {type(body).__name__}")
-    size = len(body.encode("utf-8", "surrogatepass"))
-    if size > MAX_BODY_BYTES:
+    # A character is at most 4 bytes in UTF-8: only a long body is worth encoding to measure.
+    if len(body) * 4 > MAX_BODY_BYTES and (size := len(body.encode("utf-8", "surrogatepass"))) > MAX_BODY_BYTES:
         raise PoisonMessage(ErrorType.BODY_TOO_LARGE, f"body is {size} bytes, the limit is {MAX_BODY_BYTES}")
     try:
         parsed = json.loads(body)
@@ -201,7 +200,7 @@ def _check_key(key: str, source: KeySource) -> None:
         raise refuse("is empty or blank")
     if len(key) > MAX_KEY_LENGTH:
         raise refuse(f"is longer than {MAX_KEY_LENGTH} characters")
-    if not _SQS_TEXT.match(key):
+    if _NOT_SQS_TEXT.search(key):
         raise refuse("holds characters SQS cannot carry (control characters or lone surrogates)")
     if len(key.encode("utf-8")) > MAX_KEY_BYTES:
         raise refuse(f"is longer than {MAX_KEY_BYTES} bytes in UTF-8")

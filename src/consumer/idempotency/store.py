@@ -221,10 +221,9 @@ class IdempotencyStore:
                 self._raise_unless_committed_by(claim, self._failed_condition_item_or_none(error))
             return
         token = str(uuid.uuid5(_COMMIT_TOKEN_NAMESPACE, claim.owner_token))
-        items = [{"Update": completion}, *(write.to_transact_item() for write in writes)]
-        applied, failed_item = self._transact(items, token, 0, dict(enumerate(writes, start=1)))
+        applied, current = self._transact_with_record(completion, writes, token)
         if not applied:
-            self._raise_unless_committed_by(claim, IdempotencyRecord.from_item(failed_item) if failed_item else None)
+            self._raise_unless_committed_by(claim, current)
 
     def release(self, claim: Claimed) -> bool:
         """Lock mode, on failure: delete the record if still ours, so a retry can claim at once.
@@ -278,9 +277,7 @@ class IdempotencyStore:
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
         if writes:
-            items = [{"Update": record_write}, *(write.to_transact_item() for write in writes)]
-            applied, failed_item = self._transact(items, token, 0, dict(enumerate(writes, start=1)))
-            current = IdempotencyRecord.from_item(failed_item) if failed_item else None
+            applied, current = self._transact_with_record(record_write, writes, token)
             if not applied and current is None:
                 # "Claimable" holds for an absent item, so this cannot happen; retry if it does.
                 raise TransientError(f"condition on {record_id} failed and no item came back")
@@ -376,6 +373,14 @@ class IdempotencyStore:
         if current is not None and current.owner_token == claim.owner_token and current.status is Status.COMPLETED:
             return  # ambiguous success: our own commit, retried after its answer was lost
         raise LeaseLost(claim.record_id, current)
+
+    def _transact_with_record(
+        self, record_write: dict[str, Any], writes: Sequence[Write], token: str
+    ) -> tuple[bool, IdempotencyRecord | None]:
+        """The record's own item first, then the business writes: ``_transact`` with the record read back."""
+        items = [{"Update": record_write}, *(write.to_transact_item() for write in writes)]
+        applied, failed_item = self._transact(items, token, 0, dict(enumerate(writes, start=1)))
+        return applied, IdempotencyRecord.from_item(failed_item) if failed_item else None
 
     def _transact(
         self, items: list[dict[str, Any]], token: str, record_at: int, business: Mapping[int, Write]
