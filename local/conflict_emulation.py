@@ -15,18 +15,16 @@ import sys
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Self
 
-from local.aws import client
-from local.conflict_proxy import STATS_PATH
 from local.processes import LoopbackServer
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFLICTS_ENV = "LOCAL_DYNAMODB_CONFLICTS"
 HOLD_ENV = "LOCAL_DYNAMODB_TRANSACTION_HOLD_MS"
 LATENCY_ENV = "LOCAL_DYNAMODB_LATENCY_MS"
 DEFAULT_HOLD_MS = 5.0
+# DynamoDB has no such path, so no client's request is ever taken for it.
+STATS_PATH = "/conflict-proxy/stats"
 _SWITCH = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
 
 
@@ -44,8 +42,8 @@ class ConflictEmulation:
 
     def __post_init__(self) -> None:
         for name, value in (("hold_ms", self.hold_ms), ("latency_ms", self.latency_ms)):
-            if not value >= 0:
-                raise EmulationSettingError(f"{name} must be a number >= 0, got {value!r}")
+            if not value >= 0:  # NaN is refused too
+                raise EmulationSettingError(f"the {name.removesuffix('_ms')} must be >= 0 ms, got {name}={value!r}")
 
     def describe(self) -> str:
         conflicts = f"conflicts ON, prepare hold {self.hold_ms:g} ms" if self.conflicts else "conflicts OFF"
@@ -56,24 +54,19 @@ class ConflictEmulation:
         switch = env.get(CONFLICTS_ENV, "on").strip().lower()
         if switch not in _SWITCH:
             raise EmulationSettingError(f"{CONFLICTS_ENV} must be on or off, got {env[CONFLICTS_ENV]!r}")
-        return cls(
-            conflicts=_SWITCH[switch],
-            hold_ms=_milliseconds(env, HOLD_ENV, DEFAULT_HOLD_MS),
-            latency_ms=_milliseconds(env, LATENCY_ENV, 0.0),
-        )
+        return cls(_SWITCH[switch], _milliseconds(env, HOLD_ENV, DEFAULT_HOLD_MS), _milliseconds(env, LATENCY_ENV, 0.0))
 
 
 def _milliseconds(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
+    raw = env.get(name, "").strip()
+    if not raw:
         return default
     try:
-        value = float(raw)
+        if float(raw) >= 0:  # NaN is not
+            return float(raw)
     except ValueError:
-        raise EmulationSettingError(f"{name} must be a number of milliseconds, got {raw!r}") from None
-    if not value >= 0:
-        raise EmulationSettingError(f"{name} must be >= 0, got {raw!r}")
-    return value
+        pass
+    raise EmulationSettingError(f"{name} must be a number of milliseconds >= 0, got {raw!r}")
 
 
 class ConflictProxy(LoopbackServer):
@@ -81,24 +74,19 @@ class ConflictProxy(LoopbackServer):
 
     name = "dynamodb-conflict-proxy"
 
-    def __init__(self, upstream: str, emulation: ConflictEmulation, *, start_timeout_s: float = 30.0) -> None:
-        super().__init__(start_timeout_s=start_timeout_s)
+    def __init__(self, upstream: str, emulation: ConflictEmulation) -> None:
+        super().__init__()
         self.upstream = upstream
         self.emulation = emulation
 
     def _command(self, port: int) -> list[str]:
-        command = [sys.executable, "-m", "local.conflict_proxy", "--upstream", self.upstream, "--port", str(port)]
-        command += ["--hold-ms", str(self.emulation.hold_ms), "--latency-ms", str(self.emulation.latency_ms)]
-        return [*command, *([] if self.emulation.conflicts else ["--no-conflicts"])]
-
-    def _working_directory(self) -> Path:
-        return REPO_ROOT
+        settings = ["--hold-ms", str(self.emulation.hold_ms), "--latency-ms", str(self.emulation.latency_ms)]
+        switch = [] if self.emulation.conflicts else ["--no-conflicts"]
+        proxy = [sys.executable, "-m", "local.conflict_proxy", "--upstream", self.upstream, "--port", str(port)]
+        return [*proxy, *settings, *switch]
 
     def stats(self) -> dict[str, int]:
         """What the proxy has seen: ``transactions``, ``transactions_cancelled``, ``writes_refused``."""
         with urllib.request.urlopen(f"{self.endpoint_url}{STATS_PATH}", timeout=10) as answer:
             counts: dict[str, int] = json.load(answer)
         return counts
-
-    def _answers(self) -> bool:
-        return client("dynamodb", self.endpoint_url, timeout_s=2.0).list_tables(Limit=1) is not None

@@ -1,21 +1,15 @@
 """DynamoDB's transaction-conflict rules: which items in-flight transactions hold, and the errors.
 
 DynamoDB Local applies transactions one after another, so it never reports a conflict.
-DynamoDB does (developer guide, "Transaction conflict handling in DynamoDB"):
-
-- a ``TransactWriteItems`` touching an item that another in-flight ``TransactWriteItems``
-  holds is cancelled: ``TransactionCanceledException`` with ``TransactionConflict`` at
-  that item's index of ``CancellationReasons`` and ``None`` at every other index;
-- a ``PutItem``, ``UpdateItem`` or ``DeleteItem`` on such an item fails with
-  ``TransactionConflictException``.
-
-The error documents are the wire shape DynamoDB sends (the cancellation's is the one
-DynamoDB Local itself sends for a failed condition, with the conflict's code and message).
+DynamoDB does (developer guide, "Transaction conflict handling in DynamoDB"): a
+``TransactWriteItems`` touching an item another in-flight one holds is cancelled
+(``TransactionConflict`` at that item's index of ``CancellationReasons``, ``None`` at the
+others), and a ``PutItem``, ``UpdateItem`` or ``DeleteItem`` on such an item fails with
+``TransactionConflictException``. The error documents have the wire shape DynamoDB sends.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -37,25 +31,24 @@ class ItemHolds:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._holders: dict[ItemKey, int] = {}
-        self._tokens = itertools.count(1)
+        self._holders: dict[ItemKey, object] = {}
 
-    def hold(self, items: Sequence[ItemKey | None]) -> tuple[int | None, list[int]]:
+    def hold(self, items: Sequence[ItemKey | None]) -> tuple[object | None, list[int]]:
         """Hold every item for one transaction: its token, or ``None`` and the conflicting indexes."""
         with self._lock:
             conflicting = [index for index, item in enumerate(items) if item is not None and item in self._holders]
             if conflicting:
                 return None, conflicting
-            token = next(self._tokens)
+            token = object()
             for item in items:
                 if item is not None:
                     self._holders[item] = token
             return token, []
 
-    def release(self, items: Sequence[ItemKey | None], token: int) -> None:
+    def release(self, items: Sequence[ItemKey | None], token: object) -> None:
         with self._lock:
             for item in items:
-                if item is not None and self._holders.get(item) == token:
+                if item is not None and self._holders.get(item) is token:
                     del self._holders[item]
 
     def held(self, item: ItemKey | None) -> bool:
@@ -72,8 +65,7 @@ def _canonical(table: Any, key: Mapping[str, Any]) -> ItemKey | None:
 def item_key(action: Mapping[str, Any], key_names: KeyNames) -> ItemKey | None:
     """The item one write names: its ``Key``, or the key attributes of a put's ``Item``.
 
-    ``None`` when the request is malformed: it is then forwarded as it is, and DynamoDB
-    Local answers with its own validation error.
+    ``None`` for a malformed request: forwarded as it is, DynamoDB Local refuses it itself.
     """
     table = action.get("TableName")
     key = action.get("Key")
@@ -115,6 +107,5 @@ def transaction_cancelled(actions: int, conflicting: Collection[int]) -> dict[st
     }
 
 
-def transaction_conflict() -> dict[str, Any]:
-    """The ``TransactionConflictException`` document (lower-case ``message``, as the service model has it)."""
-    return {"__type": f"{_ERROR_PREFIX}TransactionConflictException", "message": CONFLICT_MESSAGE}
+# Lower-case ``message``, as the service model has it.
+TRANSACTION_CONFLICT = {"__type": f"{_ERROR_PREFIX}TransactionConflictException", "message": CONFLICT_MESSAGE}

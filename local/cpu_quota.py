@@ -1,18 +1,18 @@
 """Lambda's CPU share for a local process: a cgroup CPU quota proportional to the memory size.
 
 Lambda gives a function CPU in proportion to its memory, one vCPU at 1,769 MB, so the
-template's 512 MB gets about 0.29 of a core. Without that share the local runtime would
-run on a machine the function never gets. Each execution environment gets a cgroup of
-its own under ``idempotent-consumer-local/``: ``cpu.max`` on cgroup v2,
-``cpu.cfs_quota_us`` on v1, quota = period x MB / 1769. The processes it starts inherit
-it. Where the machine does not allow it (no root, no cpu controller), ``CpuQuotaUnavailable``
-says why in one line and the caller runs without a quota.
+template's 512 MB gets about 0.29 of a core; without that share the local runtime would run
+on a machine the function never gets. Each execution environment gets a cgroup of its own
+under ``idempotent-consumer-local/`` (``cpu.max`` on cgroup v2, ``cpu.cfs_quota_us`` on v1),
+which the processes it starts inherit. Where the machine does not allow it (no root, no cpu
+controller), ``CpuQuotaUnavailable`` says why in one line and the caller runs without a quota.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,11 +37,23 @@ def quota_us(memory_mb: int, period_us: int) -> int:
     return max(1000, round(period_us * cpu_share(memory_mb)))
 
 
-def _write(path: Path, value: str) -> None:
+@contextlib.contextmanager
+def _refused(action: str) -> Iterator[None]:
     try:
-        path.write_text(value, encoding="ascii")
+        yield
     except OSError as error:
-        raise CpuQuotaUnavailable(f"cannot write {path}: {error.strerror or error}") from error
+        raise CpuQuotaUnavailable(f"cannot {action}: {error.strerror or error}") from error
+
+
+def _write(path: Path, value: str) -> None:
+    with _refused(f"write {path}"):
+        path.write_text(value, encoding="ascii")
+
+
+def _make_group(path: Path) -> Path:
+    with _refused(f"create {path}"):
+        path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @dataclass(frozen=True)
@@ -49,7 +61,6 @@ class CpuQuota:
     """One cgroup with a CPU quota; ``add(pid)`` moves a process into it, ``remove()`` deletes it."""
 
     path: Path
-    memory_mb: int
     quota_us: int
     period_us: int
 
@@ -58,10 +69,9 @@ class CpuQuota:
 
     def remove(self) -> None:
         # Only an empty cgroup can be removed; its processes have exited by now.
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
-        with contextlib.suppress(OSError):
-            self.path.parent.rmdir()
+        for group in (self.path, self.path.parent):
+            with contextlib.suppress(OSError):
+                group.rmdir()
 
     def describe(self) -> str:
         return f"CPU quota {self.quota_us}/{self.period_us} us = {self.quota_us / self.period_us:.2f} vCPU"
@@ -78,45 +88,24 @@ def _own_v2_group(root: Path) -> Path:
 def create(name: str, memory_mb: int, root: Path = CGROUP_ROOT) -> CpuQuota:
     """A new cgroup ``name`` limited to Lambda's share for ``memory_mb``."""
     if (root / "cgroup.controllers").exists():
-        return _create_v2(_own_v2_group(root), name, memory_mb)
-    if (root / "cpu" / "cpu.cfs_quota_us").exists():
-        return _create_v1(root / "cpu", name, memory_mb)
-    raise CpuQuotaUnavailable(f"no cgroup cpu controller under {root}")
-
-
-def _make_group(parent: Path, name: str) -> Path:
-    path = parent / GROUP_NAME / name
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise CpuQuotaUnavailable(f"cannot create {path}: {error.strerror or error}") from error
-    return path
-
-
-def _create_v1(controller: Path, name: str, memory_mb: int) -> CpuQuota:
-    path = _make_group(controller, name)
-    try:
-        period = int((path / "cpu.cfs_period_us").read_text(encoding="ascii"))
-    except (OSError, ValueError) as error:
-        raise CpuQuotaUnavailable(f"cannot read the CFS period of {path}: {error}") from error
-    quota = quota_us(memory_mb, period)
-    _write(path / "cpu.cfs_quota_us", str(quota))
-    return CpuQuota(path, memory_mb, quota, period)
-
-
-def _create_v2(base: Path, name: str, memory_mb: int) -> CpuQuota:
-    if "cpu" not in (base / "cgroup.controllers").read_text(encoding="ascii").split():
-        raise CpuQuotaUnavailable(f"the cpu controller is not available in {base}")
-    # The controller must be enabled for the children at each level down to the leaf.
-    _write(base / "cgroup.subtree_control", "+cpu")
-    group = base / GROUP_NAME
-    group.mkdir(exist_ok=True)
-    _write(group / "cgroup.subtree_control", "+cpu")
-    path = _make_group(base, name)
-    period = 100_000
-    quota = quota_us(memory_mb, period)
-    _write(path / "cpu.max", f"{quota} {period}")
-    return CpuQuota(path, memory_mb, quota, period)
+        base = _own_v2_group(root)
+        if "cpu" not in (base / "cgroup.controllers").read_text(encoding="ascii").split():
+            raise CpuQuotaUnavailable(f"the cpu controller is not available in {base}")
+        # The controller must be enabled for the children at each level down to the leaf.
+        _write(base / "cgroup.subtree_control", "+cpu")
+        _write(_make_group(base / GROUP_NAME) / "cgroup.subtree_control", "+cpu")
+        path, period = _make_group(base / GROUP_NAME / name), 100_000
+        _write(path / "cpu.max", f"{quota_us(memory_mb, period)} {period}")
+    elif (root / "cpu" / "cpu.cfs_quota_us").exists():
+        path = _make_group(root / "cpu" / GROUP_NAME / name)
+        try:
+            period = int((path / "cpu.cfs_period_us").read_text(encoding="ascii"))
+        except (OSError, ValueError) as error:
+            raise CpuQuotaUnavailable(f"cannot read the CFS period of {path}: {error}") from error
+        _write(path / "cpu.cfs_quota_us", str(quota_us(memory_mb, period)))
+    else:
+        raise CpuQuotaUnavailable(f"no cgroup cpu controller under {root}")
+    return CpuQuota(path, quota_us(memory_mb, period), period)
 
 
 def unique_name(label: str) -> str:

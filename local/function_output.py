@@ -1,17 +1,18 @@
 """The function's own output, kept apart from the command's: its log file, and the metrics in it.
 
-In AWS the function's stdout goes to CloudWatch Logs and its Powertools metrics are
-EMF lines there. Locally the same lines go to a file; ``outcome_counts`` adds up the
-EMF metrics the handler emits per invocation (applied, duplicate, retried, ...).
+In AWS the function's stdout goes to CloudWatch Logs, its Powertools metrics as EMF lines
+there; locally the same lines go to a file, and ``outcome_counts`` adds up those metrics.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,14 +42,8 @@ def send_stdout_to(path: Path) -> TextIO:
 
 def command_output(log: Path) -> Callable[[str], None]:
     """Start ``log`` afresh with the function's output, and return how the command prints its own lines."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text("", encoding="utf-8")
-    terminal = send_stdout_to(log)
-
-    def say(text: str) -> None:
-        print(text, file=terminal, flush=True)
-
-    return say
+    log.unlink(missing_ok=True)
+    return partial(print, file=send_stdout_to(log), flush=True)
 
 
 # The EMF metrics the function emits per invocation: one per outcome, and the conflicts it absorbed.
@@ -58,9 +53,7 @@ METRICS = (*(outcome.value for outcome in Outcome), "conflicts_absorbed")
 def outcome_counts(path: Path, names: tuple[str, ...]) -> Counter[str]:
     """The sum of each named EMF metric over every line of ``path``."""
     totals: Counter[str] = Counter()
-    if not path.exists():
-        return totals
-    with path.open(encoding="utf-8", errors="replace") as lines:
+    with contextlib.suppress(FileNotFoundError), path.open(encoding="utf-8", errors="replace") as lines:
         for line in lines:
             if '"_aws"' not in line:
                 continue

@@ -20,7 +20,7 @@ class FunctionError(RuntimeError):
 class Invocation:
     """One call of the handler: its response, or the error it ended with, or that it timed out.
 
-    ``init_duration_ms`` is set on a cold start: the time the runtime took to initialise.
+    ``init_duration_ms``, set on a cold start, is the time the runtime took to initialise.
     """
 
     response: Any

@@ -1,15 +1,11 @@
 """The function in Lambda's own runtime: the Runtime Interface Emulator driving ``python -m awslambdaric``.
 
-One ``LambdaEnvironment`` is one execution environment: an emulator process (the one
-``sam local invoke`` runs in its container, shipped in SAM CLI's wheel) and the runtime
-interface client it starts, on the function's Python 3.12 venv, with the variables Lambda
-sets and Lambda's CPU share. The runtime receives the event as JSON, builds the context
-from the deadline and serialises the response; on timeout the emulator kills it and the
-next invocation initialises a new one (a real cold start, whose init time is logged).
-
-An environment serves one invocation at a time (a lock: two concurrent requests crash the
-emulator), as Lambda's do; ``LambdaFleet`` holds one per concurrent invocation. Both bind
-127.0.0.1 only and stop by PID; a parent that dies takes them with it.
+One ``LambdaEnvironment`` is one execution environment: the emulator ``sam local invoke`` runs
+(from SAM CLI's wheel) and the runtime it starts on the function's Python 3.12 venv, with
+Lambda's variables and CPU share. On timeout the emulator kills the runtime and the next
+invocation starts a new one (a real cold start). It serves one invocation at a time, as
+Lambda's do (two concurrent requests crash the emulator); ``LambdaFleet`` holds one per
+concurrent invocation. They bind 127.0.0.1 only and stop by PID, or with a parent that dies.
 """
 
 from __future__ import annotations
@@ -24,15 +20,14 @@ import os
 import platform
 import re
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Self, TextIO
 
@@ -40,7 +35,7 @@ from local import cpu_quota
 from local.aws import REGION
 from local.invocation import FunctionError, Invocation
 from local.lambda_venv import LAMBDA_PYTHON_VERSION, venv_python
-from local.processes import LOOPBACK, free_port, terminate
+from local.processes import LOOPBACK, ChildProcess, ServerStartError, free_port, listening
 from local.resources import FunctionSpec
 from local.state import REPO_ROOT
 
@@ -57,8 +52,7 @@ _ERROR_KEYS = frozenset({"errorType", "errorMessage"})
 _ERROR_DOCUMENT_KEYS = _ERROR_KEYS | {"requestId", "stackTrace"}
 _PR_SET_PDEATHSIG = 1
 _SINK_LOCK = threading.Lock()
-_quota_note_lock = threading.Lock()
-_quota_noted = False
+_QUOTA_NOTED = threading.Lock()
 # Handlers that imported once in this process need no second check (the code does not change under us).
 _handlers_checked: set[tuple[str, str, str]] = set()
 
@@ -91,7 +85,7 @@ def emulator_binary() -> Path:
     )
     if not found:
         raise RuntimeStartError(
-            "the Lambda runtime emulator is missing: it comes with SAM CLI's wheel in .venv-sam (run `make venv-sam`)"
+            "the Lambda runtime emulator is missing: it comes with SAM CLI's wheel (run `make .venv-sam/.installed`)"
         )
     return found[-1]
 
@@ -150,20 +144,13 @@ def _die_with_parent() -> None:
 
 
 def _note_no_quota(reason: str) -> None:
-    global _quota_noted  # noqa: PLW0603 (one line per process, whatever the number of environments)
-    with _quota_note_lock:
-        if not _quota_noted:
-            print(f"note: Lambda's CPU share not applied ({reason}): the function gets the whole CPU", file=sys.stderr)
-            _quota_noted = True
+    # One line per process, whatever the number of environments: the lock is taken once, never released.
+    if _QUOTA_NOTED.acquire(blocking=False):
+        print(f"note: Lambda's CPU share not applied ({reason}): the function gets the whole CPU", file=sys.stderr)
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
+def _port_taken(port: int | str) -> PortTaken:
+    return PortTaken(f"port {LOOPBACK}:{port} is already in use: the Lambda runtime emulator cannot listen on it")
 
 
 def _children(pid: int) -> list[int]:
@@ -179,9 +166,9 @@ def _children(pid: int) -> list[int]:
 class LambdaEnvironment:
     """One execution environment: emulator + runtime, one invocation at a time.
 
-    ``emulator_port`` and ``runtime_api_port`` default to free ports (retried if taken
-    meanwhile); given explicitly, a taken one is an error. ``log_sink`` receives what the
-    environment logs during each invocation (the lines CloudWatch would hold).
+    ``emulator_port`` defaults to a free port (another is tried if it is taken meanwhile); given,
+    a taken one is an error. ``log_sink`` receives what the environment logs during each
+    invocation (the lines CloudWatch would hold).
     """
 
     def __init__(
@@ -193,7 +180,6 @@ class LambdaEnvironment:
         name: str = "env",
         cpu_share: bool = True,
         emulator_port: int | None = None,
-        runtime_api_port: int | None = None,
         log_sink: TextIO | None = None,
     ) -> None:
         self.function = function
@@ -201,147 +187,87 @@ class LambdaEnvironment:
         self._environment = {**environment, **lambda_variables(function, python)}
         self._python = python
         self._cpu_share = cpu_share
-        self._ports = (emulator_port, runtime_api_port)
+        self._emulator_port = emulator_port
         self._log_sink = log_sink
         self._lock = threading.Lock()
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log_path: Path | None = None
-        self._quota: cpu_quota.CpuQuota | None = None
+        self._emulator: ChildProcess | None = None
+        self.quota: cpu_quota.CpuQuota | None = None
         self.port: int | None = None
         self.cold_starts = 0
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid if self._process else None
+        return self._emulator.pid if self._emulator else None
 
     @property
     def runtime_pid(self) -> int | None:
         """The runtime process the emulator runs now (none before the first invocation or after a reset)."""
-        children = _children(self._process.pid) if self._process else []
+        children = _children(self._emulator.pid) if self._emulator else []
         return children[0] if children else None
 
-    @property
-    def quota(self) -> cpu_quota.CpuQuota | None:
-        return self._quota
-
     def start(self) -> Self:
-        explicit = any(port is not None for port in self._ports)
-        for attempt in range(1, _START_ATTEMPTS + 1):
-            try:
-                self._start_once()
-                return self
-            except PortTaken:
-                self.stop()
-                if explicit or attempt == _START_ATTEMPTS:
-                    raise
-            except BaseException:
-                self.stop()
-                raise
-        raise AssertionError("unreachable")
+        if self._emulator_port is None:
+            for _ in range(_START_ATTEMPTS - 1):
+                with contextlib.suppress(PortTaken):
+                    return self._start_once()
+        return self._start_once()
 
-    def _start_once(self) -> None:
-        emulator_port = self._ports[0] or free_port()
-        api_port = self._ports[1] or free_port()
-        for port in (emulator_port, api_port):
+    def _start_once(self) -> Self:
+        port, api_port = self._emulator_port or free_port(), free_port()
+        for taken in (port, api_port):
             # Another listener on the port would answer our readiness probe: refuse it up front.
-            if not _bindable(port):
-                raise PortTaken(
-                    f"port {LOOPBACK}:{port} is already in use: the Lambda runtime emulator cannot listen on it"
-                )
-        descriptor, log_name = tempfile.mkstemp(prefix=f"lambda-{self.name}-", suffix=".log")
-        self._log_path = Path(log_name)
-        command = [
-            str(emulator_binary()),
-            "--runtime-interface-emulator-address",
-            f"{LOOPBACK}:{emulator_port}",
-            "--runtime-api-address",
-            f"{LOOPBACK}:{api_port}",
-            str(self._python),
-            "-m",
-            "awslambdaric",
-            self.function.handler,
-        ]
-        with os.fdopen(descriptor, "wb") as log:
-            self._process = subprocess.Popen(
-                command,
-                cwd=self.function.code_dir,
-                env=self._environment,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 (prctl only: nothing that takes a lock)
-            )
-        self.port = emulator_port
-        self._apply_cpu_share()
-        self._wait_until_listening(emulator_port)
+            if listening(taken):
+                raise _port_taken(taken)
+        emulator_address = ["--runtime-interface-emulator-address", f"{LOOPBACK}:{port}"]
+        api_address = ["--runtime-api-address", f"{LOOPBACK}:{api_port}"]
+        runtime = [str(self._python), "-m", "awslambdaric", self.function.handler]
+        emulator = ChildProcess(
+            f"lambda-{self.name}",
+            [str(emulator_binary()), *emulator_address, *api_address, *runtime],
+            cwd=self.function.code_dir,
+            env=self._environment,
+            preexec_fn=_die_with_parent,
+        )
+        self._emulator, self.port = emulator, port
+        try:
+            self._apply_cpu_share(emulator.pid)
+            emulator.wait_until(lambda: listening(port), _START_TIMEOUT_S)
+        except ServerStartError as failure:
+            taken_port = _PORT_TAKEN.search(emulator.log())
+            self.stop()
+            if taken_port:
+                raise _port_taken(taken_port.group(1)) from None
+            raise RuntimeStartError(f"the Lambda runtime emulator did not start: {failure}") from None
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
-    def _apply_cpu_share(self) -> None:
+    def _apply_cpu_share(self, pid: int) -> None:
         # The emulator starts the runtime on the first invocation, so the runtime inherits the cgroup.
-        if not self._cpu_share or self._process is None:
+        if not self._cpu_share:
             return
         try:
-            self._quota = cpu_quota.create(cpu_quota.unique_name(self.name), self.function.memory_mb)
-            self._quota.add(self._process.pid)
+            self.quota = cpu_quota.create(cpu_quota.unique_name(self.name), self.function.memory_mb)
+            self.quota.add(pid)
         except cpu_quota.CpuQuotaUnavailable as unavailable:
-            if self._quota is not None:
-                self._quota.remove()
-            self._quota = None
+            if self.quota is not None:
+                self.quota.remove()
+                self.quota = None
             _note_no_quota(str(unavailable))
-
-    def _wait_until_listening(self, port: int) -> None:
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._process is None or self._process.poll() is not None:
-                raise self._start_failure()
-            with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, port), timeout=0.5):
-                return
-            time.sleep(0.02)
-        raise RuntimeStartError(
-            f"the Lambda runtime emulator did not listen on {LOOPBACK}:{port} within "
-            f"{_START_TIMEOUT_S:.0f}s: {self._last_log_line()}"
-        )
-
-    def _start_failure(self) -> RuntimeStartError:
-        log = self._log_text()
-        taken = _PORT_TAKEN.search(log)
-        if taken:
-            return PortTaken(
-                f"port {LOOPBACK}:{taken.group(1)} is already in use: the Lambda runtime emulator cannot listen on it"
-            )
-        code = self._process.returncode if self._process else None
-        return RuntimeStartError(f"the Lambda runtime emulator exited at start (code {code}): {self._last_log_line()}")
-
-    def _log_text(self, offset: int = 0) -> str:
-        if self._log_path is None:
-            return ""
-        with contextlib.suppress(OSError), self._log_path.open("rb") as log:
-            log.seek(offset)
-            return log.read().decode("utf-8", errors="replace")
-        return ""
-
-    def _log_size(self) -> int:
-        with contextlib.suppress(OSError):
-            return self._log_path.stat().st_size if self._log_path else 0
-        return 0
-
-    def _last_log_line(self) -> str:
-        lines = [
-            line for line in self._log_text().splitlines() if line.strip() and not line.startswith(("\t", "goroutine"))
-        ]
-        return lines[-1] if lines else "(no output)"
 
     def invoke(self, event: dict[str, Any]) -> Invocation:
         """One invocation, as Lambda's Invoke API would run it; one at a time per environment."""
         payload = json.dumps(event).encode()
         with self._lock:
-            if self._process is None or self.port is None:
+            emulator = self._emulator
+            if emulator is None:
                 raise RuntimeError(f"the execution environment {self.name} is not running")
-            offset = self._log_size()
+            emulator.new_output()  # what was logged between invocations is not this one's
             started = time.monotonic()
-            status, body = self._post(payload)
+            status, body = self._post(emulator, payload)
             duration_s = time.monotonic() - started
-            logged = self._log_text(offset)
+            logged = emulator.new_output()
         if self._log_sink is not None and logged:
             with _SINK_LOCK:
                 self._log_sink.write(logged)
@@ -358,48 +284,36 @@ class LambdaEnvironment:
         response, error = _parse_answer(status, body)
         return Invocation(response, error, False, duration_s, request_id, init_ms)
 
-    def _post(self, payload: bytes) -> tuple[int, bytes]:
-        assert self.port is not None
-        connection = http.client.HTTPConnection(LOOPBACK, self.port, timeout=self.function.timeout_s + _ANSWER_SLACK_S)
+    def _post(self, emulator: ChildProcess, payload: bytes) -> tuple[int, bytes]:
+        timeout_s = self.function.timeout_s + _ANSWER_SLACK_S
+        connection = http.client.HTTPConnection(LOOPBACK, self.port, timeout=timeout_s)
         try:
             connection.request("POST", INVOKE_PATH, body=payload, headers={"Content-Type": "application/json"})
             answer = connection.getresponse()
             return answer.status, answer.read()
         except (OSError, http.client.HTTPException) as error:
-            if self._process is not None and self._process.poll() is not None:
+            code = emulator.process.poll()
+            if code is not None:
                 raise EmulatorExited(
-                    f"the Lambda runtime emulator of {self.name} (pid {self._process.pid}) exited with code "
-                    f"{self._process.returncode}: {self._last_log_line()}"
+                    f"the Lambda runtime emulator of {self.name} (pid {emulator.pid}) exited with code "
+                    f"{code}: {emulator.last_line()}"
                 ) from error
             raise EmulatorExited(f"the Lambda runtime emulator of {self.name} did not answer: {error}") from error
         finally:
             connection.close()
 
-    def kill_runtime(self) -> bool:
-        """SIGKILL the runtime process, as a crash kills Lambda's; the emulator starts a new one next time."""
-        pid = self.runtime_pid
-        if pid is None:
-            return False
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        return True
-
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def stop(self) -> None:
         """Stop the emulator (it stops its runtime), then anything of ours it left; safe to call twice."""
-        process, self._process, self.port = self._process, None, None
-        if process is not None:
-            runtime = _children(process.pid) if process.poll() is None else []
-            terminate(process, timeout_s)
+        emulator, self._emulator, self.port = self._emulator, None, None
+        if emulator is not None:
+            runtime = _children(emulator.pid) if emulator.process.poll() is None else []
+            emulator.stop()
             for pid in runtime:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        if self._quota is not None:
-            self._quota.remove()
-            self._quota = None
-        if self._log_path is not None:
-            with contextlib.suppress(OSError):
-                self._log_path.unlink()
-            self._log_path = None
+        if self.quota is not None:
+            self.quota.remove()
+            self.quota = None
 
     def __enter__(self) -> Self:
         return self.start()
@@ -441,26 +355,18 @@ class LambdaFleet:
     ) -> None:
         self.function = replace(function, memory_mb=memory_mb) if memory_mb else function
         self.environment = dict(environment)
-        self._cpu_share = cpu_share
-        self._log_sink = log_sink
-        self._python = venv_python()
-        self._lock = threading.Lock()
+        python = venv_python()
+        check_handler(self.function, self.environment, python)
+        self._new = partial(
+            LambdaEnvironment, self.function, self.environment, python=python, cpu_share=cpu_share, log_sink=log_sink
+        )
         self._names = itertools.count()
         self.environments: list[LambdaEnvironment] = []
-        check_handler(self.function, self.environment, self._python)
 
     def add(self) -> LambdaEnvironment:
         """One more execution environment, started."""
-        environment = LambdaEnvironment(
-            self.function,
-            self.environment,
-            python=self._python,
-            name=f"env-{next(self._names)}",
-            cpu_share=self._cpu_share,
-            log_sink=self._log_sink,
-        ).start()
-        with self._lock:
-            self.environments.append(environment)
+        environment = self._new(name=f"env-{next(self._names)}").start()
+        self.environments.append(environment)
         return environment
 
     def start(self, count: int) -> Self:
@@ -473,8 +379,7 @@ class LambdaFleet:
         return self
 
     def stop(self) -> None:
-        with self._lock:
-            environments, self.environments = self.environments, []
+        environments, self.environments = self.environments, []
         for environment in environments:
             environment.stop()
 
@@ -483,10 +388,3 @@ class LambdaFleet:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-
-def start_fleet(
-    function: FunctionSpec, environment: Mapping[str, str], count: int, *, memory_mb: int | None = None
-) -> LambdaFleet:
-    """``count`` execution environments of ``function`` at ``memory_mb``: ``.environments[i].invoke(event)``."""
-    return LambdaFleet(function, environment, memory_mb=memory_mb).start(count)

@@ -1,22 +1,18 @@
 """The function's own interpreter: a Python 3.12 venv holding exactly what Lambda gives the function.
 
-That is the deployment artifact (``src/requirements.txt``), boto3 and botocore as the
-Lambda runtime provides them (pinned as in ``requirements-dev.txt``, so the function and
-the tests agree on the SDK), and the runtime interface client ``awslambdaric``. The venv
-is cached under ``.lambda-runtime/`` by a digest of those requirements and the
-interpreter's version, so a change to either builds a new one and an unchanged one costs
-nothing.
+That is the deployment artifact (``src/requirements.txt``), boto3 and botocore as Lambda's
+runtime provides them (pinned as in ``requirements-dev.txt``, so the function and the tests
+agree on the SDK), and the runtime interface client ``awslambdaric``. It is cached under
+``.lambda-runtime/`` by a digest of those and of the interpreter's version.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from local.state import REPO_ROOT
@@ -55,24 +51,18 @@ def find_python(version: str = LAMBDA_PYTHON_VERSION) -> Path:
     )
 
 
-def _pinned(requirements: Path, names: tuple[str, ...]) -> list[str]:
-    """The lines of ``requirements`` that pin one of ``names``."""
-    lines = [line.split("#", 1)[0].strip() for line in requirements.read_text(encoding="utf-8").splitlines()]
-    found = [line for line in lines if line.split("==", 1)[0].strip().lower() in names]
-    missing = set(names) - {line.split("==", 1)[0].strip().lower() for line in found}
-    if missing:
-        raise LambdaVenvError(f"{requirements} pins no {', '.join(sorted(missing))}")
-    return found
+def _requirement_lines(path: Path) -> list[str]:
+    lines = [line.split("#", 1)[0].strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    return [line for line in lines if line]
 
 
 def requirements() -> list[str]:
     """Everything the function's venv installs, one requirement a line."""
-    artifact = [
-        line.split("#", 1)[0].strip()
-        for line in ARTIFACT_REQUIREMENTS.read_text(encoding="utf-8").splitlines()
-        if line.split("#", 1)[0].strip()
-    ]
-    return [*artifact, *_pinned(DEV_REQUIREMENTS, _RUNTIME_PROVIDED), AWSLAMBDARIC]
+    pinned = {line.split("==", 1)[0].strip().lower(): line for line in _requirement_lines(DEV_REQUIREMENTS)}
+    missing = [name for name in _RUNTIME_PROVIDED if name not in pinned]
+    if missing:
+        raise LambdaVenvError(f"{DEV_REQUIREMENTS} pins no {', '.join(missing)}")
+    return [*_requirement_lines(ARTIFACT_REQUIREMENTS), *(pinned[name] for name in _RUNTIME_PROVIDED), AWSLAMBDARIC]
 
 
 def _interpreter_version(python: Path) -> str:
@@ -84,30 +74,21 @@ def _interpreter_version(python: Path) -> str:
     return answer.stdout.strip()
 
 
-@contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    # Two processes (make run and a test run) may build at once: one builds, the other waits.
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def venv_python(cache_dir: Path = CACHE_DIR, python: Path | None = None) -> Path:
+def venv_python() -> Path:
     """The venv's interpreter, building the venv first when its requirements changed."""
-    python = python or find_python()
+    python = find_python()
     wanted = requirements()
     digest = hashlib.sha256("\n".join([_interpreter_version(python), *wanted]).encode()).hexdigest()[:12]
-    venv = cache_dir / f"venv-{digest}"
+    venv = CACHE_DIR / f"venv-{digest}"
     interpreter = venv / "bin" / "python"
-    with _exclusive(cache_dir / ".lock"):
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    # Two processes (make run and a test run) may build at once: one builds, the other waits.
+    with (CACHE_DIR / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if (venv / ".complete").exists():
             return interpreter
         _build(python, venv, wanted)
-        for stale in cache_dir.glob("venv-*"):
+        for stale in CACHE_DIR.glob("venv-*"):
             if stale != venv:
                 shutil.rmtree(stale, ignore_errors=True)
     return interpreter

@@ -1,8 +1,7 @@
-"""Child servers of the local stack: loopback ports, readiness, and a stop that always happens.
+"""Child processes of the local stack: loopback ports, readiness, and a stop that always happens.
 
-Each server runs as a child process with its stdin on a pipe that only we hold. The
-children exit when that pipe closes, so even a parent killed with SIGKILL leaves
-nothing behind; ``atexit`` and an explicit ``stop`` cover the ordinary paths. Only the
+Each child's stdin is a pipe that only we hold: the servers exit when it closes, so even a parent
+killed with SIGKILL leaves none behind. ``stop`` and ``atexit`` cover the ordinary paths; only a
 PID we started is ever signalled.
 """
 
@@ -13,171 +12,28 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
 LOOPBACK = "127.0.0.1"
+# The servers' children run as ``python -m local.…``: from the repository's root.
+_REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class ServerStartError(RuntimeError):
-    """A child server exited or never answered."""
+    """A child exited, or did not answer, while starting."""
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    """A port free right now on ``host``; the caller retries if another process takes it first."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
+def free_port() -> int:
+    """A port free right now on 127.0.0.1; the caller retries if another process takes it first."""
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
         return int(probe.getsockname()[1])
-
-
-def terminate(process: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """SIGTERM the child we started, SIGKILL it if it lingers, and reap it."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=timeout_s)
-
-
-class ChildServer:
-    """One server process: started with a log file, stopped by PID on ``stop`` or at exit."""
-
-    def __init__(
-        self, name: str, command: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None
-    ):
-        self.name = name
-        self._command = list(command)
-        self._cwd = cwd
-        self._env = env
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log_path: Path | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
-
-    @property
-    def log_path(self) -> Path | None:
-        return self._log_path
-
-    def start(self) -> None:
-        descriptor, log_name = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")
-        self._log_path = Path(log_name)
-        with os.fdopen(descriptor, "wb") as log:
-            self._process = subprocess.Popen(
-                self._command,
-                cwd=self._cwd,
-                env=self._env,
-                # Our end of this pipe is the child's lifeline: it exits when the pipe closes.
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                # Out of the terminal's process group: Ctrl-C reaches us, and we stop the
-                # children in order instead of racing them.
-                start_new_session=True,
-            )
-        atexit.register(self.stop)
-
-    def exited(self) -> bool:
-        return self._process is not None and self._process.poll() is not None
-
-    def wait_until(self, ready: Callable[[], bool], timeout_s: float) -> None:
-        """Poll ``ready`` until it holds; raise with the child's log if it exits or times out."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._process is not None and self._process.poll() is not None:
-                raise ServerStartError(f"{self.name} exited with code {self._process.returncode}:\n{self.log_tail()}")
-            with contextlib.suppress(Exception):
-                if ready():
-                    return
-            time.sleep(0.1)
-        raise ServerStartError(f"{self.name} did not answer within {timeout_s:.0f}s:\n{self.log_tail()}")
-
-    def log_tail(self, max_chars: int = 4_000) -> str:
-        if self._log_path is None or not self._log_path.exists():
-            return "(no log)"
-        return self._log_path.read_text(errors="replace")[-max_chars:]
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the child (SIGTERM, then SIGKILL) and remove its log; safe to call twice."""
-        process = self._process
-        if process is None:
-            return
-        self._process = None
-        atexit.unregister(self.stop)
-        if process.stdin is not None:
-            with contextlib.suppress(OSError):
-                process.stdin.close()
-        terminate(process, timeout_s)
-        if self._log_path is not None:
-            with contextlib.suppress(OSError):
-                self._log_path.unlink()
-
-
-class LoopbackServer(ABC):
-    """A server on 127.0.0.1 in a child process: free port, start, wait until it answers, stop."""
-
-    name: str
-    start_attempts = 3
-
-    def __init__(self, *, start_timeout_s: float = 60.0) -> None:
-        self._start_timeout_s = start_timeout_s
-        self._server: ChildServer | None = None
-        self.port: int | None = None
-
-    @abstractmethod
-    def _command(self, port: int) -> list[str]:
-        """The command line that serves on ``port``."""
-
-    @abstractmethod
-    def _answers(self) -> bool:
-        """One request that succeeds once the server is ready."""
-
-    def _working_directory(self) -> Path | None:
-        return None
-
-    @property
-    def endpoint_url(self) -> str:
-        if self.port is None:
-            raise RuntimeError(f"{self.name} is not running")
-        return f"http://{LOOPBACK}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._server.pid if self._server else None
-
-    def start(self) -> Self:
-        # The port is free when picked but may be taken before the child binds it: try again.
-        for attempt in range(1, self.start_attempts + 1):
-            port = free_port()
-            server = ChildServer(self.name, self._command(port), cwd=self._working_directory())
-            server.start()
-            self._server, self.port = server, port
-            try:
-                server.wait_until(self._answers, self._start_timeout_s)
-                return self
-            except ServerStartError:
-                self.stop()
-                if attempt == self.start_attempts:
-                    raise
-        raise AssertionError("unreachable")
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-        self._server, self.port = None, None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 def alive(pid: int) -> bool:
@@ -187,5 +43,154 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_parent() -> None:
+    """Return once stdin closes: the parent holds its other end, so it has stopped us or died."""
+    with contextlib.suppress(OSError):
+        while sys.stdin.buffer.read(4096):
+            pass
+
+
+class ChildProcess:
+    """A process we started, its output in a temporary log file, stopped by PID (at exit too)."""
+
+    def __init__(
+        self,
+        name: str,
+        command: Sequence[str],
+        *,
+        cwd: Path,
+        env: Mapping[str, str] | None = None,
+        preexec_fn: Callable[[], object] | None = None,
+    ) -> None:
+        self.name = name
+        descriptor, log_name = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")
+        self.log_path = Path(log_name)
+        self._read = 0
+        with os.fdopen(descriptor, "wb") as log:
+            self.process = subprocess.Popen(
+                command,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # Out of the terminal's process group: Ctrl-C reaches us, and we stop the
+                # children in order instead of racing them.
+                start_new_session=True,
+                preexec_fn=preexec_fn,  # noqa: PLW1509 (the one passed, prctl, takes no lock)
+            )
+        self.pid = self.process.pid
+        atexit.register(self.stop)
+
+    def _output(self, offset: int) -> bytes:
+        with contextlib.suppress(OSError), self.log_path.open("rb") as log:
+            log.seek(offset)
+            return log.read()
+        return b""
+
+    def log(self) -> str:
+        """Everything the child has written (nothing once it is stopped)."""
+        return self._output(0).decode("utf-8", errors="replace")
+
+    def new_output(self) -> str:
+        """What the child has written since the last call."""
+        written = self._output(self._read)
+        self._read += len(written)
+        return written.decode("utf-8", errors="replace")
+
+    def last_line(self) -> str:
+        """The last line of output that is not a stack frame: usually why the child ended."""
+        lines = [line for line in self.log().splitlines() if line.strip() and not line.startswith(("\t", "goroutine"))]
+        return lines[-1] if lines else "(no output)"
+
+    def wait_until(self, ready: Callable[[], bool], timeout_s: float) -> None:
+        """Poll ``ready`` until it holds; ``ServerStartError`` if the child exits first or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerStartError(f"{self.name} exited with code {self.process.returncode}: {self.last_line()}")
+            with contextlib.suppress(Exception):
+                if ready():
+                    return
+            time.sleep(0.02)
+        raise ServerStartError(f"{self.name} did not answer within {timeout_s:.0f}s: {self.last_line()}")
+
+    def stop(self) -> None:
+        """Close the lifeline, SIGTERM the child (SIGKILL if it lingers), reap it, remove its log; idempotent."""
+        atexit.unregister(self.stop)
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self.log_path.unlink(missing_ok=True)
+
+
+class LoopbackServer(ABC):
+    """A server on 127.0.0.1 in a child process: a free port, ready once it listens, stopped by PID."""
+
+    name: str
+
+    def __init__(self) -> None:
+        self._child: ChildProcess | None = None
+        self.port: int | None = None
+
+    @abstractmethod
+    def _command(self, port: int) -> list[str]:
+        """The command line that serves on ``port`` and exits when its stdin closes."""
+
+    @property
+    def endpoint_url(self) -> str:
+        if self.port is None:
+            raise RuntimeError(f"{self.name} is not running")
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid if self._child else None
+
+    def start(self) -> Self:
+        # The port is free when picked but may be taken before the child binds it: two more tries.
+        for _ in range(2):
+            with contextlib.suppress(ServerStartError):
+                return self._start_once()
+        return self._start_once()
+
+    def _start_once(self) -> Self:
+        port = free_port()
+        self._child, self.port = ChildProcess(self.name, self._command(port), cwd=_REPO_ROOT), port
+        try:
+            self._child.wait_until(lambda: listening(port), timeout_s=60.0)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self._child is not None:
+            self._child.stop()
+        self._child, self.port = None, None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from local.aws import DUMMY_CREDENTIALS_ENV, REGION
+from local.aws import DUMMY_CREDENTIALS_ENV, REGION, client
 from local.dynamodb_local import DynamoDBLocal
 from local.moto_server import MotoServer
 from local.resources import FunctionSpec, LocalResources, create_resources
@@ -53,11 +53,10 @@ class LocalServers:
 
     def client(self, service: str, **options: Any) -> Any:
         """A boto3 client for ``dynamodb`` or ``sqs`` on these servers (dummy credentials)."""
-        if service == "dynamodb":
-            return self.dynamodb.client(**options)
-        if service == "sqs":
-            return self.sqs.client("sqs", **options)
-        raise ValueError(f"the local stack has no {service}")
+        endpoints = {"dynamodb": self.dynamodb_endpoint_url, "sqs": self.sqs_endpoint_url}
+        if service not in endpoints:
+            raise ValueError(f"the local stack has no {service}")
+        return client(service, endpoints[service], **options)
 
     def deploy(
         self,
