@@ -1,11 +1,9 @@
 """The conflict proxy as a child server of the local stack, and the settings that shape it.
 
-On by default wherever the local stack runs. The environment tunes it:
-
-- ``LOCAL_DYNAMODB_CONFLICTS``: ``on`` (default) or ``off`` (forward everything, as DynamoDB
-  Local alone behaves; for measuring what the emulation changes, never for proving anything);
-- ``LOCAL_DYNAMODB_TRANSACTION_HOLD_MS``: a transaction's prepare time (default 5);
-- ``LOCAL_DYNAMODB_LATENCY_MS``: round-trip latency added to every DynamoDB call (default 0).
+On by default. ``LOCAL_DYNAMODB_CONFLICTS=off`` forwards everything, as DynamoDB Local alone
+behaves (to measure what the emulation changes, never to prove anything);
+``LOCAL_DYNAMODB_TRANSACTION_HOLD_MS`` sets a transaction's prepare time (default 5) and
+``LOCAL_DYNAMODB_LATENCY_MS`` the round-trip latency added to every call (default 0).
 """
 
 from __future__ import annotations

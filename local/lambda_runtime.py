@@ -143,12 +143,6 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _note_no_quota(reason: str) -> None:
-    # One line per process, whatever the number of environments: the lock is taken once, never released.
-    if _QUOTA_NOTED.acquire(blocking=False):
-        print(f"note: Lambda's CPU share not applied ({reason}): the function gets the whole CPU", file=sys.stderr)
-
-
 def _port_taken(port: int | str) -> PortTaken:
     return PortTaken(f"port {LOOPBACK}:{port} is already in use: the Lambda runtime emulator cannot listen on it")
 
@@ -254,7 +248,10 @@ class LambdaEnvironment:
             if self.quota is not None:
                 self.quota.remove()
                 self.quota = None
-            _note_no_quota(str(unavailable))
+            # One line per process, whatever the number of environments: the lock is taken once, never released.
+            if _QUOTA_NOTED.acquire(blocking=False):
+                note = f"note: Lambda's CPU share not applied ({unavailable}): the function gets the whole CPU"
+                print(note, file=sys.stderr)
 
     def invoke(self, event: dict[str, Any]) -> Invocation:
         """One invocation, as Lambda's Invoke API would run it; one at a time per environment."""

@@ -122,9 +122,8 @@ class ChildProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise ServerStartError(f"{self.name} exited with code {self.process.returncode}: {self.last_line()}")
-            with contextlib.suppress(Exception):
-                if ready():
-                    return
+            if ready():
+                return
             time.sleep(0.02)
         raise ServerStartError(f"{self.name} did not answer within {timeout_s:.0f}s: {self.last_line()}")
 

@@ -184,10 +184,15 @@ def test_a_handler_that_does_not_import_is_a_clear_error(consumer: DeployedStack
     assert invocation.error_type == "Runtime.ImportModuleError"
 
 
-def test_a_taken_port_is_a_clear_error_and_nothing_runs(consumer: DeployedStack, faulty_code: Path) -> None:
+# A listener is refused before the emulator starts; a port only bound makes the emulator fail to bind.
+@pytest.mark.parametrize("listens", [True, False], ids=["listened-on", "bound"])
+def test_a_taken_port_is_a_clear_error_and_nothing_runs(
+    consumer: DeployedStack, faulty_code: Path, listens: bool
+) -> None:
     with socket.socket() as taken:
         taken.bind((LOOPBACK, 0))
-        taken.listen()
+        if listens:
+            taken.listen()
         port = taken.getsockname()[1]
         environment = LambdaEnvironment(
             _faulty(consumer, faulty_code, "echo"),
