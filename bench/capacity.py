@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from bench.probe import HandlerSpec, observed, unobserved
@@ -73,14 +72,8 @@ def read_units(size_bytes: int, *, consistent: bool) -> float:
     return float(units) if consistent else units / 2
 
 
-@dataclass(frozen=True)
-class _Target:
-    """One item a write touches, its size before the write and the size of the item a Put proposes."""
-
-    table: str
-    key: dict[str, Any]
-    size_before: int
-    proposed_size: int
+# A write's item: its table, its key, and the larger of its size before the write and of the item a Put proposes.
+_Target = tuple[str, dict[str, Any], int]
 
 
 class CapacityMeter:
@@ -122,12 +115,7 @@ class CapacityMeter:
         failed_condition = parsed.get("Error", {}).get("Code") in _CONDITION_FAILURES
         if write is not None and (ok or failed_condition):
             targets, factor = write
-            units = sum(
-                write_units(
-                    max(target.size_before, target.proposed_size, self._size(target.table, target.key) if ok else 0)
-                )
-                for target in targets
-            )
+            units = sum(write_units(max(size, self._size(table, key) if ok else 0)) for table, key, size in targets)
             with self._lock:
                 self.write_units += units * factor
         if consistent is not None and ok:
@@ -139,10 +127,9 @@ class CapacityMeter:
         table = request["TableName"]
         if action == "Put":
             key = {name: request["Item"][name] for name in self._key_schema(table)}
-            proposed = item_size(request["Item"])
-        else:
-            key, proposed = dict(request["Key"]), 0
-        return _Target(table, key, self._size(table, key), proposed)
+            return table, key, max(self._size(table, key), item_size(request["Item"]))
+        key = dict(request["Key"])
+        return table, key, self._size(table, key)
 
     def _size(self, table: str, key: dict[str, Any]) -> int:
         with unobserved():

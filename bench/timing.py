@@ -6,6 +6,7 @@ the clocks are read inside it (``bench.function``). See methodology.md for the r
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import statistics
@@ -36,13 +37,8 @@ def median_ci(values: Sequence[float]) -> tuple[float, float]:
     n = len(ordered)
     if n < 6:
         return ordered[0], ordered[-1]
-    cumulative, k = 0.0, 0
-    while True:
-        cumulative += math.comb(n, k) / 2**n
-        if cumulative > 0.025:
-            break
-        k += 1
-    k = max(k, 1)
+    below = itertools.accumulate(math.comb(n, i) / 2**n for i in range(n + 1))  # P(B <= i)
+    k = max(1, next(i for i, probability in enumerate(below) if probability > 0.025))
     return ordered[k - 1], ordered[n - k]
 
 
@@ -89,13 +85,7 @@ def _throttling(function: LambdaEnvironment) -> tuple[int, float]:
     return int(fields["nr_throttled"]), waited_s
 
 
-def bench_function(
-    memory_mb: int,
-    *,
-    handler: str = "bench.function.handler",
-    code_dir: Path = REPO_ROOT,
-    environment: Mapping[str, str] | None = None,
-) -> FunctionSpec:
+def bench_function(memory_mb: int, handler: str = "bench.function.handler", code_dir: Path = REPO_ROOT) -> FunctionSpec:
     """``handler`` as a Lambda function of ``memory_mb`` (by default the benchmark's, the repository as its code)."""
     name = handler.rpartition(".")[0].replace(".", "-")
     return FunctionSpec(
@@ -106,7 +96,7 @@ def bench_function(
         code_dir=code_dir,
         timeout_s=120,
         memory_mb=memory_mb,
-        environment=dict(environment or {}),
+        environment={},  # unread by local.lambda_runtime: each environment is given its variables
         triggers=(),
     )
 
