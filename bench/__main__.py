@@ -1,10 +1,8 @@
 """`python -m bench`: measure, then write BENCHMARKS.md and its two charts and print the table.
 
-Order of a run: DynamoDB calls and capacity units per message (moto in-process, where a
-hook can read every item's size); then DynamoDB Local behind the conflict emulation, its
-JVM warmed, and each system as a Lambda function of its own at each memory size's CPU
-share (``bench.timing``); this consumer profiled at the target share; cold starts in
-fresh processes under the target share. Progress goes to stderr.
+Calls and capacity units per message on moto in process; then each system as a Lambda function of
+its own on DynamoDB Local at each memory size's CPU share, and this consumer profiled; then cold
+starts. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -12,21 +10,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import platform
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from importlib import metadata
 from pathlib import Path
 
-from bench.backends import Backend, dynamodb_local_backend, moto_backend
 from bench.capacity import CapacityMeter
 from bench.chart import draw_batch_latency_chart, draw_cost_chart
-from bench.cold_start import measure_cold_starts
-from bench.costs import CostRecorder, message_costs
-from bench.hooks import on_new_clients
-from bench.machine import describe_machine, load_average
-from bench.probe import RoundTripProbe
-from bench.report import benchmarks_markdown, stdout_report
-from bench.results import (
+from bench.costs import Backend, message_costs, moto_backend
+from bench.probe import RoundTripProbe, on_new_clients
+from bench.report import (
     DIRECT,
     LATENCY_AT_PROXY,
     NO_QUOTA,
@@ -35,19 +30,25 @@ from bench.results import (
     TARGET_MEMORY_MB,
     BenchResults,
     TimingKey,
+    benchmarks_markdown,
+    stdout_report,
 )
-from bench.systems import PowertoolsBaseline, SeedPattern, ThisConsumer, build_systems
-from bench.timing import invoke, system_functions, time_batches
+from bench.systems import INITIALISATION, SYSTEM_ENV, SYSTEMS, ThisConsumer, settings_environment
+from bench.timing import REPO_ROOT, invoke, measure_cold_starts, system_functions, time_batches
 from local.aws import DUMMY_CREDENTIALS_ENV
 from local.conflict_emulation import ConflictEmulation, ConflictProxy
-from local.dynamodb_local import JavaNotFound, jar_directory, java_runtime
+from local.dynamodb_local import DynamoDBLocal, JavaNotFound, jar_directory, java_runtime
 from local.lambda_runtime import LambdaEnvironment
+from testkit.lambda_sqs import REGION
 from testkit.messages import MessageFactory
 from testkit.webhook import WebhookSink
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 NARRATIVE = Path(__file__).resolve().parent / "methodology.md"
 _PROFILE_RECORDS = 100
+_PACKAGES = ("boto3", "botocore", "moto", "aws-lambda-powertools", "pydantic")
+# DynamoDB Local has no SQS, and the benchmark sends no poison message: any record that fails stops the run.
+_UNUSED_QUEUE_URL = f"https://sqs.{REGION}.amazonaws.com/000000000000/bench-dead-letters-unused"
+_UNUSED_WEBHOOK_URL = "http://127.0.0.1:9/receipts"  # the benchmark sends only payments
 
 
 def _integers(text: str) -> list[int]:
@@ -90,144 +91,139 @@ def _function_output_discarded() -> Iterator[None]:
         os.close(saved)
 
 
-def _measure_costs(results: BenchResults, webhook_url: str, count: int) -> None:
-    probe = RoundTripProbe()
-    with on_new_clients(probe.handler_specs()), moto_backend() as backend:
-        meter = CapacityMeter(backend.reader)
-        with on_new_clients(meter.handler_specs()):
-            systems = build_systems(backend, webhook_url)
-        _progress("moto in-process: DynamoDB calls and capacity units per message")
-        recorder = CostRecorder(probe, meter)
-        factory = MessageFactory()
-        results.costs = {system.name: message_costs(system, factory, recorder, count) for system in systems}
+class _Run:
+    def __init__(self, arguments: argparse.Namespace) -> None:
+        self.arguments = arguments
+        self.results = BenchResults(memory_sizes_mb=arguments.memory_sizes, latencies_ms=arguments.latencies_ms)
+        self.messages = MessageFactory()
+
+    def measure_costs(self, webhook_url: str) -> None:
+        probe = RoundTripProbe()
+        with on_new_clients(probe.handler_specs()), moto_backend() as backend:
+            meter = CapacityMeter(backend.reader)
+            with on_new_clients(meter.handler_specs()):
+                systems = [system(backend.settings(system.name, webhook_url)) for system in SYSTEMS]
+            _progress("moto in-process: DynamoDB calls and capacity units per message")
+            count = self.arguments.cost_messages
+            costs = {system.name: message_costs(system, self.messages, probe, meter, count) for system in systems}
+            self.results.costs = costs
+
+    def measure_on_dynamodb_local(self) -> None:
+        _progress("DynamoDB Local behind the conflict emulation: starting")
+        with DynamoDBLocal() as server:
+            assert server.proxy is not None
+            backend = Backend(server.client(), _UNUSED_QUEUE_URL)
+            variables = {
+                system.name: {
+                    **DUMMY_CREDENTIALS_ENV,
+                    **settings_environment(backend.settings(system.name, _UNUSED_WEBHOOK_URL)),
+                    SYSTEM_ENV: system.name,
+                    "AWS_ENDPOINT_URL_DYNAMODB": server.endpoint_url,
+                    "POWERTOOLS_SERVICE_NAME": "idempotent-consumer",
+                    "POWERTOOLS_METRICS_NAMESPACE": "IdempotentConsumer",
+                    "POWERTOOLS_LOG_LEVEL": "INFO",
+                }
+                for system in SYSTEMS
+            }
+            for index, memory_mb in enumerate([*self.arguments.memory_sizes, NO_QUOTA]):
+                _progress(f"starting the three functions at {memory_mb or 'no quota'} MB")
+                with system_functions(variables, memory_mb or 1769, cpu_share=memory_mb != NO_QUOTA) as functions:
+                    if index == 0:
+                        self.warm_up(functions)
+                    if memory_mb == TARGET_MEMORY_MB:
+                        self.time_target_share(functions, server.proxy)
+                    else:  # the cost chart's point and the earlier run's setting: batches of 10 only
+                        self.time(functions, TimingKey(memory_mb, TARGET_LATENCY_MS, TARGET_BATCH))
+            self.time_controls(server.direct_endpoint_url, variables)
+
+    def warm_up(self, functions: dict[str, LambdaEnvironment]) -> None:
+        """DynamoDB Local's JVM compiles its hot paths during the first thousands of requests: pay that untimed."""
+        batches = self.arguments.warm_up_batches
+        _progress(f"warming DynamoDB Local's JVM: {batches} batches of {TARGET_BATCH} per system")
+        for _ in range(batches):
+            for name, function in functions.items():
+                answer = invoke(function, self.messages.payments(TARGET_BATCH), 0)
+                self.results.warm_up_s.setdefault(name, []).append(answer["wall_s"])
+
+    def time(self, functions: dict[str, LambdaEnvironment], key: TimingKey) -> None:
+        share = "no quota" if key.memory_mb == NO_QUOTA else f"{key.memory_mb} MB"
+        hot = ", one account" if key.hot else ""
+        where = f" ({key.route})" if key.route else ""
+        _progress(f"{share}: batches of {key.batch_size}{hot} at {key.latency_ms} ms{where}")
+        batch = self.messages.payments_on_one_account if key.hot else self.messages.payments
+        self.results.timings[key] = time_batches(
+            functions,
+            lambda: batch(key.batch_size),
+            latency_ms=0 if key.route == LATENCY_AT_PROXY else key.latency_ms,
+            min_repetitions=self.arguments.min_repetitions,
+            max_repetitions=self.arguments.max_repetitions,
+            precision=self.arguments.precision,
+        )
+
+    def time_target_share(self, functions: dict[str, LambdaEnvironment], proxy: ConflictProxy) -> None:
+        """Every latency and batch size, the hot account with the proxy's counts over it, and the profile."""
+        for latency in self.arguments.latencies_ms:
+            for size in (1, TARGET_BATCH):
+                self.time(functions, TimingKey(TARGET_MEMORY_MB, latency, size))
+        before = proxy.stats()
+        self.time(functions, TimingKey(TARGET_MEMORY_MB, TARGET_LATENCY_MS, TARGET_BATCH, hot=True))
+        after = proxy.stats()
+        self.results.hot_proxy_stats = {name: after[name] - before.get(name, 0) for name in after}
+        # cProfile sees one thread: records on one account share one lane, which runs in the handler's
+        # thread. Each record still costs what a new payment costs (its own transaction), the lane pool aside.
+        _progress(f"{TARGET_MEMORY_MB} MB: this consumer under cProfile, {_PROFILE_RECORDS} records in one lane")
+        bodies = self.messages.payments_on_one_account(_PROFILE_RECORDS)
+        answer = invoke(functions[ThisConsumer.name], bodies, TARGET_LATENCY_MS, profile=True)
+        self.results.profile, self.results.profile_records = answer["profile"], _PROFILE_RECORDS
+
+    def time_controls(self, upstream_url: str, variables: dict[str, dict[str, str]]) -> None:
+        """The same tables and 512 MB functions, reached another way: latency at a proxy, or no proxy at all."""
+        with ConflictProxy(upstream_url, ConflictEmulation(latency_ms=TARGET_LATENCY_MS)) as proxy:
+            for route, endpoint in ((LATENCY_AT_PROXY, proxy.endpoint_url), (DIRECT, upstream_url)):
+                routed = {name: {**values, "AWS_ENDPOINT_URL_DYNAMODB": endpoint} for name, values in variables.items()}
+                with system_functions(routed, TARGET_MEMORY_MB) as functions:
+                    self.time(functions, TimingKey(TARGET_MEMORY_MB, TARGET_LATENCY_MS, TARGET_BATCH, route=route))
 
 
-def _function_variables(backend: Backend, endpoint: str) -> dict[str, dict[str, str]]:
-    variables = {}
-    for name, prefix in (
-        (ThisConsumer.name, "consumer"),
-        (PowertoolsBaseline.name, "powertools"),
-        (SeedPattern.name, "seed"),
-    ):
-        tables = backend.create_tables(prefix)
-        variables[name] = {
-            **DUMMY_CREDENTIALS_ENV,
-            "AWS_ENDPOINT_URL_DYNAMODB": endpoint,
-            "IDEMPOTENCY_TABLE_NAME": tables.idempotency,
-            "LEDGER_TABLE_NAME": tables.ledger,
-            "DEAD_LETTER_QUEUE_URL": backend.dead_letter_queue_url,
-            # Never called: the benchmark sends only payments.
-            "RECEIPT_WEBHOOK_URL": "http://127.0.0.1:9/receipts",
-            "POWERTOOLS_SERVICE_NAME": "idempotent-consumer",
-            "POWERTOOLS_METRICS_NAMESPACE": "IdempotentConsumer",
-            "POWERTOOLS_LOG_LEVEL": "INFO",
-        }
-    return variables
+def _cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
 
 
-def _warm_up(results: BenchResults, functions: dict[str, LambdaEnvironment], batches: int) -> None:
-    """DynamoDB Local's JVM compiles its hot paths during the first thousands of requests: pay that untimed."""
-    factory = MessageFactory()
-    _progress(f"warming DynamoDB Local's JVM: {batches} batches of {TARGET_BATCH} per system")
-    for _ in range(batches):
-        for name, function in functions.items():
-            answer = invoke(function, factory.payments(TARGET_BATCH), 0)
-            results.warm_up_s.setdefault(name, []).append(answer["wall_s"])
-
-
-def _time(
-    results: BenchResults,
-    functions: dict[str, LambdaEnvironment],
-    key: TimingKey,
-    arguments: argparse.Namespace,
-) -> None:
-    factory = MessageFactory()
-    batch = factory.payments_on_one_account if key.hot else factory.payments
-    share = "no quota" if key.memory_mb == NO_QUOTA else f"{key.memory_mb} MB"
-    hot = ", one account" if key.hot else ""
-    where = f" ({key.route})" if key.route else ""
-    _progress(f"{share}: batches of {key.batch_size}{hot} at {key.latency_ms} ms{where}")
-    results.timings[key] = time_batches(
-        functions,
-        lambda: batch(key.batch_size),
-        latency_ms=0 if key.route == LATENCY_AT_PROXY else key.latency_ms,
-        min_repetitions=arguments.min_repetitions,
-        max_repetitions=arguments.max_repetitions,
-        precision=arguments.precision,
-    )
-
-
-def _profile(results: BenchResults, consumer: LambdaEnvironment) -> None:
-    """cProfile sees one thread: records on one account share one lane, which runs in the handler's thread.
-
-    Each record still costs what a new payment costs (its own transaction), the lane pool aside.
-    """
-    _progress(f"{TARGET_MEMORY_MB} MB: this consumer under cProfile, {_PROFILE_RECORDS} records in one lane")
-    bodies = MessageFactory().payments_on_one_account(_PROFILE_RECORDS)
-    answer = invoke(consumer, bodies, TARGET_LATENCY_MS, profile=True)
-    results.profile, results.profile_records = answer["profile"], _PROFILE_RECORDS
-
-
-def _run_dynamodb_local(results: BenchResults, arguments: argparse.Namespace) -> None:
-    _progress("DynamoDB Local behind the conflict emulation: starting")
-    with dynamodb_local_backend() as backend:
-        variables = _function_variables(backend, os.environ["AWS_ENDPOINT_URL_DYNAMODB"])
-        shares = [*arguments.memory_sizes, NO_QUOTA]
-        for index, memory_mb in enumerate(shares):
-            _progress(f"starting the three functions at {memory_mb or 'no quota'} MB")
-            with system_functions(variables, memory_mb or 1769, cpu_share=memory_mb != NO_QUOTA) as functions:
-                if index == 0:
-                    _warm_up(results, functions, arguments.warm_up_batches)
-                if memory_mb == TARGET_MEMORY_MB:
-                    for latency in arguments.latencies_ms:
-                        for size in (1, TARGET_BATCH):
-                            _time(results, functions, TimingKey(memory_mb, latency, size), arguments)
-                else:  # the cost chart's point and the earlier run's setting: batches of 10 only
-                    _time(results, functions, TimingKey(memory_mb, TARGET_LATENCY_MS, TARGET_BATCH), arguments)
-                if memory_mb == TARGET_MEMORY_MB:
-                    before = backend.proxy_stats() if backend.proxy_stats else {}
-                    _time(results, functions, TimingKey(memory_mb, TARGET_LATENCY_MS, TARGET_BATCH, True), arguments)
-                    after = backend.proxy_stats() if backend.proxy_stats else {}
-                    results.hot_proxy_stats = {name: after[name] - before.get(name, 0) for name in after}
-                    _profile(results, functions[ThisConsumer.name])
-        _time_controls(results, backend, variables, arguments)
-
-
-def _time_controls(
-    results: BenchResults, backend: Backend, variables: dict[str, dict[str, str]], arguments: argparse.Namespace
-) -> None:
-    """The same tables and 512 MB functions, reached another way: latency at a proxy, or no proxy at all."""
-    assert backend.upstream_url is not None
-    emulation = ConflictEmulation(latency_ms=TARGET_LATENCY_MS)
-    with ConflictProxy(backend.upstream_url, emulation) as proxy:
-        for route, endpoint in ((LATENCY_AT_PROXY, proxy.endpoint_url), (DIRECT, backend.upstream_url)):
-            routed = {name: {**values, "AWS_ENDPOINT_URL_DYNAMODB": endpoint} for name, values in variables.items()}
-            with system_functions(routed, TARGET_MEMORY_MB) as functions:
-                key = TimingKey(TARGET_MEMORY_MB, TARGET_LATENCY_MS, TARGET_BATCH, route=route)
-                _time(results, functions, key, arguments)
+def _describe_machine(dynamodb_local_version: str, load_at_start: float) -> dict[str, str]:
+    # The load average counts runnable processes: above the CPU count, other work shared the machine.
+    return {
+        "CPUs usable (nproc)": str(len(os.sched_getaffinity(0))),
+        "load average (1 min) at start / end of the run": f"{load_at_start:.2f} / {os.getloadavg()[0]:.2f}",
+        "CPU model": _cpu_model(),
+        "OS": f"{platform.system()} {platform.release()}",
+        "Python": platform.python_version(),
+        **{package: metadata.version(package) for package in _PACKAGES},
+        "DynamoDB Local": dynamodb_local_version,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parse_arguments(argv)
-    started, load_at_start = time.monotonic(), load_average()
-    results = BenchResults(
-        machine={},
-        systems=[ThisConsumer.name, PowertoolsBaseline.name, SeedPattern.name],
-        memory_sizes_mb=arguments.memory_sizes,
-        latencies_ms=arguments.latencies_ms,
-    )
+    started, load_at_start = time.monotonic(), os.getloadavg()[0]
     try:
         java_runtime()
         dynamodb_local_version = jar_directory().name.removeprefix("dynamodb_local_")
     except (JavaNotFound, FileNotFoundError) as error:
         print(f"make bench needs DynamoDB Local: {error}", file=sys.stderr)
         return 2
+    run = _Run(arguments)
     with WebhookSink() as webhook, _function_output_discarded():
-        _measure_costs(results, webhook.receipts_url, arguments.cost_messages)
-    _run_dynamodb_local(results, arguments)
+        run.measure_costs(webhook.receipts_url)
+    run.measure_on_dynamodb_local()
     _progress(f"cold starts: {arguments.cold_starts} fresh processes per system at {TARGET_MEMORY_MB} MB")
-    results.cold_starts = measure_cold_starts(arguments.cold_starts, TARGET_MEMORY_MB)
-    results.machine = describe_machine(dynamodb_local_version, (load_at_start, load_average()))
+    results = run.results
+    results.cold_starts = measure_cold_starts(INITIALISATION, arguments.cold_starts, TARGET_MEMORY_MB)
+    results.machine = _describe_machine(dynamodb_local_version, load_at_start)
 
     draw_batch_latency_chart(results, arguments.chart)
     draw_cost_chart(results, arguments.cost_chart)

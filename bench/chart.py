@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -11,16 +12,25 @@ matplotlib.use("Agg")  # files only: no display on CI or a server
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
 
-from bench.results import TARGET_MEMORY_MB, BenchResults
+from bench.report import TARGET_MEMORY_MB, BenchResults
+from bench.systems import NAMES
 
 _COLOURS = ("#1b7f3b", "#c0392b", "#7f8c8d")
 _STYLES = {1: ("--", "s"), 10: ("-", "o")}
 
 
+def _save(figure: Any, axis: Any, title: str, path: Path) -> None:
+    axis.legend(fontsize=8)
+    axis.set_title(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def draw_batch_latency_chart(results: BenchResults, path: Path) -> None:
     figure, axis = plt.subplots(figsize=(7.5, 5.4))
     for size, (style, marker) in _STYLES.items():
-        for name, colour in zip(results.systems, _COLOURS, strict=False):
+        for name, colour in zip(NAMES, _COLOURS, strict=True):
             points = [
                 (latency, samples[name])
                 for latency in results.latencies_ms
@@ -49,16 +59,12 @@ def draw_batch_latency_chart(results: BenchResults, path: Path) -> None:
     axis.set_ylabel("invocation wall time (ms, log scale): median, bar = 95% CI")
     axis.set_xticks(results.latencies_ms)
     axis.grid(True, which="both", alpha=0.3)
-    axis.legend(fontsize=8)
-    axis.set_title(f"SQS batch at {TARGET_MEMORY_MB} MB's CPU share, DynamoDB Local + conflict emulation")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save(figure, axis, f"SQS batch at {TARGET_MEMORY_MB} MB's CPU share, DynamoDB Local + conflict emulation", path)
 
 
 def draw_cost_chart(results: BenchResults, path: Path) -> None:
     figure, axis = plt.subplots(figsize=(7.5, 5.0))
-    for name, colour in zip(results.systems, _COLOURS, strict=False):
+    for name, colour in zip(NAMES, _COLOURS, strict=True):
         points = [(memory, cost) for memory in results.memory_sizes_mb if (cost := results.cost(name, memory))]
         if not points:
             continue
@@ -77,8 +83,4 @@ def draw_cost_chart(results: BenchResults, path: Path) -> None:
     axis.set_xticks(results.memory_sizes_mb)
     axis.set_ylim(bottom=0)
     axis.grid(True, alpha=0.3)
-    axis.legend(fontsize=8)
-    axis.set_title("Cost per million new payments, batches of 10, 10 ms DynamoDB latency")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save(figure, axis, "Cost per million new payments, batches of 10, 10 ms DynamoDB latency", path)

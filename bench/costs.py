@@ -1,20 +1,27 @@
-"""DynamoDB calls and capacity units per message, by case, for one system.
-
-Each case is a batch of fresh messages; its counts divided by the messages give the
-cost of one. A duplicate inside one batch is measured as what a batch of pairs costs
-beyond its new messages, so only the copies are left.
-"""
+"""What a message costs: DynamoDB calls and capacity units by case (moto in process), and dollars per million."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, NamedTuple
+from unittest import mock
+
+import boto3
+from moto import mock_aws
 
 from bench.capacity import CapacityMeter
-from bench.probe import RoundTripProbe
-from bench.runs import run_batch
-from bench.systems import LambdaSystem
+from bench.probe import RoundTripProbe, unobserved
+from bench.systems import System
+from consumer.config import Settings
+from local.aws import DUMMY_CREDENTIALS_ENV
+from testkit.lambda_sqs import LambdaContext, sqs_event
 from testkit.messages import MessageFactory
+from testkit.tables import IDEMPOTENCY_TABLE, LEDGER_TABLE, create_template_tables
 
 NEW_OPTIMISTIC = "new, optimistic (PaymentReceived)"
 NEW_LOCK = "new, lock (ReceiptRequested + webhook)"
@@ -23,46 +30,130 @@ DUPLICATE_LOCK = "duplicate, lock"
 DUPLICATE_IN_BATCH = "duplicate inside one batch"
 CASES = (NEW_OPTIMISTIC, NEW_LOCK, DUPLICATE_OPTIMISTIC, DUPLICATE_LOCK, DUPLICATE_IN_BATCH)
 
+_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS", "AWS_PROFILE")
+
+# List prices, not fetched by the run: update PRICES_AS_OF with them. How they add up: methodology.md.
+REGION = "us-east-1"
+PRICES_AS_OF = "2025-01-15 (AWS pricing pages; DynamoDB on-demand after the 2024-11-01 price cut)"
+LAMBDA_ARM64_PER_GB_S = 0.0000133334
+LAMBDA_PER_REQUEST = 0.20 / 1e6
+DYNAMODB_PER_WRITE_UNIT = 0.625 / 1e6
+DYNAMODB_PER_READ_UNIT = 0.125 / 1e6
+SQS_PER_REQUEST = 0.40 / 1e6
+MILLION = 1_000_000
+
 
 @dataclass(frozen=True)
-class Cost:
+class Backend:
+    # The benchmark's own client: tables, item sizes. Its calls are never counted.
+    reader: Any
+    dead_letter_queue_url: str
+
+    def settings(self, system: str, webhook_url: str) -> Settings:
+        """Fresh tables of the template's shapes for one system, and the settings that name them."""
+        prefix = f"{system.replace(' ', '-').lower()}-{uuid.uuid4().hex[:6]}"
+        settings = Settings(
+            idempotency_table_name=f"{prefix}-idempotency",
+            ledger_table_name=f"{prefix}-ledger",
+            dead_letter_queue_url=self.dead_letter_queue_url,
+            receipt_webhook_url=webhook_url,
+        )
+        names = {IDEMPOTENCY_TABLE: settings.idempotency_table_name, LEDGER_TABLE: settings.ledger_table_name}
+        with unobserved():
+            create_template_tables(self.reader, names)
+        return settings
+
+
+@contextmanager
+def moto_backend() -> Iterator[Backend]:
+    """moto in process, no endpoint or profile of the caller's in the way; the environment restored after."""
+    with mock.patch.dict(os.environ, DUMMY_CREDENTIALS_ENV):
+        for name in _ENDPOINT_VARIABLES:
+            os.environ.pop(name, None)
+        with mock_aws():
+            session = boto3.session.Session()
+            with unobserved():
+                queue_url = session.client("sqs").create_queue(QueueName="bench-dead-letters")["QueueUrl"]
+            yield Backend(session.client("dynamodb"), queue_url)
+
+
+class Cost(NamedTuple):
     calls: float
     write_units: float
     read_units: float
 
-    def __sub__(self, other: Cost) -> Cost:
-        return Cost(self.calls - other.calls, self.write_units - other.write_units, self.read_units - other.read_units)
 
-    def scaled(self, factor: float) -> Cost:
-        return Cost(self.calls * factor, self.write_units * factor, self.read_units * factor)
-
-
-class CostRecorder:
-    def __init__(self, probe: RoundTripProbe, meter: CapacityMeter) -> None:
-        self._probe = probe
-        self._meter = meter
-
-    def measure(self, action: Callable[[], None], messages: int) -> Cost:
-        """What ``action`` cost, per message."""
-        before = self._total()
-        action()
-        return (self._total() - before).scaled(1 / messages)
-
-    def _total(self) -> Cost:
-        capacity = self._meter.reading()
-        return Cost(self._probe.calls(), capacity.write_units, capacity.read_units)
+def run_batch(system: System, bodies: list[str]) -> None:
+    """One batch in process; a benchmark over failed records would measure nothing."""
+    failures = system.handle(sqs_event(bodies), LambdaContext(timeout_s=60.0)).get("batchItemFailures") or []
+    if failures:
+        raise RuntimeError(f"{system.name}: {len(failures)} of {len(bodies)} records failed")
 
 
-def message_costs(system: LambdaSystem, factory: MessageFactory, recorder: CostRecorder, count: int) -> dict[str, Cost]:
+def message_costs(
+    system: System, factory: MessageFactory, probe: RoundTripProbe, meter: CapacityMeter, count: int
+) -> dict[str, Cost]:
+    """Each case a batch of ``count`` fresh messages; a duplicate inside one batch is what a batch of pairs
+    costs beyond its new messages, so only the copies are left."""
+
+    def per_message(bodies: list[str]) -> Cost:
+        before = (probe.calls, meter.write_units, meter.read_units)
+        run_batch(system, bodies)
+        after = (probe.calls, meter.write_units, meter.read_units)
+        return Cost(*((end - start) / count for start, end in zip(before, after, strict=True)))
+
     payments, receipts, paired = factory.payments(count), factory.receipts(count), factory.payments(count)
     costs = {
-        NEW_OPTIMISTIC: recorder.measure(lambda: run_batch(system, payments), count),
-        NEW_LOCK: recorder.measure(lambda: run_batch(system, receipts), count),
+        NEW_OPTIMISTIC: per_message(payments),
+        NEW_LOCK: per_message(receipts),
         # Redelivered bodies under new messageIds: the keys are already COMPLETED.
-        DUPLICATE_OPTIMISTIC: recorder.measure(lambda: run_batch(system, payments), count),
-        DUPLICATE_LOCK: recorder.measure(lambda: run_batch(system, receipts), count),
+        DUPLICATE_OPTIMISTIC: per_message(payments),
+        DUPLICATE_LOCK: per_message(receipts),
     }
-    pairs = [body for body in paired for _ in range(2)]
-    with_copies = recorder.measure(lambda: run_batch(system, pairs), count)
-    costs[DUPLICATE_IN_BATCH] = with_copies - costs[NEW_OPTIMISTIC]
+    with_copies = per_message([body for body in paired for _ in range(2)])
+    costs[DUPLICATE_IN_BATCH] = Cost(*(a - b for a, b in zip(with_copies, costs[NEW_OPTIMISTIC], strict=True)))
     return costs
+
+
+def sqs_requests(batch_size: int) -> dict[str, float]:
+    """SQS requests per message, happy path, for a batch of ``batch_size`` through the event source mapping."""
+    return {
+        "send (the producer's)": 1.0,
+        "receive": 1 / batch_size,
+        "delete": 1 / batch_size,  # the mapping deletes a batch's successes in one DeleteMessageBatch
+        # New payments on distinct accounts: none fails, none goes to the DLQ, no visibility change.
+        "visibility changes": 0.0,
+        "DLQ sends": 0.0,
+    }
+
+
+@dataclass(frozen=True)
+class CostPerMillion:
+    lambda_usd: float
+    dynamodb_usd: float
+    sqs_usd: float
+
+    @property
+    def total_usd(self) -> float:
+        return self.lambda_usd + self.dynamodb_usd + self.sqs_usd
+
+
+def cost_per_million(batch_wall_s: float, batch_size: int, memory_mb: int, units: Cost) -> CostPerMillion:
+    """A million messages in batches of ``batch_size`` taking ``batch_wall_s`` each, ``units`` per message."""
+    billed_s = math.ceil(batch_wall_s * 1000) / 1000
+    per_batch = billed_s * memory_mb / 1024 * LAMBDA_ARM64_PER_GB_S + LAMBDA_PER_REQUEST
+    return CostPerMillion(
+        lambda_usd=per_batch / batch_size * MILLION,
+        dynamodb_usd=(units.write_units * DYNAMODB_PER_WRITE_UNIT + units.read_units * DYNAMODB_PER_READ_UNIT)
+        * MILLION,
+        sqs_usd=sum(sqs_requests(batch_size).values()) * SQS_PER_REQUEST * MILLION,
+    )
+
+
+PRICE_TABLE = [
+    ("Lambda, arm64, per GB-second (first 6 billion GB-s a month)", f"${LAMBDA_ARM64_PER_GB_S:.10f}"),
+    ("Lambda, per million requests", f"${LAMBDA_PER_REQUEST * MILLION:.2f}"),
+    ("DynamoDB on-demand, per million write request units", f"${DYNAMODB_PER_WRITE_UNIT * MILLION:.3f}"),
+    ("DynamoDB on-demand, per million read request units", f"${DYNAMODB_PER_READ_UNIT * MILLION:.3f}"),
+    ("SQS standard queue, per million requests (after the free million)", f"${SQS_PER_REQUEST * MILLION:.2f}"),
+]

@@ -1,16 +1,8 @@
-"""The Lambda handler the benchmark deploys: one system, timed from inside its own process.
+"""The Lambda handler the benchmark deploys: one system (``BENCH_SYSTEM``), timed from inside its own process.
 
-Each system runs in an execution environment of its own (``local.lambda_runtime``: the
-Runtime Interface Emulator and ``awslambdaric`` on the function's Python 3.12), under the
-cgroup CPU quota of the memory size measured. The clocks are read here, around the
-system's handler, so the emulator's HTTP hop and the event's JSON are outside the figure
-as Lambda's billed duration leaves them out. The probe's latency hook is installed
-before the system creates its clients, so the sleep is paid per HTTP request inside the
-function's process, where a network round trip is paid.
-
-Event: ``{"latency_ms": 10, "event": <SQS event>, "profile": false}``. Answer: the wall
-and CPU seconds of the invocation, the records reported failed, and with ``profile``
-the top of a cProfile of the invocation (CPU clock).
+Event: ``{"latency_ms": 10, "event": <SQS event>, "profile": false}``. Answer: the wall and CPU
+seconds around the system's handler (so the emulator's hop is left out, as from Lambda's billed
+duration), the records reported failed, and with ``profile`` a cProfile of it (CPU clock).
 """
 
 from __future__ import annotations
@@ -21,6 +13,7 @@ import os
 import pstats
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -28,35 +21,19 @@ from typing import Any
 # it: Lambda puts the task root on the path, the artifact's directory is added here.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from bench.hooks import on_new_clients
-from bench.probe import RoundTripProbe
-from bench.systems import SYSTEM_ENV, LambdaSystem, PowertoolsBaseline, SeedPattern, ThisConsumer
+from bench.probe import RoundTripProbe, on_new_clients
+from bench.systems import SYSTEM_ENV, SYSTEMS
 from consumer.config import Settings
 
-SYSTEMS = {system.name: system for system in (ThisConsumer, PowertoolsBaseline, SeedPattern)}
 _PROFILE_ENTRIES = 25
-
-_probe = RoundTripProbe()
-
-
-def _build() -> LambdaSystem:
-    settings = Settings(
-        idempotency_table_name=os.environ["IDEMPOTENCY_TABLE_NAME"],
-        ledger_table_name=os.environ["LEDGER_TABLE_NAME"],
-        dead_letter_queue_url=os.environ["DEAD_LETTER_QUEUE_URL"],
-        receipt_webhook_url=os.environ["RECEIPT_WEBHOOK_URL"],
-    )
-    with on_new_clients(_probe.handler_specs()):
-        system: LambdaSystem = SYSTEMS[os.environ[SYSTEM_ENV]](settings)
-    return system
-
-
-_system = _build()
-
-
 # Where a function's own time lands, by the first of these found in its file's path.
 _PACKAGES = ("botocore", "urllib3", "consumer", "pydantic", "aws_lambda_powertools", "jmespath", "concurrent", "json")
 _BUILTIN = "~"  # pstats' file name for C functions: their time goes to whoever called them
+
+_probe = RoundTripProbe()
+# Installed before the system creates its clients: the latency is slept per HTTP request, in this process.
+with on_new_clients(_probe.handler_specs()):
+    _system = {system.name: system for system in SYSTEMS}[os.environ[SYSTEM_ENV]](Settings.from_env())
 
 
 def _package(filename: str) -> str:
@@ -71,7 +48,7 @@ def _profile_summary(profiler: cProfile.Profile) -> dict[str, Any]:
     stats.sort_stats("tottime").print_stats(_PROFILE_ENTRIES)
     stats.stream = cumulative  # type: ignore[attr-defined]
     stats.sort_stats("cumulative").print_stats(_PROFILE_ENTRIES)
-    by_package: dict[str, float] = {}
+    by_package: defaultdict[str, float] = defaultdict(float)
     raw: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
     for (filename, _, _), (_, _, own_s, _, callers) in raw.items():
         if filename != _BUILTIN:
@@ -79,18 +56,17 @@ def _profile_summary(profiler: cProfile.Profile) -> dict[str, Any]:
         else:
             shares = [(caller[0], caller_stats[2]) for caller, caller_stats in callers.items()] or [(filename, own_s)]
         for source, seconds in shares:
-            by_package[_package(source)] = by_package.get(_package(source), 0.0) + seconds
-    return {"top": text.getvalue(), "cumulative": cumulative.getvalue(), "by_package_s": by_package}
+            by_package[_package(source)] += seconds
+    return {"top": text.getvalue(), "cumulative": cumulative.getvalue(), "by_package_s": dict(by_package)}
 
 
 def handler(request: dict[str, Any], context: Any) -> dict[str, Any]:
     _probe.latency_s = float(request.get("latency_ms", 0)) / 1000
-    event = request["event"]
     profiler = cProfile.Profile(time.process_time) if request.get("profile") else None
     cpu_before, started = time.process_time(), time.perf_counter()
     if profiler is not None:
         profiler.enable()
-    response = _system.handle(event, context)
+    response = _system.handle(request["event"], context)
     if profiler is not None:
         profiler.disable()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_before

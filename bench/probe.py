@@ -1,38 +1,69 @@
-"""Count DynamoDB calls, add network latency to each HTTP request, keep moto to one request at a time.
+"""botocore handlers on every new client: count DynamoDB calls, add network latency, keep moto to one request at a time.
 
-- ``before-call`` fires once per API call, whatever botocore's retries do: that is the
-  round-trip count a reader of the code expects (1 for a transaction, 1 for a put).
-- ``before-send`` fires once per HTTP request, so the latency is paid per attempt, as on
-  a network. botocore emits it with ``emit`` (not ``emit_until_response``): every
-  handler runs even after moto's stub has produced the response, so the sleep here
-  runs for moto in-process as it does for a real endpoint. It is registered first, so
-  the sleep comes before the stub answers.
-- moto in-process is not thread-safe (its ``TransactWriteItems`` deep-copies the tables
-  while other threads write them, and fails with "dictionary changed size during
-  iteration"), so the same two handlers hold a lock around its stub: the simulated
-  server answers one request at a time, while the latency sleeps, outside the lock,
-  overlap as network waits do. For a real endpoint the lock covers no I/O (botocore
-  sends the request after ``before-send``). ``needs-retry``, emitted after every
-  attempt, releases the lock if the stub raised before the last handler could.
+The systems create their clients inside their own code and never hand them out. But botocore
+copies ``botocore.handlers.BUILTIN_HANDLERS`` into every new session's event system, and each
+client copies its session's: a handler added there lands on every client created meanwhile,
+moto's in-process stub arrives the same way, and the three systems are observed alike.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from bench.hooks import REGISTER_FIRST, REGISTER_LAST, HandlerSpec, observed
+from botocore import handlers as botocore_handlers
 
-_DYNAMODB_SEND = "before-send.dynamodb."
+HandlerSpec = tuple[str, Any] | tuple[str, Any, object]
+
+_bench_thread = threading.local()
+
+
+@contextmanager
+def on_new_clients(specs: Sequence[HandlerSpec]) -> Iterator[None]:
+    """Handlers for clients created inside the block (they keep them after it)."""
+    botocore_handlers.BUILTIN_HANDLERS.extend(specs)
+    try:
+        yield
+    finally:
+        for spec in specs:
+            botocore_handlers.BUILTIN_HANDLERS.remove(spec)
+
+
+@contextmanager
+def unobserved() -> Iterator[None]:
+    """Calls the benchmark makes itself (reading item sizes, creating tables) are not counted."""
+    previous = getattr(_bench_thread, "unobserved", False)
+    _bench_thread.unobserved = True
+    try:
+        yield
+    finally:
+        _bench_thread.unobserved = previous
+
+
+def observed() -> bool:
+    return not getattr(_bench_thread, "unobserved", False)
 
 
 class RoundTripProbe:
+    """Counts calls, sleeps ``latency_s`` per HTTP request, serialises moto's stub.
+
+    ``before-call`` fires once per API call, whatever the retries: the round trips a reader of
+    the code expects. ``before-send`` fires once per HTTP request, so the latency is paid per
+    attempt, as on a network; botocore emits it with ``emit``, not ``emit_until_response``, so
+    the sleep (registered first, before the stub answers) runs for moto in-process too.
+    moto in-process is not thread-safe (its ``TransactWriteItems`` deep-copies the tables while
+    other threads write them), so the same handlers hold a lock around its stub, the sleeps
+    outside it overlapping as network waits do; for a real endpoint the lock covers no I/O.
+    ``needs-retry``, emitted after every attempt, releases it if the stub raised first.
+    """
+
     def __init__(self) -> None:
         self.latency_s = 0.0
+        self.calls = 0
         self._lock = threading.Lock()
-        self._calls: Counter[str] = Counter()
         self._server = threading.Lock()
         self._in_server = threading.local()
 
@@ -42,26 +73,18 @@ class RoundTripProbe:
             # On moto's own node, "before-send": botocore runs the handlers of a more
             # specific name ("before-send.dynamodb") before all of a broader name's, so
             # only there do first and last bracket moto's stub.
-            ("before-send", self._on_send_start, REGISTER_FIRST),
-            ("before-send", self._on_send_end, REGISTER_LAST),
+            ("before-send", self._on_send_start, botocore_handlers.REGISTER_FIRST),
+            ("before-send", self._on_send_end, botocore_handlers.REGISTER_LAST),
             ("needs-retry.dynamodb", self._on_send_end),
         ]
 
-    def calls(self) -> int:
-        with self._lock:
-            return sum(self._calls.values())
-
-    def calls_by_operation(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._calls)
-
-    def _on_call(self, model: Any, **_: Any) -> None:
+    def _on_call(self, **_: Any) -> None:
         if observed():
             with self._lock:
-                self._calls[model.name] += 1
+                self.calls += 1
 
     def _on_send_start(self, event_name: str, **_: Any) -> None:
-        if not event_name.startswith(_DYNAMODB_SEND):
+        if not event_name.startswith("before-send.dynamodb."):
             return
         if observed() and self.latency_s > 0:
             time.sleep(self.latency_s)

@@ -15,20 +15,18 @@ runtime path's overhead.
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
+import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.timing import bench_function
-from local.function_runtime import FunctionRuntime
+from bench.timing import REPO_ROOT, bench_function, fresh_process_s
 from local.lambda_runtime import LambdaEnvironment
 from local.lambda_venv import venv_python
-from local.resources import FunctionSpec
+from testkit.lambda_sqs import LambdaContext
 
-ROOT = Path(__file__).resolve().parents[1]
 EMPTY_BATCH: dict[str, list[object]] = {"Records": []}
 # Names only: an empty batch makes no AWS call.
 ENVIRONMENT = {
@@ -43,15 +41,10 @@ ENVIRONMENT = {
     "POWERTOOLS_LOG_LEVEL": "WARNING",
     "POWERTOOLS_METRICS_DISABLED": "true",
 }
-_IN_PROCESS_COLD = """
-import json, sys, time
-started = time.perf_counter()
-sys.path.insert(0, sys.argv[1])
-from consumer.app import handler
-from testkit.lambda_sqs import LambdaContext
-handler({"Records": []}, LambdaContext())
-print(json.dumps({"ms": (time.perf_counter() - started) * 1000}))
-"""
+_IN_PROCESS_COLD = (
+    "from consumer.app import handler; from testkit.lambda_sqs import LambdaContext;"
+    " handler({'Records': []}, LambdaContext())"
+)
 
 
 def summary(samples: list[float]) -> str:
@@ -60,26 +53,14 @@ def summary(samples: list[float]) -> str:
     return f"median {statistics.median(ordered):7.1f} ms, p95 {p95:7.1f} ms (n={len(ordered)})"
 
 
-def cold_runtime(function: FunctionSpec, python: Path) -> float:
-    with LambdaEnvironment(function, ENVIRONMENT, python=python, name="cold") as environment:
-        started = time.perf_counter()
-        invocation = environment.invoke(EMPTY_BATCH)
-        elapsed = (time.perf_counter() - started) * 1000
+def runtime_ms(environment: LambdaEnvironment) -> float:
+    """One invocation of the empty batch through the runtime; a failed one would time something else."""
+    started = time.perf_counter()
+    invocation = environment.invoke(EMPTY_BATCH)
+    elapsed = (time.perf_counter() - started) * 1000
     if not invocation.succeeded:
-        raise RuntimeError(f"the runtime's first invocation failed: {invocation.error}")
+        raise RuntimeError(f"the runtime's invocation failed: {invocation.error}")
     return elapsed
-
-
-def cold_in_process() -> float:
-    answer = subprocess.run(
-        [sys.executable, "-c", _IN_PROCESS_COLD, str(ROOT / "src")],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-        env={**ENVIRONMENT, "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
-    return float(json.loads(answer.stdout.strip().splitlines()[-1])["ms"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,29 +69,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm", type=int, default=200, help="warm invocations each (default 200)")
     parser.add_argument("--memory", type=int, default=512, help="the runtime's memory size, MB (default 512)")
     args = parser.parse_args(argv)
-    function = bench_function(
-        args.memory, handler="consumer.app.handler", code_dir=ROOT / "src", environment=ENVIRONMENT
-    )
+    src = REPO_ROOT / "src"
+    function = bench_function(args.memory, handler="consumer.app.handler", code_dir=src)
     python = venv_python()
+    in_process_environment = {
+        **ENVIRONMENT,
+        "PYTHONPATH": os.pathsep.join([str(src), str(REPO_ROOT)]),
+        "PATH": "/usr/bin:/bin",
+    }
 
     cold: dict[str, list[float]] = {"runtime": [], "in process": []}
     for _ in range(args.cold):
-        cold["runtime"].append(cold_runtime(function, python))
-        cold["in process"].append(cold_in_process())
+        with LambdaEnvironment(function, ENVIRONMENT, python=python, name="cold") as environment:
+            cold["runtime"].append(runtime_ms(environment))
+        in_process_s = fresh_process_s(Path(sys.executable), _IN_PROCESS_COLD, in_process_environment)
+        cold["in process"].append(in_process_s * 1000)
 
+    # Loaded as Lambda's runtime loads it: the environment set first (nothing here has imported consumer.app).
+    os.environ.update(ENVIRONMENT)
+    handler = importlib.import_module("consumer.app").handler
     warm: dict[str, list[float]] = {"runtime": [], "in process": []}
-    with (
-        LambdaEnvironment(function, ENVIRONMENT, python=python, name="warm") as environment,
-        FunctionRuntime(function, ENVIRONMENT) as in_process,
-    ):
+    with LambdaEnvironment(function, ENVIRONMENT, python=python, name="warm") as environment:
         environment.invoke(EMPTY_BATCH)
-        in_process.invoke(EMPTY_BATCH)
+        handler(EMPTY_BATCH, LambdaContext())
         for _ in range(args.warm):
+            warm["runtime"].append(runtime_ms(environment))
             started = time.perf_counter()
-            environment.invoke(EMPTY_BATCH)
-            warm["runtime"].append((time.perf_counter() - started) * 1000)
-            started = time.perf_counter()
-            in_process.invoke(EMPTY_BATCH)
+            handler(EMPTY_BATCH, LambdaContext())
             warm["in process"].append((time.perf_counter() - started) * 1000)
 
     print(f"Handler on an empty batch; runtime at {args.memory} MB's CPU share, in process without a quota.")

@@ -1,32 +1,30 @@
-"""Batch wall time and CPU per record at Lambda's CPU share, the systems taking turns.
+"""Batch wall time and CPU per record at Lambda's CPU share, and cold starts, the systems taking turns.
 
-Each system is a function of its own in ``local.lambda_runtime`` (emulator + awslambdaric),
-started at the memory size measured, so the cgroup quota gives it that size's share of a
-core; DynamoDB Local, the conflict proxy and this harness run outside the quota. The
-clocks are read inside the function (``bench.function``). Systems alternate within each
-repetition in a rotating order, so a slow moment of the machine is shared out. Repetitions
-go on until every system's median has a 95% confidence interval within ``precision`` of
-it, or ``max_repetitions`` is reached (then the table says so with the interval).
+Each system is a Lambda function of its own (``local.lambda_runtime``) at the memory size measured;
+the clocks are read inside it (``bench.function``). See methodology.md for the rounds and intervals.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
 import statistics
+import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.runs import BatchFailed
-from bench.systems import SYSTEM_ENV
+from local import cpu_quota
+from local.aws import DUMMY_CREDENTIALS_ENV
 from local.lambda_runtime import LambdaEnvironment, LambdaFleet
+from local.lambda_venv import venv_python
 from local.resources import FunctionSpec
-from testkit.lambda_sqs import sqs_event
+from testkit.lambda_sqs import REGION, sqs_event
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-_CONFIDENCE_Z = 1.959964
 
 
 def median_ci(values: Sequence[float]) -> tuple[float, float]:
@@ -39,28 +37,18 @@ def median_ci(values: Sequence[float]) -> tuple[float, float]:
     n = len(ordered)
     if n < 6:
         return ordered[0], ordered[-1]
-    cumulative, k = 0.0, 0
-    while True:
-        cumulative += math.comb(n, k) / 2**n
-        if cumulative > 0.025:
-            break
-        k += 1
-    k = max(k, 1)
+    below = itertools.accumulate(math.comb(n, i) / 2**n for i in range(n + 1))  # P(B <= i)
+    k = max(1, next(i for i, probability in enumerate(below) if probability > 0.025))
     return ordered[k - 1], ordered[n - k]
 
 
 @dataclass
 class Samples:
     wall_s: list[float] = field(default_factory=list)
-    cpu_s: list[float] = field(default_factory=list)
-    records: int = 1
+    record_cpu_s: list[float] = field(default_factory=list)  # each batch's CPU per record
     # The cgroup's own count of time its processes waited for quota, over the timed batches.
     throttled_s: float = 0.0
     throttled_periods: int = 0
-
-    @property
-    def throttled_per_batch_s(self) -> float:
-        return self.throttled_s / len(self.wall_s)
 
     @property
     def median_s(self) -> float:
@@ -71,22 +59,21 @@ class Samples:
         return median_ci(self.wall_s)
 
     @property
-    def ci_relative(self) -> float:
-        """The interval's farther end from the median, as a fraction of the median."""
-        low, high = self.ci_s
-        return max(self.median_s - low, high - self.median_s) / self.median_s
-
-    @property
     def cpu_per_record_s(self) -> float:
-        return statistics.median(self.cpu_s) / self.records
+        return statistics.median(self.record_cpu_s)
 
     @property
-    def cpu_per_record_ci_s(self) -> tuple[float, float]:
-        low, high = median_ci(self.cpu_s)
-        return low / self.records, high / self.records
+    def throttled_per_batch_s(self) -> float:
+        return self.throttled_s / len(self.wall_s)
 
 
-def throttling(function: LambdaEnvironment) -> tuple[int, float]:
+def in_turns(names: Sequence[str], repetition: int) -> list[str]:
+    """Every system once, each repetition starting one further: a slow moment of the machine is shared out."""
+    turn = repetition % len(names)
+    return [*names[turn:], *names[:turn]]
+
+
+def _throttling(function: LambdaEnvironment) -> tuple[int, float]:
     """Periods in which the function's cgroup ran out of quota, and the time it waited: (0, 0.0) without one."""
     if function.quota is None:
         return 0, 0.0
@@ -98,13 +85,7 @@ def throttling(function: LambdaEnvironment) -> tuple[int, float]:
     return int(fields["nr_throttled"]), waited_s
 
 
-def bench_function(
-    memory_mb: int,
-    *,
-    handler: str = "bench.function.handler",
-    code_dir: Path = REPO_ROOT,
-    environment: Mapping[str, str] | None = None,
-) -> FunctionSpec:
+def bench_function(memory_mb: int, handler: str = "bench.function.handler", code_dir: Path = REPO_ROOT) -> FunctionSpec:
     """``handler`` as a Lambda function of ``memory_mb`` (by default the benchmark's, the repository as its code)."""
     name = handler.rpartition(".")[0].replace(".", "-")
     return FunctionSpec(
@@ -115,7 +96,7 @@ def bench_function(
         code_dir=code_dir,
         timeout_s=120,
         memory_mb=memory_mb,
-        environment=dict(environment or {}),
+        environment={},  # unread by local.lambda_runtime: each environment is given its variables
         triggers=(),
     )
 
@@ -128,11 +109,8 @@ def system_functions(
     with ExitStack() as stack:
         functions = {}
         for name, variables in environments.items():
-            environment = {**variables, SYSTEM_ENV: name}
-            fleet = stack.enter_context(
-                LambdaFleet(bench_function(memory_mb), environment, memory_mb=memory_mb, cpu_share=cpu_share)
-            )
-            functions[name] = fleet.add()
+            fleet = LambdaFleet(bench_function(memory_mb), variables, memory_mb=memory_mb, cpu_share=cpu_share)
+            functions[name] = stack.enter_context(fleet).add()
         yield functions
 
 
@@ -141,10 +119,10 @@ def invoke(
 ) -> dict[str, Any]:
     invocation = function.invoke({"latency_ms": latency_ms, "event": sqs_event(bodies), "profile": profile})
     if not invocation.succeeded:
-        raise BatchFailed(f"{function.name}: the invocation failed: {invocation.error or 'timed out'}")
+        raise RuntimeError(f"{function.name}: the invocation failed: {invocation.error or 'timed out'}")
     answer: dict[str, Any] = invocation.response
     if answer["failed"]:
-        raise BatchFailed(f"{function.name}: {answer['failed']} of {len(bodies)} records failed")
+        raise RuntimeError(f"{function.name}: {answer['failed']} of {len(bodies)} records failed")
     return answer
 
 
@@ -155,25 +133,84 @@ def time_batches(
     latency_ms: float,
     min_repetitions: int,
     max_repetitions: int,
-    precision: float = 0.10,
+    precision: float,
 ) -> dict[str, Samples]:
     """Samples per system: each repetition runs every system once on fresh records, in turn."""
-    names = list(functions)
-    for name in names:
-        invoke(functions[name], batch(), latency_ms)  # untimed: connections and lanes, as a warm container
-    samples: dict[str, Samples] = {name: Samples() for name in names}
+    for function in functions.values():
+        invoke(function, batch(), latency_ms)  # untimed: connections and lanes, as a warm container
+    samples = {name: Samples() for name in functions}
     for repetition in range(max_repetitions):
-        turn = repetition % len(names)
-        for name in [*names[turn:], *names[:turn]]:
+        for name in in_turns(list(functions), repetition):
             bodies = batch()
-            periods, waited_s = throttling(functions[name])
+            periods, waited_s = _throttling(functions[name])
             answer = invoke(functions[name], bodies, latency_ms)
-            periods_after, waited_after_s = throttling(functions[name])
+            periods_after, waited_after_s = _throttling(functions[name])
             samples[name].throttled_periods += periods_after - periods
             samples[name].throttled_s += waited_after_s - waited_s
-            samples[name].records = len(bodies)
             samples[name].wall_s.append(answer["wall_s"])
-            samples[name].cpu_s.append(answer["cpu_s"])
-        if repetition + 1 >= min_repetitions and all(s.ci_relative <= precision for s in samples.values()):
+            samples[name].record_cpu_s.append(answer["cpu_s"] / len(bodies))
+        if repetition + 1 >= min_repetitions and all(_ci_relative(s) <= precision for s in samples.values()):
             break
     return samples
+
+
+def _ci_relative(samples: Samples) -> float:
+    """The interval's farther end from the median, as a fraction of the median."""
+    low, high = samples.ci_s
+    return max(samples.median_s - low, high - samples.median_s) / samples.median_s
+
+
+# Cold starts run what each system's init phase runs (``bench.systems.INITIALISATION``) with these variables.
+_COLD_START_ENVIRONMENT = {
+    **DUMMY_CREDENTIALS_ENV,
+    "IDEMPOTENCY_TABLE_NAME": "idempotency",
+    "LEDGER_TABLE_NAME": "ledger",
+    "DEAD_LETTER_QUEUE_URL": f"https://sqs.{REGION}.amazonaws.com/000000000000/dead-letters",
+    "RECEIPT_WEBHOOK_URL": "http://127.0.0.1:9/receipts",
+    "POWERTOOLS_SERVICE_NAME": "idempotent-consumer",
+    "POWERTOOLS_METRICS_NAMESPACE": "IdempotentConsumer",
+    "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)]),
+}
+# The child joins the cgroup itself, then execs Python: nothing it runs escapes the quota.
+_IN_CGROUP = 'echo $$ > "$0" && exec "$@"'
+
+
+def fresh_process_s(
+    python: Path, statement: str, environment: Mapping[str, str], quota: cpu_quota.CpuQuota | None = None
+) -> float:
+    """Seconds ``statement`` takes in a new process of ``python``, timed inside it, under ``quota`` if any."""
+    script = f"import time; started = time.perf_counter(); {statement}; print(time.perf_counter() - started)"
+    command = [str(python), "-c", script]
+    if quota is not None:
+        command = ["/bin/sh", "-c", _IN_CGROUP, str(quota.path / "cgroup.procs"), *command]
+    completed = subprocess.run(
+        command, env=environment, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"a fresh process failed: {completed.stderr.strip()[-2000:]}")
+    return float(completed.stdout.strip().splitlines()[-1])
+
+
+def measure_cold_starts(initialisation: Mapping[str, str], processes: int, memory_mb: int) -> dict[str, Samples]:
+    """``processes`` fresh processes per system (name -> its init), taking turns, each under ``memory_mb``'s share."""
+    inherited = {
+        name: value for name, value in os.environ.items() if not name.startswith(("AWS_ENDPOINT_URL", "PYTHON"))
+    }
+    environment = {**inherited, **_COLD_START_ENVIRONMENT}
+    python = venv_python()
+    try:
+        quota: cpu_quota.CpuQuota | None = cpu_quota.create(cpu_quota.unique_name("bench-cold"), memory_mb)
+    except cpu_quota.CpuQuotaUnavailable:
+        quota = None
+    try:
+        # One untimed process per system first writes the bytecode caches, as a deployed package's would be.
+        for statement in initialisation.values():
+            fresh_process_s(python, statement, environment, quota)
+        starts = {name: Samples() for name in initialisation}
+        for index in range(processes):
+            for name in in_turns(list(initialisation), index):
+                starts[name].wall_s.append(fresh_process_s(python, initialisation[name], environment, quota))
+    finally:
+        if quota is not None:
+            quota.remove()
+    return starts

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.backends import Backend, moto_backend
 from bench.capacity import CapacityMeter, item_size, number_size, read_units, write_units
 from bench.costs import (
     DUPLICATE_IN_BATCH,
@@ -20,13 +19,13 @@ from bench.costs import (
     DUPLICATE_OPTIMISTIC,
     NEW_LOCK,
     NEW_OPTIMISTIC,
+    Backend,
     Cost,
-    CostRecorder,
     message_costs,
+    moto_backend,
 )
-from bench.hooks import on_new_clients
-from bench.probe import RoundTripProbe
-from bench.systems import ThisConsumer, system_settings
+from bench.probe import RoundTripProbe, on_new_clients
+from bench.systems import ThisConsumer
 from consumer import app
 from testkit.messages import MessageFactory
 from testkit.webhook import WebhookSink
@@ -50,8 +49,8 @@ def consumer_costs(backend: Backend, probe: RoundTripProbe) -> dict[str, Cost]:
     meter = CapacityMeter(backend.reader)
     with WebhookSink() as webhook:
         with on_new_clients(meter.handler_specs()):
-            consumer = ThisConsumer(system_settings(backend, "consumer", webhook.receipts_url))
-        return message_costs(consumer, MessageFactory(), CostRecorder(probe, meter), count=3)
+            consumer = ThisConsumer(backend.settings(ThisConsumer.name, webhook.receipts_url))
+        return message_costs(consumer, MessageFactory(), probe, meter, count=3)
 
 
 def test_a_new_optimistic_message_costs_one_call(consumer_costs: dict[str, Cost]) -> None:
@@ -78,12 +77,12 @@ def test_no_message_reads_dynamodb(consumer_costs: dict[str, Cost]) -> None:
 
 def test_the_latency_hook_delays_requests_answered_by_moto_in_process(backend: Backend, probe: RoundTripProbe) -> None:
     client = backend.reader  # created inside the probe's hooks, like the systems' clients
-    tables = backend.create_tables("latency")
+    table = backend.settings("latency", "").idempotency_table_name
     probe.latency_s = 0.05
     started = time.perf_counter()
-    client.get_item(TableName=tables.idempotency, Key={"id": {"S": "absent"}})
+    client.get_item(TableName=table, Key={"id": {"S": "absent"}})
     assert time.perf_counter() - started >= 0.05
-    assert probe.calls() == 1
+    assert probe.calls == 1
 
 
 def test_item_size_follows_dynamodb_rules() -> None:

@@ -7,8 +7,7 @@ import random
 
 import pytest
 
-from bench.costs import Cost
-from bench.pricing import DYNAMODB_PER_WRITE_UNIT, LAMBDA_ARM64_PER_GB_S, SqsRequests, cost_per_million
+from bench.costs import DYNAMODB_PER_WRITE_UNIT, LAMBDA_ARM64_PER_GB_S, Cost, cost_per_million, sqs_requests
 from bench.timing import median_ci
 from testkit.messages import MessageFactory
 
@@ -51,8 +50,8 @@ def test_dynamodb_cost_follows_the_write_units() -> None:
 
 
 def test_sqs_requests_per_message_shrink_with_the_batch() -> None:
-    assert SqsRequests(10).total == pytest.approx(1.2)
-    assert SqsRequests(1).total == pytest.approx(3.0)
+    assert sum(sqs_requests(10).values()) == pytest.approx(1.2)
+    assert sum(sqs_requests(1).values()) == pytest.approx(3.0)
 
 
 def test_a_hot_batch_credits_one_account_with_distinct_payments() -> None:

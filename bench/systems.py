@@ -1,0 +1,207 @@
+"""The three systems measured, each a Lambda handler over the same records and table shapes.
+
+The baselines run the consumer's own handlers for the business logic (schema, webhook,
+ledger writes) and apply the writes one call each, as their users would: only the
+idempotency mechanism differs between the three.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+import boto3
+from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.idempotency import (
+    DynamoDBPersistenceLayer,
+    IdempotencyConfig,
+    idempotent_function,
+)
+from botocore.exceptions import ClientError
+
+from consumer import app
+from consumer.config import Settings
+from consumer.envelope import Message, parse_message
+from consumer.handlers import MessageContext, MessageHandler, build_handlers
+from testkit.lambda_sqs import LambdaContext
+
+# Which system a benchmark function runs (bench.function reads it at init).
+SYSTEM_ENV = "BENCH_SYSTEM"
+
+
+def settings_environment(settings: Settings) -> dict[str, str]:
+    """The variables ``Settings.from_env`` reads ``settings`` back from."""
+    return {name.upper(): str(value) for name, value in settings.model_dump().items()}
+
+
+class ThisConsumer:
+    """The deployed Lambda entry point, ``consumer.app.handler``, unchanged."""
+
+    name = "this consumer"
+
+    def __init__(self, settings: Settings) -> None:
+        # build_consumer() reads the environment once and is cached for the container's
+        # life; one ThisConsumer at a time, so the cache is rebuilt for these tables.
+        with mock.patch.dict(os.environ, settings_environment(settings)):
+            app.build_consumer.cache_clear()
+            app.build_consumer()
+
+    def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+        return app.handler(event, context)
+
+
+@dataclass(frozen=True)
+class ParsedRecord:
+    message: Message
+    handler: MessageHandler[Any]
+    payload: Any
+
+
+class LedgerBusiness:
+    """The consumer's handlers, their ledger writes made by calls of their own, not in a transaction with the record."""
+
+    def __init__(self, client: Any, settings: Settings) -> None:
+        self._handlers = build_handlers(settings)
+        self._calls = {"Put": client.put_item, "Update": client.update_item, "Delete": client.delete_item}
+
+    def parse(self, record: dict[str, Any]) -> ParsedRecord:
+        message = parse_message(record)
+        handler = self._handlers[message.event_type]
+        return ParsedRecord(message, handler, handler.payload_model.model_validate(message.payload))
+
+    def apply(self, parsed: ParsedRecord, remaining_ms: Callable[[], int]) -> Any:
+        """Run the handler, then its writes in order, one DynamoDB call each; return its result."""
+        message = parsed.message
+        context = MessageContext(
+            message_id=message.message_id,
+            idempotency_key=message.idempotency_key,
+            receive_count=message.receive_count,
+            remaining_ms=remaining_ms,
+        )
+        effect = parsed.handler.handle(parsed.payload, context)
+        for write in effect.writes:
+            ((action, request),) = write.to_transact_item().items()
+            self._calls[action](**request)
+        return effect.result
+
+
+class PowertoolsBaseline:
+    """``BatchProcessor`` with ``idempotent_function`` on DynamoDB, composed as its documentation does for SQS.
+
+    Keyed on the body's key with payload validation (like the consumer's key-reuse check),
+    the Lambda context registered so an in-progress record expires with the invocation.
+    """
+
+    name = "Powertools"
+
+    def __init__(self, settings: Settings) -> None:
+        client = boto3.session.Session().client("dynamodb")
+        persistence = DynamoDBPersistenceLayer(table_name=settings.idempotency_table_name, boto3_client=client)
+        self._config = IdempotencyConfig(
+            event_key_jmespath="powertools_json(body).[eventType, metadata.idempotencyKey]",
+            payload_validation_jmespath="powertools_json(body).payload",
+            expires_after_seconds=settings.idempotency_ttl_seconds,
+        )
+        self._processor = BatchProcessor(event_type=EventType.SQS)
+        self._context: LambdaContext | None = None
+        business = LedgerBusiness(client, settings)
+
+        @idempotent_function(data_keyword_argument="record", persistence_store=persistence, config=self._config)
+        def record_handler(record: SQSRecord) -> Any:
+            assert self._context is not None
+            return business.apply(business.parse(record.raw_event), self._context.get_remaining_time_in_millis)
+
+        self._record_handler = record_handler
+
+    def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+        self._context = context
+        # Powertools types the context as its own class; Lambda passes any object of that shape.
+        self._config.register_lambda_context(context)  # type: ignore[arg-type]
+        return dict(
+            process_partial_response(
+                event=event,
+                record_handler=self._record_handler,
+                processor=self._processor,
+                context=context,  # type: ignore[arg-type]
+            )
+        )
+
+
+class SeedPattern:
+    """The seed articles' pattern, one record after another.
+
+    A conditional ``PutItem`` of the key as IN_PROGRESS; on ``ConditionalCheckFailed`` a
+    ``GetItem`` of its status (COMPLETED: a duplicate, skipped; otherwise in flight: failed,
+    to be retried); then the business writes, then an ``UpdateItem`` to COMPLETED.
+    """
+
+    name = "seed pattern"
+
+    def __init__(self, settings: Settings) -> None:
+        self._client = boto3.session.Session().client("dynamodb")
+        self._table = settings.idempotency_table_name
+        self._ttl_seconds = settings.idempotency_ttl_seconds
+        self._business = LedgerBusiness(self._client, settings)
+
+    def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+        failures = []
+        for record in event["Records"]:
+            try:
+                self._process(record, context)
+            except Exception:
+                failures.append({"itemIdentifier": record["messageId"]})
+        return {"batchItemFailures": failures}
+
+    def _process(self, record: dict[str, Any], context: LambdaContext) -> None:
+        parsed = self._business.parse(record)
+        key = {"id": {"S": parsed.message.record_id}}
+        try:
+            self._client.put_item(
+                TableName=self._table,
+                Item={
+                    **key,
+                    "status": {"S": "IN_PROGRESS"},
+                    "expiresAt": {"N": str(int(time.time()) + self._ttl_seconds)},
+                },
+                ConditionExpression="attribute_not_exists(id)",
+            )
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            existing = self._client.get_item(TableName=self._table, Key=key, ConsistentRead=True).get("Item", {})
+            if existing.get("status", {}).get("S") == "COMPLETED":
+                return
+            raise RuntimeError(f"{parsed.message.record_id} is in progress under another delivery") from None
+        self._business.apply(parsed, context.get_remaining_time_in_millis)
+        self._client.update_item(
+            TableName=self._table,
+            Key=key,
+            UpdateExpression="SET #status = :completed",
+            ExpressionAttributeNames={"#status": "status"},
+            ExpressionAttributeValues={":completed": {"S": "COMPLETED"}},
+        )
+
+
+System = ThisConsumer | PowertoolsBaseline | SeedPattern
+# In display order: this consumer first, then the baselines.
+SYSTEMS: tuple[type[System], ...] = (ThisConsumer, PowertoolsBaseline, SeedPattern)
+NAMES = [system.name for system in SYSTEMS]
+
+# Cold start: what each system's init phase runs before the first event, timed in a fresh process
+# (bench.timing.measure_cold_starts); the floor is what any function that talks to DynamoDB pays.
+BOTOCORE_FLOOR = "botocore floor"
+INITIALISATION = {
+    ThisConsumer.name: "import consumer.app; consumer.app.build_consumer()",
+    PowertoolsBaseline.name: (
+        "from aws_lambda_powertools.utilities.idempotency import"
+        " DynamoDBPersistenceLayer, IdempotencyConfig, idempotent_function;"
+        " DynamoDBPersistenceLayer(table_name='idempotency')"
+    ),
+    SeedPattern.name: "import boto3; boto3.session.Session().client('dynamodb')",
+    BOTOCORE_FLOOR: "import botocore.session; botocore.session.get_session().create_client('dynamodb')",
+}
