@@ -43,8 +43,11 @@ def show_checks(checks: list[Check], say: Callable[[str], None], indent: str = "
 
 
 def _drain(stack: DeployedStack, say: Callable[[str], None], sent: int) -> tuple[float, float]:
-    """Wait until the queue is empty, showing progress; the seconds until every message had been
-    handled once (the throughput), and until the queue was empty (retries wait out their backoff)."""
+    """Wait until the queue is empty, showing progress.
+
+    Returns the seconds until every message had been handled once (the throughput) and until
+    the queue was empty (retried records wait out their backoff).
+    """
     sqs = stack.servers.client("sqs")
     started = time.monotonic()
     received_before, deleted_before = stack.stats.received, stack.stats.deleted

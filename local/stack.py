@@ -19,8 +19,11 @@ from testkit.webhook import WebhookSink
 
 
 class DeployedStack:
-    """Build one with ``deploy_stack``; ``pollers(n)`` feeds the queue to the function as Lambda's
-    event source mapping would; ``runtime.invoke(event)`` invokes it directly."""
+    """The template deployed, built by ``deploy_stack``.
+
+    ``pollers(n)`` feeds the queue to the function as Lambda's event source mapping would;
+    ``runtime.invoke(event)`` invokes it directly.
+    """
 
     def __init__(self, servers: LocalServers, resources: LocalResources, fleet: LambdaFleet) -> None:
         self.servers = servers
