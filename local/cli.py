@@ -10,13 +10,15 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from local import dead_letters, hot, smoke, state
 from local.aws import DUMMY_CREDENTIALS_ENV, client
+from local.demo import run_demo
 from local.event_files import load_event, messages_from_event
-from local.function_output import send_stdout_to
+from local.function_output import command_output
 from local.invocation import Invocation
 from local.lambda_runtime import EmulatorExited, LambdaFleet, RuntimeStartError
 from local.lambda_venv import LambdaPythonMissing, LambdaVenvError
@@ -95,21 +97,19 @@ def _cpu_line(stack: DeployedStack) -> str:
     return quotas[0].describe() if quotas else "no CPU quota"
 
 
-def _batch_line(out: TextIO) -> Any:
+def _batch_line(say: Callable[[str], None]) -> Callable[[BatchReport], None]:
     lock = threading.Lock()
 
     def show(report: BatchReport) -> None:
-        kept = len(report.failed_ids)
         detail = f" ({report.verdict.value}: {report.detail})" if report.verdict.deletes_nothing else ""
         init_ms = report.invocation.init_duration_ms
         cold = f" cold start, init {init_ms:.0f} ms" if init_ms is not None else ""
+        line = (
+            f"{time.strftime('%H:%M:%S')} batch of {report.received}: {report.deleted} done, "
+            f"{len(report.failed_ids)} back to the queue{detail}  [{report.invocation.duration_s * 1000:.0f} ms{cold}]"
+        )
         with lock:
-            print(
-                f"{time.strftime('%H:%M:%S')} batch of {report.received}: {report.deleted} done, "
-                f"{kept} back to the queue{detail}  [{report.invocation.duration_s * 1000:.0f} ms{cold}]",
-                file=out,
-                flush=True,
-            )
+            say(line)
 
     return show
 
@@ -117,41 +117,39 @@ def _batch_line(out: TextIO) -> Any:
 def cmd_run(args: argparse.Namespace) -> int:
     if (running := state.read()) is not None:
         raise SystemExit(f"a local stack is already running (pid {running.pid}); stop it first")
-    FUNCTION_LOG.parent.mkdir(parents=True, exist_ok=True)
-    FUNCTION_LOG.write_text("", encoding="utf-8")
-    out = send_stdout_to(FUNCTION_LOG)
+    say = command_output(FUNCTION_LOG)
     stopping = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopping.set())
-    print("starting DynamoDB Local, the moto server and the webhook sink...", file=out, flush=True)
+    say("starting DynamoDB Local, the moto server and the webhook sink...")
     with running_stack(
         stack_name=args.stack_name,
         parameter_overrides=_parameters(args.param, fifo=args.fifo),
         publish=True,
         memory_mb=args.memory,
     ) as (stack, sink):
-        group = stack.pollers(args.pollers, on_batch=_batch_line(out))
-        print(_banner(stack, sink, args.pollers), file=out, flush=True)
+        group = stack.pollers(args.pollers, on_batch=_batch_line(say))
+        say(_banner(stack, sink, args.pollers))
         while not stopping.wait(0.5):
             pass
-        print("stopping...", file=out, flush=True)
+        say("stopping...")
         group.stop()
-    print("stopped: no process of the local stack is left running", file=out, flush=True)
+    say("stopped: no process of the local stack is left running")
     return 0
 
 
 # -- send ----------------------------------------------------------------------------------
 
 
+_GENERATED = {"PaymentReceived": messages.payments, "ReceiptRequested": messages.receipts}
+
+
 def _generated(args: argparse.Namespace) -> list[messages.Outgoing]:
     rng = random.Random(args.seed)
-    prefix = f"{args.prefix}-{int(time.time())}"
-    if args.type == "PaymentReceived":
-        originals = messages.payments(args.count, args.accounts, rng, prefix=prefix)
-    elif args.type == "ReceiptRequested":
-        originals = messages.receipts(args.count, args.accounts, rng, prefix=prefix)
+    if args.type == "poison":
+        originals = messages.poison(max(1, args.count // 3))  # one of each kind per 3
     else:
-        originals = messages.poison(max(1, args.count // 3))
+        originals = _GENERATED[args.type](args.count, args.accounts, rng, prefix=f"{args.prefix}-{int(time.time())}")
     return messages.with_resends(originals, args.duplicates, rng)
 
 
@@ -185,33 +183,32 @@ def _answer(invocation: Invocation) -> Any:
     return invocation.response
 
 
-def _failed(answer: Any) -> bool:
-    return isinstance(answer, dict) and "errorType" in answer
-
-
 def cmd_invoke(args: argparse.Namespace) -> int:
     event = load_event(Path(args.event))
     running = state.read()
+    notes: list[str] = []
     if running is not None:
         fleet = LambdaFleet(
             running.function_spec(), running.function_environment, memory_mb=args.memory, log_sink=sys.stderr
         )
         with fleet:
             answer = _answer(fleet.start(1).environments[0].invoke(event))
-        print(json.dumps(answer, indent=2))
-        return 1 if _failed(answer) else 0
-    print("no local stack is running: starting one for this invocation", file=sys.stderr)
-    with running_stack(stack_name=args.stack_name, memory_mb=args.memory, log_sink=sys.stderr) as (stack, sink):
-        response = _answer(stack.runtime.invoke(event))
-        sqs = stack.servers.client("sqs")
-        parked = dead_letters.peek(sqs, stack.dead_letter_queue.url)
-        received = sink.received()
-    print(json.dumps(response, indent=2))
-    for letter in parked:
-        print(f"dead-lettered: {letter.reason}", file=sys.stderr)
-    for request in received:
-        print(f"webhook received POST {request.path} Idempotency-Key: {request.idempotency_key}", file=sys.stderr)
-    return 1 if _failed(response) else 0
+    else:
+        print("no local stack is running: starting one for this invocation", file=sys.stderr)
+        with running_stack(stack_name=args.stack_name, memory_mb=args.memory, log_sink=sys.stderr) as (stack, sink):
+            answer = _answer(stack.runtime.invoke(event))
+            notes += [
+                f"dead-lettered: {letter.reason}"
+                for letter in dead_letters.peek(stack.servers.client("sqs"), stack.dead_letter_queue.url)
+            ]
+            notes += [
+                f"webhook received POST {request.path} Idempotency-Key: {request.idempotency_key}"
+                for request in sink.received()
+            ]
+    print(json.dumps(answer, indent=2))
+    for note in notes:
+        print(note, file=sys.stderr)
+    return 1 if isinstance(answer, dict) and "errorType" in answer else 0
 
 
 # -- dlq, redrive --------------------------------------------------------------------------
@@ -283,17 +280,11 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--duplicates", type=float, default=0.25)
     demo.add_argument("--seed", type=int, default=7)
     demo.add_argument("--fifo", action="store_true", help=FIFO_HELP + ", and check each group's order")
-    demo.set_defaults(handler=_demo)
+    demo.set_defaults(handler=run_demo)
 
     smoke.add_parser(commands)
     hot.add_parser(commands)
     return root
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from local.demo import run_demo  # noqa: PLC0415 (only this command needs it)
-
-    return run_demo(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,8 @@ from testkit.messages import is_fifo
 
 # Attributes the consumer adds when it dead-letters a message; a redriven message starts clean.
 _REASON_ATTRIBUTES = frozenset({"ErrorType", "ErrorMessage", "OriginalMessageId"})
+# ReceiveMessage returns list fields SendMessage refuses when empty.
+_SENDABLE_FIELDS = ("DataType", "StringValue", "BinaryValue")
 _RECEIVE_MAX = 10
 
 
@@ -47,40 +49,43 @@ def _dead_letter(message: dict[str, Any]) -> DeadLetter:
     )
 
 
+def _receive(sqs: Any, queue_url: str, **options: Any) -> list[DeadLetter]:
+    answer = sqs.receive_message(
+        QueueUrl=queue_url,
+        MaxNumberOfMessages=_RECEIVE_MAX,
+        MessageAttributeNames=["All"],
+        MessageSystemAttributeNames=["MessageGroupId"],
+        **options,
+    )
+    return [_dead_letter(message) for message in answer.get("Messages") or []]
+
+
+def _take_all(sqs: Any, queue_url: str) -> list[DeadLetter]:
+    """Every message in the queue, each once, left hidden for 30 s (so each receive brings new ones)."""
+    taken: dict[str, DeadLetter] = {}
+    while True:
+        received = _receive(sqs, queue_url, VisibilityTimeout=30, WaitTimeSeconds=0)
+        fresh = {letter.message_id: letter for letter in received if letter.message_id not in taken}
+        if not fresh:
+            return list(taken.values())
+        taken.update(fresh)
+
+
 def peek(sqs: Any, queue_url: str) -> list[DeadLetter]:
     """Every message in the queue, each once, left in the queue and visible again afterwards."""
-    seen: dict[str, DeadLetter] = {}
-    try:
-        while True:
-            answer = sqs.receive_message(
-                QueueUrl=queue_url,
-                MaxNumberOfMessages=_RECEIVE_MAX,
-                # Hidden while we page through, so each receive brings new ones.
-                VisibilityTimeout=30,
-                MessageAttributeNames=["All"],
-                WaitTimeSeconds=0,
-            )
-            fresh = [m for m in answer.get("Messages") or [] if m["MessageId"] not in seen]
-            if not fresh:
-                return list(seen.values())
-            seen.update((m["MessageId"], _dead_letter(m)) for m in fresh)
-    finally:
-        _show_again(sqs, queue_url, list(seen.values()))
+    letters = _take_all(sqs, queue_url)
+    _show_again(sqs, queue_url, letters)
+    return letters
 
 
 def drain(sqs: Any, queue_url: str) -> list[DeadLetter]:
     """Every message in the queue, taken out of it (for tests that read each letter once)."""
     taken: list[DeadLetter] = []
-    while True:
-        answer = sqs.receive_message(
-            QueueUrl=queue_url, MaxNumberOfMessages=_RECEIVE_MAX, MessageAttributeNames=["All"], WaitTimeSeconds=0
-        )
-        letters = [_dead_letter(message) for message in answer.get("Messages") or []]
-        if not letters:
-            return taken
+    while letters := _receive(sqs, queue_url, WaitTimeSeconds=0):
         taken += letters
         for letter in letters:
             sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=letter.receipt_handle)
+    return taken
 
 
 def reasons(letters: list[DeadLetter]) -> dict[str, str | None]:
@@ -101,53 +106,26 @@ def _show_again(sqs: Any, queue_url: str, letters: list[DeadLetter]) -> None:
 def redrive(sqs: Any, dead_letter_url: str, queue_url: str) -> int:
     """Send the dead letters there are now back to the queue (idempotency key kept), deleting them here.
 
-    Only those present when it starts: a redriven poison message that is dead-lettered
-    again while this runs stays in the dead-letter queue.
+    All are received (and hidden) before the first is sent back, so a redriven poison message
+    dead-lettered again while this runs stays in the dead-letter queue.
     """
-    targets = {letter.message_id for letter in peek(sqs, dead_letter_url)}
-    moved: set[str] = set()
-    skipped: dict[str, DeadLetter] = {}
-    try:
-        while targets - moved:
-            answer = sqs.receive_message(
-                QueueUrl=dead_letter_url,
-                MaxNumberOfMessages=_RECEIVE_MAX,
-                VisibilityTimeout=30,
-                MessageAttributeNames=["All"],
-                MessageSystemAttributeNames=["MessageGroupId"],
-                WaitTimeSeconds=1,
-            )
-            fresh = [
-                _dead_letter(m) for m in answer.get("Messages") or [] if m["MessageId"] not in moved | set(skipped)
-            ]
-            if not fresh:
-                break
-            for letter in fresh:
-                if letter.message_id not in targets:
-                    skipped[letter.message_id] = letter
-                    continue
-                _send_back(sqs, queue_url, letter)
-                sqs.delete_message(QueueUrl=dead_letter_url, ReceiptHandle=letter.receipt_handle)
-                moved.add(letter.message_id)
-    finally:
-        _show_again(sqs, dead_letter_url, list(skipped.values()))
-    return len(moved)
+    letters = _take_all(sqs, dead_letter_url)
+    for letter in letters:
+        _send_back(sqs, queue_url, letter)
+        sqs.delete_message(QueueUrl=dead_letter_url, ReceiptHandle=letter.receipt_handle)
+    return len(letters)
 
 
 def _send_back(sqs: Any, queue_url: str, letter: DeadLetter) -> None:
-    kept = {name: value for name, value in letter.attributes.items() if name not in _REASON_ATTRIBUTES}
     request: dict[str, Any] = {"QueueUrl": queue_url, "MessageBody": letter.body}
+    kept = {
+        name: {key: value for key, value in attribute.items() if key in _SENDABLE_FIELDS}
+        for name, attribute in letter.attributes.items()
+        if name not in _REASON_ATTRIBUTES
+    }
     if kept:
-        request["MessageAttributes"] = _sendable(kept)
+        request["MessageAttributes"] = kept
     if is_fifo(queue_url):
         # Back into its own group; a new deduplication id, or SQS would drop a redrive within 5 minutes of the send.
         request.update(MessageGroupId=letter.group_id or "redriven", MessageDeduplicationId=uuid.uuid4().hex)
     sqs.send_message(**request)
-
-
-def _sendable(attributes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    # ReceiveMessage returns list fields SendMessage refuses when empty.
-    return {
-        name: {key: value for key, value in attribute.items() if key in ("DataType", "StringValue", "BinaryValue")}
-        for name, attribute in attributes.items()
-    }

@@ -1,18 +1,10 @@
 """Per-group order on a FIFO queue, checked from what the pollers completed and what the ledger holds.
 
-SQS FIFO promises that a message group's messages are handed out in the order sent, and
-the consumer stops a group at its first failure (reporting the rest), so a group's messages
-must complete in the order they were sent, a failed one holding back every later one.
-Two views check it:
-
-- ``CompletionLog`` records, from every poller's batch reports, the order in which messages
-  ended (deleted after the function's answer); a group held by SQS while one of its
-  messages is in flight makes the order of a group's batches the order of its completions.
-- The ledger's payment entries carry the ``messageId`` that applied them: in order, that
-  is the first copy sent of each payment, never a resend that overtook it.
-
-moto's ``SequenceNumber`` is random rather than increasing per group (AWS's is increasing),
-so the order sent is taken from the send itself: ``send_all`` returns messages in send order.
+SQS hands out a message group's messages in the order sent, and the consumer stops a group at
+its first failure, so a group's messages must complete in the order sent (``CompletionLog``,
+``out_of_order``), and each payment's ledger entry must carry its first copy's ``messageId``
+(``not_first_copies``). The order sent is the send's own (``send_all`` keeps it): moto's
+``SequenceNumber`` is random, not increasing per group as AWS's is.
 """
 
 from __future__ import annotations
@@ -49,8 +41,7 @@ class CompletionLog:
 def out_of_order(sent: Mapping[str, Outgoing], completed: Mapping[str, int]) -> list[str]:
     """A line per message that completed before one sent earlier in its group, or never completed.
 
-    ``sent`` maps messageId to message in send order; ``completed`` maps messageId to its
-    position in the completion order.
+    ``sent``: messageId -> message, in send order; ``completed``: messageId -> its completion position.
     """
     problems: list[str] = []
     latest: dict[str, tuple[int, str]] = {}
@@ -80,17 +71,13 @@ def payment_entries(dynamodb: Any, ledger_table: str) -> dict[str, str]:
 
 
 def not_first_copies(sent: Mapping[str, Outgoing], applied_by: Mapping[str, str]) -> list[str]:
-    """A line per payment whose ledger entry was written by another message than its first copy sent.
-
-    ``applied_by`` maps paymentId to the messageId of its ledger entry (``payment_entries``).
-    """
+    """A line per payment applied by another message than its first copy sent (``applied_by``: ``payment_entries``)."""
     first_copy: dict[str, str] = {}
     for message_id, message in sent.items():
         if message.kind == "payment" and message.payload is not None:
             first_copy.setdefault(message.payload["paymentId"], message_id)
-    problems = []
-    for payment_id, message_id in first_copy.items():
-        applied = applied_by.get(payment_id)
-        if applied != message_id:
-            problems.append(f"payment {payment_id}: applied by {applied}, its first copy sent was {message_id}")
-    return problems
+    return [
+        f"payment {payment_id}: applied by {applied_by.get(payment_id)}, its first copy sent was {message_id}"
+        for payment_id, message_id in first_copy.items()
+        if applied_by.get(payment_id) != message_id
+    ]

@@ -1,21 +1,10 @@
 """``make hot``: a hot account through the conflict emulation, measured against its serial limit.
 
-The hot-item targets, measured. For each spread of payments (every one on ONE
-account, then over 100 accounts), on the local stack with the conflict emulation and a
-latency injected on every DynamoDB call:
-
-- the serial limit: ONE poller applying payments of one account (the same pipeline and
-  batch size; the consumer runs a batch's payments to one account one after another), same
-  stack, same run; and for context the item's ceiling: payment-shaped transactions sent one
-  after another straight to DynamoDB, no consumer at all;
-- the pipeline: the payments, and a share of receipt requests (lock mode, webhook) on the
-  same accounts, sent as fast as SQS takes them while the pollers consume them.
-
-It prints throughput and its share of the serial limit, send-to-applied p50/p99 (under a
-backlog: everything is sent at once), records returned to SQS, healthy messages
-dead-lettered (every message is healthy), webhook calls repeated, the conflicts the proxy
-raised, the consumer's own outcome counts (EMF) and whether every balance is the sum of its
-distinct payments. Exit 1 when a target is missed.
+For each spread of payments (all on ONE account, then over 100 accounts), with a latency added
+to every DynamoDB call: the serial limit (ONE poller, one account's payments, same pipeline) and
+the item's ceiling (payment-shaped transactions straight to DynamoDB, one after another), then
+the pipeline: payments and a share of receipt requests on those accounts, all sent at once while
+the pollers consume them. Exit 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -36,7 +25,6 @@ from local.conflict_emulation import DEFAULT_HOLD_MS, ConflictEmulation
 from local.dynamodb_local import DynamoDBLocal
 from local.function_output import METRICS, command_output, outcome_counts
 from local.invocation import Invocation, Invoker
-from local.ledger import ledger_totals
 from local.poller import Poller, PollerGroup, reported_failures
 from local.resources import FunctionSpec
 from local.servers import LocalServers
@@ -234,14 +222,6 @@ def _pipeline(
     return tracker, first_sent, last_done
 
 
-def _dead_lettered(stack: DeployedStack) -> int:
-    attributes = stack.servers.client("sqs").get_queue_attributes(
-        QueueUrl=stack.dead_letter_queue.url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesNotVisible"])
-
-
 def _percentile(values: Sequence[float], share: float) -> float:
     if len(values) < 2:
         return values[0] if values else float("nan")
@@ -275,8 +255,8 @@ def measure(
             proxy_before = dynamodb.proxy.stats() if dynamodb.proxy else {}
             tracker, first_sent, last_done = _pipeline(stack, messages, args.pollers, args.timeout, say)
             proxy_after = dynamodb.proxy.stats() if dynamodb.proxy else {}
-            dead_lettered = _dead_lettered(stack)
-            balances, _, _ = ledger_totals(stack)
+            dead_lettered = sum(outgoing.queue_counts(stack.servers.client("sqs"), stack.dead_letter_queue.url))
+            balances, _, _ = stack.ledger_totals()
         finally:
             stack.stop()
     latencies = [tracker.done_at[i] - tracker.sent_at[i] for i in tracker.done_at if i in tracker.sent_at]
@@ -305,23 +285,23 @@ def measure(
 def report(figures: Figures, args: argparse.Namespace, say: Callable[[str], None]) -> None:
     spread = "ONE account" if figures.accounts == 1 else f"{figures.accounts} accounts"
     say(f"\n{figures.messages} messages on {spread} ({args.receipts:.0%} receipt requests)")
-    say(f"  item ceiling (raw transactions, 1 item) {figures.ceiling_per_s:8.1f} payments/s")
-    say(f"  serial limit (1 poller, one account)    {figures.serial_per_s:8.1f} payments/s")
-    say(
-        f"  pipeline throughput                     {figures.throughput_per_s:8.1f} msg/s"
-        f" = {figures.share_of_serial:.0%} of the serial limit (target >= {THROUGHPUT_TARGET:.0%})"
-    )
-    say(f"  send to applied p50 / p99               {figures.p50_s:8.2f} s / {figures.p99_s:.2f} s (all sent at once)")
-    say(
-        f"  returned to SQS                         {figures.returned:8d} of {figures.deliveries} deliveries"
-        f" = {figures.returned_share:.1%} of messages (target < {RETURNED_TARGET:.0%})"
-    )
-    say(f"  healthy messages in the DLQ             {figures.dead_lettered:8d} (target 0)")
-    say(f"  webhook calls repeated                  {figures.webhook_repeats:8d} (target 0)")
-    say(f"  not applied within {args.timeout:.0f}s              {figures.not_done:8d}")
-    say(f"  balances not the sum of their applied payments {figures.wrong_balances:d}")
-    say(f"  conflict proxy                          {figures.proxy}")
-    say(f"  consumer outcomes (EMF)                 {figures.outcomes}")
+    rows = {
+        "item ceiling (raw transactions, 1 item)": f"{figures.ceiling_per_s:8.1f} payments/s",
+        "serial limit (1 poller, one account)": f"{figures.serial_per_s:8.1f} payments/s",
+        "pipeline throughput": f"{figures.throughput_per_s:8.1f} msg/s = {figures.share_of_serial:.0%} of the "
+        f"serial limit (target >= {THROUGHPUT_TARGET:.0%})",
+        "send to applied p50 / p99": f"{figures.p50_s:8.2f} s / {figures.p99_s:.2f} s (all sent at once)",
+        "returned to SQS": f"{figures.returned:8d} of {figures.deliveries} deliveries = {figures.returned_share:.1%} "
+        f"of messages (target < {RETURNED_TARGET:.0%})",
+        "healthy messages in the DLQ": f"{figures.dead_lettered:8d} (target 0)",
+        "webhook calls repeated": f"{figures.webhook_repeats:8d} (target 0)",
+        f"not applied within {args.timeout:.0f}s": f"{figures.not_done:8d}",
+        "balances not the sum of their applied payments": f"{figures.wrong_balances:d}",
+        "conflict proxy": figures.proxy,
+        "consumer outcomes (EMF)": figures.outcomes,
+    }
+    for label, value in rows.items():
+        say(f"  {label:<39} {value}")
     misses = figures.misses()
     say(f"  {'all targets met' if not misses else 'NOT met: ' + '; '.join(misses)}")
 
@@ -342,6 +322,27 @@ def run_hot(args: argparse.Namespace) -> int:
     return 1 if missed else 0
 
 
+def _argument(kind: type[int] | type[float], expected: str, valid: Callable[[Any], bool]) -> Callable[[str], Any]:
+    """An argparse type: ``kind`` within bounds, refused with "must be <expected>, got <text>"."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not valid(value):
+            raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+# Each bound says what is valid, so that NaN (neither >= 0 nor < 0) is refused.
+_positive = _argument(int, "a whole number >= 1", lambda value: value >= 1)
+_milliseconds = _argument(float, "a number of milliseconds >= 0", lambda value: value >= 0)
+_share = _argument(float, "a share between 0 and 1", lambda value: 0 <= value <= 1)
+
+
 def add_parser(commands: Any) -> None:
     hot = commands.add_parser("hot", help="a hot account through the conflict emulation, against its serial limit")
     hot.add_argument("--messages", type=_positive, default=400, help="messages per spread (default 400)")
@@ -356,31 +357,3 @@ def add_parser(commands: Any) -> None:
     hot.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for every message")
     hot.add_argument("--seed", type=int, default=7)
     hot.set_defaults(handler=run_hot)
-
-
-def _number(text: str, kind: type[int] | type[float], expected: str) -> float:
-    try:
-        return kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}") from None
-
-
-def _positive(text: str) -> int:
-    value = int(_number(text, int, "a whole number >= 1"))
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {value}")
-    return value
-
-
-def _milliseconds(text: str) -> float:
-    value = _number(text, float, "a number of milliseconds >= 0")
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of milliseconds >= 0, got {text!r}")
-    return value
-
-
-def _share(text: str) -> float:
-    value = _number(text, float, "a share between 0 and 1")
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a share between 0 and 1, got {text!r}")
-    return value

@@ -1,20 +1,11 @@
 """A poller that behaves as Lambda's SQS event source mapping.
 
-Receive up to the batch size (long polling, and within the batching window when the
-template sets one), build the event Lambda would, invoke the handler, then:
-
-- the handler raised, timed out, answered something the runtime could not serialise
-  (``Runtime.MarshalError``), or (with ``ReportBatchItemFailures``) answered with a
-  malformed response or an ``itemIdentifier`` that is not in the batch: delete nothing,
-  the whole batch comes back after its visibility timeout;
-- otherwise delete every record but the reported failures.
-
-The function runs in Lambda's own runtime (``local.lambda_runtime``), one execution
-environment per poller, as Lambda runs one per concurrent invocation.
-
-Nothing else touches the messages: receive counts and the move to the dead-letter
-queue are the queue's own redrive policy. Several pollers may run at once, each
-invocation independent, as concurrent Lambda invocations are.
+Receive up to the batch size (long polling, topped up within the batching window), invoke
+the function with the event Lambda would build, then delete every record but the reported
+failures. When the handler raised, timed out, or (with ``ReportBatchItemFailures``) answered
+a malformed response or an ``itemIdentifier`` not in the batch, delete nothing: the whole
+batch comes back after its visibility timeout. Receive counts and the move to the
+dead-letter queue are the queue's own redrive policy.
 """
 
 from __future__ import annotations
@@ -34,8 +25,9 @@ from local.invocation import Invocation, Invoker
 from local.resources import QueueResource, SqsTrigger
 from testkit.lambda_sqs import event_from_messages
 
-_SQS_MAX_RECEIVE = 10
-_DELETE_CHUNK = 10
+_SQS_MAX = 10  # messages per ReceiveMessage, entries per DeleteMessageBatch
+# Short long-polls keep a stop request prompt; Lambda's own pollers wait 20 s.
+_WAIT_TIME_S = 1
 logger = logging.getLogger(__name__)
 _fifo_receive_locks: dict[str, threading.Lock] = {}
 _fifo_receive_locks_guard = threading.Lock()
@@ -95,7 +87,7 @@ def reported_failures(response: Any, batch_ids: set[str]) -> tuple[set[str] | No
     Lambda's rules: a null or empty response, or an empty list, is full success; anything
     malformed, or an id that is not one of the batch's, fails the whole batch.
     """
-    if response is None or response == {}:
+    if response is None:
         return set(), ""
     if not isinstance(response, dict):
         return None, f"response is a {type(response).__name__}, not an object"
@@ -120,7 +112,6 @@ class PollerStats:
     invocations: int = 0
     received: int = 0
     deleted: int = 0
-    reported_failures: int = 0
     verdicts: Counter[str] = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -129,7 +120,6 @@ class PollerStats:
             self.invocations += 1
             self.received += report.received
             self.deleted += report.deleted
-            self.reported_failures += len(report.failed_ids)
             self.verdicts[report.verdict.value] += 1
 
 
@@ -143,15 +133,12 @@ class Poller:
         trigger: SqsTrigger,
         runtime: Invoker,
         *,
-        wait_time_s: int = 1,
         on_batch: Callable[[BatchReport], None] | None = None,
     ) -> None:
         self._sqs = sqs
         self._queue = queue
         self._trigger = trigger
         self._runtime = runtime
-        # Short long-polls keep a stop request prompt; Lambda's own pollers wait 20 s.
-        self._wait_time_s = wait_time_s
         self._on_batch = on_batch
 
     def receive(self) -> list[dict[str, Any]]:
@@ -159,11 +146,11 @@ class Poller:
         messages: list[dict[str, Any]] = []
         window_ends = time.monotonic() + self._trigger.batching_window_s
         while len(messages) < self._trigger.batch_size:
-            wait_s = self._wait_time_s if not messages else max(0, round(window_ends - time.monotonic()))
+            wait_s = _WAIT_TIME_S if not messages else max(0, round(window_ends - time.monotonic()))
             with receive_guard(self._queue):
                 answer = self._sqs.receive_message(
                     QueueUrl=self._queue.url,
-                    MaxNumberOfMessages=min(_SQS_MAX_RECEIVE, self._trigger.batch_size - len(messages)),
+                    MaxNumberOfMessages=min(_SQS_MAX, self._trigger.batch_size - len(messages)),
                     WaitTimeSeconds=wait_s,
                     MessageSystemAttributeNames=["All"],
                     MessageAttributeNames=["All"],
@@ -180,41 +167,35 @@ class Poller:
         if not messages:
             return None
         event = event_from_messages(messages, queue_arn=self._queue.arn, region=REGION)
-        invocation = self._runtime.invoke(event)
-        report = self._settle(messages, invocation)
+        report = self._settle(messages, self._runtime.invoke(event))
         if self._on_batch is not None:
             self._on_batch(report)
         return report
 
+    def _verdict(self, invocation: Invocation, batch_ids: set[str]) -> tuple[BatchVerdict, set[str] | None, str]:
+        """The verdict, the ids to keep (``None``: the whole batch) and why."""
+        if invocation.error is not None:
+            return BatchVerdict.RAISED, None, f"{invocation.error_type}: {invocation.error}"
+        if invocation.timed_out:
+            timeout_s = self._runtime.function.timeout_s
+            return BatchVerdict.TIMED_OUT, None, f"ran {invocation.duration_s:.1f}s, Timeout is {timeout_s}s"
+        if not self._trigger.report_batch_item_failures:
+            return BatchVerdict.PARTIAL, set(), ""
+        failures, problem = reported_failures(invocation.response, batch_ids)
+        return (BatchVerdict.PARTIAL if failures is not None else BatchVerdict.INVALID_RESPONSE), failures, problem
+
     def _settle(self, messages: list[dict[str, Any]], invocation: Invocation) -> BatchReport:
         ordered = tuple(message["MessageId"] for message in messages)
-        ids = set(ordered)
-        if invocation.error is not None:
-            error = f"{invocation.error_type}: {invocation.error}"
-            return BatchReport(BatchVerdict.RAISED, len(messages), 0, tuple(sorted(ids)), invocation, error, ordered)
-        if invocation.timed_out:
-            detail = f"ran {invocation.duration_s:.1f}s, Timeout is {self._runtime.function.timeout_s}s"
-            return BatchReport(
-                BatchVerdict.TIMED_OUT, len(messages), 0, tuple(sorted(ids)), invocation, detail, ordered
-            )
-        if self._trigger.report_batch_item_failures:
-            failures, problem = reported_failures(invocation.response, ids)
-        else:
-            failures, problem = set(), ""
+        verdict, failures, detail = self._verdict(invocation, set(ordered))
         if failures is None:
-            return BatchReport(
-                BatchVerdict.INVALID_RESPONSE, len(messages), 0, tuple(sorted(ids)), invocation, problem, ordered
-            )
-        done = [message for message in messages if message["MessageId"] not in failures]
-        deleted = self._delete(done)
-        return BatchReport(
-            BatchVerdict.PARTIAL, len(messages), deleted, tuple(sorted(failures)), invocation, message_ids=ordered
-        )
+            return BatchReport(verdict, len(messages), 0, tuple(sorted(ordered)), invocation, detail, ordered)
+        deleted = self._delete([message for message in messages if message["MessageId"] not in failures])
+        return BatchReport(verdict, len(messages), deleted, tuple(sorted(failures)), invocation, detail, ordered)
 
     def _delete(self, messages: list[dict[str, Any]]) -> int:
         deleted = 0
-        for start in range(0, len(messages), _DELETE_CHUNK):
-            chunk = messages[start : start + _DELETE_CHUNK]
+        for start in range(0, len(messages), _SQS_MAX):
+            chunk = messages[start : start + _SQS_MAX]
             answer = self._sqs.delete_message_batch(
                 QueueUrl=self._queue.url,
                 Entries=[{"Id": str(index), "ReceiptHandle": m["ReceiptHandle"]} for index, m in enumerate(chunk)],
@@ -227,13 +208,12 @@ class Poller:
 
 
 class PollerGroup:
-    """``count`` pollers in daemon threads until ``stop``; a crash in one batch never stops a poller."""
+    """Pollers in daemon threads until ``stop``; a crash in one batch never stops a poller."""
 
     def __init__(self, pollers: list[Poller]) -> None:
         self._pollers = pollers
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.errors: list[BaseException] = []
 
     def start(self) -> PollerGroup:
         for index, poller in enumerate(self._pollers):
@@ -247,7 +227,6 @@ class PollerGroup:
             try:
                 poller.poll_once()
             except Exception as error:  # e.g. the queue server went away: note it and poll again
-                self.errors.append(error)
                 logger.warning("poll failed: %s: %s", type(error).__name__, error)
                 self._stopping.wait(1.0)
 

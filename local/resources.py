@@ -1,12 +1,9 @@
 """Create the template's queues and tables on the local servers, and describe its function.
 
-A resource is created the first time something refers to it (``Ref``/``GetAtt`` while
-resolving another resource's properties), so the dead-letter queue exists before the
-queue whose redrive policy names it, whatever order the template lists them in.
-Names follow CloudFormation: an explicit ``QueueName``/``TableName``, otherwise
-``<stack>-<LogicalId>``. SSE, point-in-time recovery and deletion protection have no
-meaning on the local servers and are not applied; everything the consumer's behaviour
-depends on is.
+A resource is created the first time something refers to it, so the dead-letter queue exists
+before the queue whose redrive policy names it. Names follow CloudFormation (an explicit
+``QueueName``/``TableName``, otherwise ``<stack>-<LogicalId>``). SSE, point-in-time recovery
+and deletion protection mean nothing locally and are not applied.
 """
 
 from __future__ import annotations
@@ -17,13 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from testkit.tables import TABLE_TYPE as TABLE
-from testkit.tables import create_table, ttl_attribute
+from testkit.tables import create_table
 from testkit.template import ACCOUNT_ID, PARTITION, Template, TemplateError
 
 QUEUE = "AWS::SQS::Queue"
 FUNCTIONS = ("AWS::Serverless::Function", "AWS::Lambda::Function")
-# CloudFormation property -> SQS attribute, where they differ only in being JSON documents.
-_JSON_QUEUE_ATTRIBUTES = ("RedrivePolicy", "RedriveAllowPolicy")
 _NOT_QUEUE_ATTRIBUTES = ("QueueName", "Tags")
 # SAM's defaults when a function or its SQS event leaves them out.
 _DEFAULT_TIMEOUT_S = 3
@@ -49,7 +44,6 @@ class TableResource:
     logical_id: str
     name: str
     arn: str
-    ttl_attribute: str | None
 
 
 @dataclass(frozen=True)
@@ -61,7 +55,6 @@ class SqsTrigger:
     batch_size: int
     batching_window_s: int
     report_batch_item_failures: bool
-    maximum_concurrency: int | None
 
 
 @dataclass(frozen=True)
@@ -84,15 +77,9 @@ class LocalResources:
     tables: dict[str, TableResource]
     functions: dict[str, FunctionSpec]
 
-    def queue_by_arn(self, arn: str) -> QueueResource:
-        for queue in self.queues.values():
-            if queue.arn == arn:
-                return queue
-        raise KeyError(f"no queue with ARN {arn}")
-
     def dead_letter_queue(self, queue: QueueResource) -> QueueResource:
         """The queue that ``queue``'s redrive policy names."""
-        return self.queue_by_arn(json.loads(queue.attributes["RedrivePolicy"])["deadLetterTargetArn"])
+        return _queue_by_arn(self.queues, json.loads(queue.attributes["RedrivePolicy"])["deadLetterTargetArn"])
 
     def function(self, logical_id: str | None = None) -> FunctionSpec:
         """The named function, or the template's only one."""
@@ -136,20 +123,18 @@ class _Resolver:
         if kind == QUEUE:
             queue = self.queue(logical_id)
             return {"Arn": queue.arn, "QueueName": queue.name, "QueueUrl": queue.url}[attribute]
+        if attribute != "Arn":
+            raise TemplateError(f"GetAtt {logical_id}.{attribute} is not supported by the local stack")
+        name = self._default_name(logical_id)
         if kind == TABLE:
-            table = self.table(logical_id)
-            if attribute == "Arn":
-                return table.arn
-        if attribute == "Arn":
-            name = self._default_name(logical_id)
-            if kind in FUNCTIONS:
-                return self._arn("lambda", f"function:{name}")
-            if kind == "AWS::IAM::Role":
-                return f"arn:{PARTITION}:iam::{ACCOUNT_ID}:role/{name}"
-            if kind == "AWS::Logs::LogGroup":
-                return self._arn("logs", f"log-group:{name}:*")
-            return self._arn("local", name)
-        raise TemplateError(f"GetAtt {logical_id}.{attribute} is not supported by the local stack")
+            return self.table(logical_id).arn
+        if kind in FUNCTIONS:
+            return self._arn("lambda", f"function:{name}")
+        if kind == "AWS::IAM::Role":
+            return f"arn:{PARTITION}:iam::{ACCOUNT_ID}:role/{name}"
+        if kind == "AWS::Logs::LogGroup":
+            return self._arn("logs", f"log-group:{name}:*")
+        return self._arn("local", name)
 
     def _guard(self, logical_id: str) -> None:
         if logical_id in self._creating:
@@ -177,33 +162,14 @@ class _Resolver:
         name = properties.get("TableName") or self._default_name(logical_id)
         create_table(self._dynamodb, name, properties)
         arn = self._arn("dynamodb", f"table/{name}")
-        self.tables[logical_id] = TableResource(logical_id, name, arn, ttl_attribute(properties))
+        self.tables[logical_id] = TableResource(logical_id, name, arn)
         return self.tables[logical_id]
 
     def function(self, logical_id: str) -> FunctionSpec:
         properties = self._template.properties(logical_id, self)
         name = properties.get("FunctionName") or self._default_name(logical_id)
         variables = (properties.get("Environment") or {}).get("Variables") or {}
-        triggers = []
-        for event in (properties.get("Events") or {}).values():
-            if event.get("Type") != "SQS":
-                continue
-            event_properties = event.get("Properties") or {}
-            queue_arn = event_properties["Queue"]
-            queue = next(queue for queue in self.queues.values() if queue.arn == queue_arn)
-            triggers.append(
-                SqsTrigger(
-                    queue_logical_id=queue.logical_id,
-                    queue_arn=queue_arn,
-                    batch_size=int(event_properties.get("BatchSize", _DEFAULT_BATCH_SIZE)),
-                    batching_window_s=int(event_properties.get("MaximumBatchingWindowInSeconds", 0)),
-                    report_batch_item_failures="ReportBatchItemFailures"
-                    in (event_properties.get("FunctionResponseTypes") or []),
-                    maximum_concurrency=_optional_int(
-                        (event_properties.get("ScalingConfig") or {}).get("MaximumConcurrency")
-                    ),
-                )
-            )
+        events = (properties.get("Events") or {}).values()
         template_dir = self._template.path.parent if self._template.path else Path.cwd()
         return FunctionSpec(
             logical_id=logical_id,
@@ -213,34 +179,36 @@ class _Resolver:
             code_dir=(template_dir / str(properties.get("CodeUri", "."))).resolve(),
             timeout_s=int(properties.get("Timeout", _DEFAULT_TIMEOUT_S)),
             memory_mb=int(properties.get("MemorySize", _DEFAULT_MEMORY_MB)),
-            environment={key: _env_value(value) for key, value in variables.items()},
-            triggers=tuple(triggers),
+            environment={key: _string(value) for key, value in variables.items()},
+            triggers=tuple(self._trigger(event["Properties"]) for event in events if event.get("Type") == "SQS"),
         )
+
+    def _trigger(self, event: dict[str, Any]) -> SqsTrigger:
+        return SqsTrigger(
+            queue_logical_id=_queue_by_arn(self.queues, event["Queue"]).logical_id,
+            queue_arn=event["Queue"],
+            batch_size=int(event.get("BatchSize", _DEFAULT_BATCH_SIZE)),
+            batching_window_s=int(event.get("MaximumBatchingWindowInSeconds", 0)),
+            report_batch_item_failures="ReportBatchItemFailures" in (event.get("FunctionResponseTypes") or []),
+        )
+
+
+def _queue_by_arn(queues: dict[str, QueueResource], arn: str) -> QueueResource:
+    return {queue.arn: queue for queue in queues.values()}[arn]
 
 
 def queue_attributes(properties: dict[str, Any]) -> dict[str, str]:
     """CloudFormation queue properties as the string attributes ``CreateQueue`` takes."""
-    attributes: dict[str, str] = {}
-    for key, value in properties.items():
-        if key in _NOT_QUEUE_ATTRIBUTES:
-            continue
-        if key in _JSON_QUEUE_ATTRIBUTES:
-            attributes[key] = json.dumps(value) if isinstance(value, dict) else str(value)
-        elif isinstance(value, bool):
-            attributes[key] = "true" if value else "false"
-        else:
-            attributes[key] = str(value)
-    return attributes
+    return {key: _string(value) for key, value in properties.items() if key not in _NOT_QUEUE_ATTRIBUTES}
 
 
-def _env_value(value: Any) -> str:
+def _string(value: Any) -> str:
+    """A property's value as AWS stores it in a string: JSON documents, lowercase booleans."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, dict):
+        return json.dumps(value)
     return "" if value is None else str(value)
-
-
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
 
 
 def create_resources(template: Template, sqs: Any, dynamodb: Any) -> LocalResources:

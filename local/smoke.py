@@ -1,10 +1,8 @@
 """``make smoke``: one payment, a resend of it and one poison message through a stack, checked, then removed.
 
-Against a deployed stack (``STACK=<name>``) the queue, dead-letter queue and tables come
-from the stack's CloudFormation outputs; without one, the local stack is started with its
-pollers for the run and stopped afterwards. Everything the run writes carries a run id
-(the account, the payment, the idempotency key, the poison body), so the clean-up removes
-only its own items and its own dead letter, even on a stack carrying real traffic.
+Against a deployed stack (``STACK=<name>``) its queues and tables come from its CloudFormation
+outputs; without one, the local stack is started for the run. Everything the run writes carries
+a run id, so the clean-up removes only its own items and dead letter, even on a stack in use.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from local import dead_letters
-from local.demo import Check
+from local.demo import Check, show_checks
 from local.state import STATE_DIR
 from testkit import messages
 
@@ -71,34 +69,21 @@ def target_from_stack(cloudformation: Any, sqs: Any, dynamodb: Any, stack_name: 
 
 @dataclass(frozen=True)
 class SmokeRun:
-    """The messages of one run; every name in them carries ``run_id``."""
+    """What one run writes: every name carries its run id."""
 
-    run_id: str
+    account_id: str  # also the payment's idempotency key
+    payment_id: str
+    poison_body: str
 
-    @property
-    def account_id(self) -> str:
-        return f"smoke-{self.run_id}"
-
-    @property
-    def payment_id(self) -> str:
-        return f"smoke-p-{self.run_id}"
-
-    @property
-    def key(self) -> str:
-        return f"smoke-{self.run_id}"
+    @classmethod
+    def new(cls, run_id: str) -> SmokeRun:
+        # The poison is cut short on purpose: invalid JSON, yet recognisable in the dead-letter queue.
+        poison = f'{{"smokeRun": "{run_id}", "eventType": "PaymentReceived", "payload": '
+        return cls(f"smoke-{run_id}", f"smoke-p-{run_id}", poison)
 
     @property
     def payment(self) -> messages.Outgoing:
-        return messages.payment(self.key, self.payment_id, self.account_id, AMOUNT_CENTS)
-
-    @property
-    def poison_body(self) -> str:
-        # Cut short on purpose: invalid JSON, yet recognisable in the dead-letter queue.
-        return f'{{"smokeRun": "{self.run_id}", "eventType": "PaymentReceived", "payload": '
-
-    @property
-    def idempotency_id(self) -> str:
-        return f"PaymentReceived#{self.key}"
+        return messages.payment(self.account_id, self.payment_id, self.account_id, AMOUNT_CENTS)
 
 
 def _send(target: Target, body: str, group: str) -> None:
@@ -109,11 +94,15 @@ def _send(target: Target, body: str, group: str) -> None:
     target.sqs.send_message(**request)
 
 
-def _ledger_item(target: Target, account_id: str, entry_id: str) -> dict[str, Any] | None:
-    key = {"accountId": {"S": account_id}, "entryId": {"S": entry_id}}
-    item: dict[str, Any] | None = target.dynamodb.get_item(
-        TableName=target.ledger_table, Key=key, ConsistentRead=True
-    ).get("Item")
+def _ledger_key(run: SmokeRun, entry_id: str) -> dict[str, Any]:
+    return {"accountId": {"S": run.account_id}, "entryId": {"S": entry_id}}
+
+
+def _ledger_item(target: Target, run: SmokeRun, entry_id: str) -> dict[str, Any] | None:
+    answer = target.dynamodb.get_item(
+        TableName=target.ledger_table, Key=_ledger_key(run, entry_id), ConsistentRead=True
+    )
+    item: dict[str, Any] | None = answer.get("Item")
     return item
 
 
@@ -128,19 +117,8 @@ def _count_payment_entries(target: Target, run: SmokeRun) -> int:
 
 
 def _our_dead_letter(target: Target, run: SmokeRun) -> dead_letters.DeadLetter | None:
-    return next(
-        (d for d in dead_letters.peek(target.sqs, target.dead_letter_queue_url) if d.body == run.poison_body), None
-    )
-
-
-def _queue_idle(target: Target) -> bool:
-    attributes = target.sqs.get_queue_attributes(
-        QueueUrl=target.queue_url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return (
-        int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesNotVisible"]) == 0
-    )
+    parked = dead_letters.peek(target.sqs, target.dead_letter_queue_url)
+    return next((letter for letter in parked if letter.body == run.poison_body), None)
 
 
 def _wait(condition: Callable[[], bool], deadline: float) -> bool:
@@ -153,7 +131,7 @@ def _wait(condition: Callable[[], bool], deadline: float) -> bool:
 
 def run_smoke(target: Target, *, run_id: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Check]:
     """Send, wait (one deadline for the whole run), check, then remove what the run wrote."""
-    run = SmokeRun(run_id or uuid.uuid4().hex[:12])
+    run = SmokeRun.new(run_id or uuid.uuid4().hex[:12])
     deadline = time.monotonic() + timeout_s
     payment_entry = f"PAYMENT#{run.payment_id}"
     try:
@@ -161,20 +139,15 @@ def run_smoke(target: Target, *, run_id: str | None = None, timeout_s: float = D
         # The producer's resend: the same body, so the same idempotency key, as a new message.
         _send(target, run.payment.body, run.account_id)
         _send(target, run.poison_body, run.account_id)
-        applied = _wait(lambda: _ledger_item(target, run.account_id, payment_entry) is not None, deadline)
-        letter: list[dead_letters.DeadLetter] = []
-
-        def poison_parked() -> bool:
-            letter[:] = filter(None, [_our_dead_letter(target, run)])
-            return bool(letter)
-
-        parked = _wait(poison_parked, deadline)
+        applied = _wait(lambda: _ledger_item(target, run, payment_entry) is not None, deadline)
+        parked = _wait(lambda: _our_dead_letter(target, run) is not None, deadline)
         # The resend's outcome leaves no trace of its own: wait until the queue has handled everything.
-        idle = _wait(lambda: _queue_idle(target), deadline)
-        balance = _ledger_item(target, run.account_id, "BALANCE")
+        idle = _wait(lambda: sum(messages.queue_counts(target.sqs, target.queue_url)) == 0, deadline)
+        balance = _ledger_item(target, run, "BALANCE")
         balance_cents = int(balance["balanceCents"]["N"]) if balance else None
         entries = _count_payment_entries(target, run)
-        error_type = letter[0].error_type if letter else None
+        letter = _our_dead_letter(target, run)
+        error_type = letter.error_type if letter else None
         return [
             Check(applied, f"ledger entry ({run.account_id}, {payment_entry}) written within {timeout_s:.0f}s"),
             Check(entries == 1, f"exactly one payment entry for the account (found {entries})"),
@@ -196,10 +169,9 @@ def run_smoke(target: Target, *, run_id: str | None = None, timeout_s: float = D
 def clean_up(target: Target, run: SmokeRun) -> None:
     """Remove the run's ledger items, its idempotency record and its dead letter; nothing else."""
     for entry in (f"PAYMENT#{run.payment_id}", "BALANCE"):
-        target.dynamodb.delete_item(
-            TableName=target.ledger_table, Key={"accountId": {"S": run.account_id}, "entryId": {"S": entry}}
-        )
-    target.dynamodb.delete_item(TableName=target.idempotency_table, Key={"id": {"S": run.idempotency_id}})
+        target.dynamodb.delete_item(TableName=target.ledger_table, Key=_ledger_key(run, entry))
+    record_id = f"PaymentReceived#{run.account_id}"  # the consumer's record: event type and idempotency key
+    target.dynamodb.delete_item(TableName=target.idempotency_table, Key={"id": {"S": record_id}})
     letter = _our_dead_letter(target, run)
     if letter is not None:
         target.sqs.delete_message(QueueUrl=target.dead_letter_queue_url, ReceiptHandle=letter.receipt_handle)
@@ -207,9 +179,7 @@ def clean_up(target: Target, run: SmokeRun) -> None:
 
 def report(checks: list[Check], say: Callable[[str], None]) -> int:
     """One line per check; the exit status: 1 when any failed."""
-    for check in checks:
-        say(f"{'ok  ' if check.passed else 'FAIL'} {check.text}")
-    failed = sum(not check.passed for check in checks)
+    failed = show_checks(checks, say)
     say("smoke test passed" if not failed else f"smoke test FAILED: {failed} check(s)")
     return 1 if failed else 0
 
@@ -235,9 +205,8 @@ def _local(args: argparse.Namespace) -> list[Check]:
         running_stack(stack_name=f"smoke-{int(time.time())}", log_sink=log_sink) as (stack, _sink),
     ):
         stack.pollers(args.pollers)
-        sqs = stack.servers.client("sqs")
         target = Target(
-            sqs=sqs,
+            sqs=stack.servers.client("sqs"),
             dynamodb=stack.servers.client("dynamodb"),
             queue_url=stack.queue.url,
             dead_letter_queue_url=stack.dead_letter_queue.url,

@@ -1,7 +1,6 @@
-"""The whole pipeline on one machine: servers, webhook sink, template resources, function, pollers.
+"""The template deployed on the local servers, its function ready in Lambda's own runtime.
 
-The function runs in Lambda's own runtime (``local.lambda_runtime``): each poller
-invokes an execution environment of its own, as Lambda runs one per concurrent invocation.
+Each poller invokes an execution environment of its own, as Lambda runs one per concurrent invocation.
 """
 
 from __future__ import annotations
@@ -20,10 +19,10 @@ from testkit.webhook import WebhookSink
 
 
 class DeployedStack:
-    """The template deployed on running servers, its function ready in Lambda's runtime.
+    """The template deployed, built by ``deploy_stack``.
 
-    Build one with ``deploy_stack``; ``pollers(n)`` feeds the queue to the function the way
-    Lambda's event source mapping would; ``runtime.invoke(event)`` invokes it directly.
+    ``pollers(n)`` feeds the queue to the function as Lambda's event source mapping would;
+    ``runtime.invoke(event)`` invokes it directly.
     """
 
     def __init__(self, servers: LocalServers, resources: LocalResources, fleet: LambdaFleet) -> None:
@@ -39,7 +38,6 @@ class DeployedStack:
 
     @property
     def dead_letter_queue(self) -> QueueResource:
-        """The queue the redrive policy of the function's queue names."""
         return self.resources.dead_letter_queue(self.queue)
 
     def table_name(self, logical_id: str) -> str:
@@ -68,6 +66,19 @@ class DeployedStack:
     def function_environment(self) -> dict[str, str]:
         return self.fleet.environment
 
+    def ledger_totals(self) -> tuple[dict[str, int], int, int]:
+        """What the example ledger holds: balances per account, the number of payment and of receipt entries."""
+        balances: dict[str, int] = {}
+        payments = receipts = 0
+        pages = self.servers.client("dynamodb").get_paginator("scan").paginate(TableName=self.table_name("LedgerTable"))
+        for item in (item for page in pages for item in page["Items"]):
+            entry = item["entryId"]["S"]
+            if entry == "BALANCE":
+                balances[item["accountId"]["S"]] = int(item["balanceCents"]["N"])
+            payments += entry.startswith("PAYMENT#")
+            receipts += entry.startswith("RECEIPT#")
+        return balances, payments, receipts
+
     def stop(self) -> None:
         for group in self._groups:
             group.stop()
@@ -89,8 +100,7 @@ def deploy_stack(
     """Create the template's resources and make its function ready against them.
 
     With a ``webhook`` sink, ``ReceiptWebhookUrl`` points at it unless overridden;
-    ``memory_mb`` overrides ``MemorySize`` (and with it the CPU share); the function's
-    log lines go to ``log_sink``.
+    ``memory_mb`` overrides ``MemorySize`` (and with it the CPU share).
     """
     overrides = dict(parameter_overrides or {})
     if webhook is not None:

@@ -1,12 +1,11 @@
 """The running stack's address book: ``.local-stack/state.json``, written by ``make run``.
 
-``make send``, ``make invoke``, ``make dlq`` and ``make redrive`` read it to find the
-stack. A file whose process is gone is stale and is removed on read.
+``make send``, ``invoke``, ``dlq`` and ``redrive`` read it to find the stack; a file whose
+process is gone is stale and is removed on read.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -67,5 +66,4 @@ def read(path: Path = STATE_FILE) -> StackState | None:
 
 
 def remove(path: Path = STATE_FILE) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+    path.unlink(missing_ok=True)
