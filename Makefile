@@ -43,7 +43,7 @@ venv: $(VENV)/.installed ## create the virtual environment with every tool
 # boto3 as Lambda provides it and awslambdaric; cached in .lambda-runtime/, rebuilt when they change.
 .PHONY: lambda-venv
 lambda-venv: venv ## build the function's Python 3.12 venv for Lambda's runtime (local stack, tests)
-	@$(PY) -m local.lambda_venv >/dev/null
+	@$(PY) -m testkit.lambda_venv >/dev/null
 
 # The Runtime Interface Emulator comes with SAM CLI's wheel: the local stack needs .venv-sam too.
 LAMBDA_RUNTIME := lambda-venv $(SAM_VENV)/.installed

@@ -35,10 +35,10 @@ from bench.report import (
 )
 from bench.systems import INITIALISATION, SYSTEM_ENV, SYSTEMS, ThisConsumer, settings_environment
 from bench.timing import REPO_ROOT, invoke, measure_cold_starts, system_functions, time_batches
-from local.aws import DUMMY_CREDENTIALS_ENV
-from local.conflict_emulation import ConflictEmulation, ConflictProxy
-from local.dynamodb_local import DynamoDBLocal, JavaNotFound, jar_directory, java_runtime
-from local.lambda_runtime import LambdaEnvironment
+from testkit.aws import DUMMY_CREDENTIALS_ENV
+from testkit.conflict_emulation import ConflictEmulation, ConflictProxy
+from testkit.dynamodb_local import DynamoDBLocal, JavaNotFound, jar_directory, java_runtime
+from testkit.lambda_runtime import LambdaEnvironment
 from testkit.lambda_sqs import REGION
 from testkit.messages import MessageFactory
 from testkit.webhook import WebhookSink

@@ -18,7 +18,7 @@ from bench.capacity import CapacityMeter
 from bench.probe import RoundTripProbe, unobserved
 from bench.systems import System
 from consumer.config import Settings
-from local.aws import DUMMY_CREDENTIALS_ENV
+from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import LambdaContext, sqs_event
 from testkit.messages import MessageFactory
 from testkit.tables import IDEMPOTENCY_TABLE, LEDGER_TABLE, create_template_tables

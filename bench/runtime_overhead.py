@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 from bench.timing import REPO_ROOT, bench_function, fresh_process_s
-from local.lambda_runtime import LambdaEnvironment
-from local.lambda_venv import venv_python
+from testkit.lambda_runtime import LambdaEnvironment
 from testkit.lambda_sqs import LambdaContext
+from testkit.lambda_venv import venv_python
 
 EMPTY_BATCH: dict[str, list[object]] = {"Records": []}
 # Names only: an empty batch makes no AWS call.

@@ -1,6 +1,6 @@
 """Batch wall time and CPU per record at Lambda's CPU share, and cold starts, the systems taking turns.
 
-Each system is a Lambda function of its own (``local.lambda_runtime``) at the memory size measured;
+Each system is a Lambda function of its own (``testkit.lambda_runtime``) at the memory size measured;
 the clocks are read inside it (``bench.function``). See methodology.md for the rounds and intervals.
 """
 
@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from local import cpu_quota
-from local.aws import DUMMY_CREDENTIALS_ENV
-from local.lambda_runtime import LambdaEnvironment, LambdaFleet
-from local.lambda_venv import venv_python
-from local.resources import FunctionSpec
+from testkit import cpu_quota
+from testkit.aws import DUMMY_CREDENTIALS_ENV
+from testkit.lambda_runtime import LambdaEnvironment, LambdaFleet
 from testkit.lambda_sqs import REGION, sqs_event
+from testkit.lambda_venv import venv_python
+from testkit.resources import FunctionSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,7 +96,7 @@ def bench_function(memory_mb: int, handler: str = "bench.function.handler", code
         code_dir=code_dir,
         timeout_s=120,
         memory_mb=memory_mb,
-        environment={},  # unread by local.lambda_runtime: each environment is given its variables
+        environment={},  # unread by testkit.lambda_runtime: each environment is given its variables
         triggers=(),
     )
 

@@ -19,7 +19,7 @@ from chaos.function import ConsumerFactory
 from chaos.harness import ChaosConfig, run
 from chaos.report import render
 from consumer.app import wire
-from local.servers import LocalServers
+from testkit.servers import LocalServers
 
 _DEFAULTS = ChaosConfig()
 

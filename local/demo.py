@@ -17,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from consumer.errors import ErrorType
-from local import dead_letters, fifo
+from local import fifo
 from local.function_output import METRICS, command_output, outcome_counts
 from local.session import running_stack
 from local.stack import DeployedStack
 from local.state import STATE_DIR
-from testkit import messages
+from testkit import dead_letters, messages
 from testkit.webhook import Answer, WebhookSink
 
 DEMO_LOG = STATE_DIR / "demo-function.log"

@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from local.conflict_emulation import DEFAULT_HOLD_MS, ConflictEmulation
-from local.dynamodb_local import DynamoDBLocal
 from local.function_output import METRICS, command_output, outcome_counts
-from local.invocation import Invocation, Invoker
 from local.poller import Poller, PollerGroup, reported_failures
-from local.resources import FunctionSpec
-from local.servers import LocalServers
 from local.stack import DeployedStack, deploy_stack
 from local.state import STATE_DIR
 from testkit import messages as outgoing
+from testkit.conflict_emulation import DEFAULT_HOLD_MS, ConflictEmulation
+from testkit.dynamodb_local import DynamoDBLocal
+from testkit.invocation import Invocation, Invoker
+from testkit.resources import FunctionSpec
+from testkit.servers import LocalServers
 from testkit.webhook import WebhookSink
 
 HOT_LOG = STATE_DIR / "hot-function.log"

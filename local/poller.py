@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from local.aws import REGION
-from local.invocation import Invocation, Invoker
-from local.resources import QueueResource, SqsTrigger
+from testkit.aws import REGION
+from testkit.invocation import Invocation, Invoker
 from testkit.lambda_sqs import event_from_messages
+from testkit.resources import QueueResource, SqsTrigger
 
 _SQS_MAX = 10  # messages per ReceiveMessage, entries per DeleteMessageBatch
 # Short long-polls keep a stop request prompt; Lambda's own pollers wait 20 s.

@@ -9,8 +9,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any, TextIO
 
 from local import state
-from local.servers import LocalServers
 from local.stack import DeployedStack, deploy_stack
+from testkit.servers import LocalServers
 from testkit.webhook import WebhookSink
 
 FUNCTION_LOG = state.STATE_DIR / "function.log"

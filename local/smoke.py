@@ -15,10 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from local import dead_letters
 from local.demo import Check, show_checks
 from local.state import STATE_DIR
-from testkit import messages
+from testkit import dead_letters, messages
 
 # The template's Outputs the smoke test needs, by the role they play here.
 OUTPUTS = {

@@ -10,10 +10,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, TextIO
 
-from local.lambda_runtime import LambdaEnvironment, LambdaFleet
 from local.poller import BatchReport, Poller, PollerGroup, PollerStats
-from local.resources import LocalResources, QueueResource
-from local.servers import LocalServers
+from testkit.lambda_runtime import LambdaEnvironment, LambdaFleet
+from testkit.resources import LocalResources, QueueResource
+from testkit.servers import LocalServers
 from testkit.template import TEMPLATE_PATH
 from testkit.webhook import WebhookSink
 

@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from local.processes import alive
-from local.resources import FunctionSpec, SqsTrigger
+from testkit.processes import alive
+from testkit.resources import FunctionSpec, SqsTrigger
+from testkit.template import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 # LOCAL_STACK_DIR moves it, so a second stack (e.g. a test's) never meets the one you run.
 STATE_DIR = Path(os.environ.get("LOCAL_STACK_DIR") or REPO_ROOT / ".local-stack")
 STATE_FILE = STATE_DIR / "state.json"

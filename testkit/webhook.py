@@ -19,7 +19,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from local.processes import LOOPBACK
+from testkit.processes import LOOPBACK
 
 _MAX_BODY_BYTES = 1024 * 1024
 

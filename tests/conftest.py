@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from local.conflict_emulation import ConflictEmulation
-from local.dynamodb_local import DynamoDBLocal
-from local.servers import LocalServers
 from local.stack import DeployedStack, deploy_stack
+from testkit.conflict_emulation import ConflictEmulation
+from testkit.dynamodb_local import DynamoDBLocal
+from testkit.servers import LocalServers
 from testkit.tables import IDEMPOTENCY_TABLE, create_template_tables
 from testkit.webhook import WebhookSink
 

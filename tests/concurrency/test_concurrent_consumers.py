@@ -22,9 +22,9 @@ import pytest
 from consumer.app import wire
 from consumer.batch import BatchRunner
 from consumer.config import Settings
-from local.servers import LocalServers
 from testkit.lambda_sqs import Remaining, sqs_record
 from testkit.messages import payment_body, receipt_body
+from testkit.servers import LocalServers
 from testkit.webhook import Answer, WebhookSink
 
 CONSUMERS = 4

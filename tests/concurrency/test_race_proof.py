@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from consumer.idempotency.store import Claimed, IdempotencyStore
-from local.dynamodb_local import DynamoDBLocal
+from testkit.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
 
 THREADS = 12

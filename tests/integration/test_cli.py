@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from local.processes import alive
+from testkit.processes import alive
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # As the Makefile runs the commands: the local stack's message builders use the consumer's names.

@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from local.aws import client
-from local.conflict_emulation import ConflictEmulation, ConflictProxy
-from local.conflict_proxy import main as proxy_main
-from local.conflict_rules import CONFLICT_MESSAGE
-from local.dynamodb_local import DynamoDBLocal
-from local.processes import LOOPBACK
+from testkit.aws import client
+from testkit.conflict_emulation import ConflictEmulation, ConflictProxy
+from testkit.conflict_proxy import main as proxy_main
+from testkit.conflict_rules import CONFLICT_MESSAGE
+from testkit.dynamodb_local import DynamoDBLocal
+from testkit.processes import LOOPBACK
 from tests.conftest import TableFactory
 
 THREADS = 8

@@ -8,8 +8,8 @@ import socket
 import pytest
 from botocore.exceptions import ClientError
 
-from local.dynamodb_local import DynamoDBLocal, JavaNotFound, java_runtime
-from local.processes import LOOPBACK
+from testkit.dynamodb_local import DynamoDBLocal, JavaNotFound, java_runtime
+from testkit.processes import LOOPBACK
 from tests.conftest import TableFactory
 
 pytestmark = pytest.mark.integration

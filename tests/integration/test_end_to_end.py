@@ -10,10 +10,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from local import dead_letters
-from local.aws import DUMMY_CREDENTIALS_ENV
 from local.stack import DeployedStack
-from testkit import messages
+from testkit import dead_letters, messages
+from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.webhook import Answer, WebhookSink
 
 AWS_CLI = Path(sys.executable).parent / "aws"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from local import dead_letters
 from local.event_files import load_event
 from local.stack import DeployedStack
+from testkit import dead_letters
 from testkit.webhook import WebhookSink
 from tests.integration.lambda_shape import RECORD_KEYS
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from local import dead_letters, fifo, state
-from local.invocation import Invocation, Invoker
+from local import fifo, state
 from local.poller import BatchReport, Poller, PollerGroup
 from local.session import describe
 from local.stack import DeployedStack
-from testkit import messages
+from testkit import dead_letters, messages
+from testkit.invocation import Invocation, Invoker
 from testkit.webhook import Answer, WebhookSink
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from local.dynamodb_local import DynamoDBLocal
 from local.hot import measure
-from local.servers import LocalServers
+from testkit.dynamodb_local import DynamoDBLocal
+from testkit.servers import LocalServers
 from testkit.webhook import WebhookSink
 
 MESSAGES = 20

@@ -18,14 +18,14 @@ import pytest
 
 from consumer.envelope import payload_hash
 from local.event_files import load_event
-from local.invocation import Invocation
-from local.lambda_runtime import EmulatorExited, HandlerImportError, LambdaEnvironment, LambdaFleet, PortTaken
-from local.lambda_venv import venv_python
 from local.poller import BatchVerdict, Poller
-from local.processes import LOOPBACK, alive
-from local.resources import FunctionSpec
-from local.servers import LocalServers
 from local.stack import DeployedStack, deploy_stack
+from testkit.invocation import Invocation
+from testkit.lambda_runtime import EmulatorExited, HandlerImportError, LambdaEnvironment, LambdaFleet, PortTaken
+from testkit.lambda_venv import venv_python
+from testkit.processes import LOOPBACK, alive
+from testkit.resources import FunctionSpec
+from testkit.servers import LocalServers
 from testkit.webhook import Answer, WebhookSink
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"

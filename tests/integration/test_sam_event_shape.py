@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from local.event_files import load_event
-from local.state import REPO_ROOT
+from testkit.template import REPO_ROOT
 
 EVENTS = REPO_ROOT / "events"
 SAM = REPO_ROOT / ".venv-sam" / "bin" / "sam"

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from local import dead_letters, smoke
+from local import smoke
 from local.stack import DeployedStack
+from testkit import dead_letters
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from local.servers import LocalServers
+from testkit.servers import LocalServers
 from testkit.template import TEMPLATE_PATH, Template, TemplateError, load_template
 from tests.integration.template_copies import (
     function_properties,

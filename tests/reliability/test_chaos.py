@@ -9,7 +9,7 @@ from dataclasses import replace
 from chaos.faults import DEFAULT_RATES, FaultKind
 from chaos.harness import ChaosConfig, ChaosReport, run
 from chaos.report import render
-from local.servers import LocalServers
+from testkit.servers import LocalServers
 from tests.reliability.naive_consumer import NaiveConsumer
 from tests.reliability.unfenced_consumer import unfenced_wire
 

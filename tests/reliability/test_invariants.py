@@ -15,7 +15,7 @@ from chaos.faults import FaultKind, FaultLog
 from chaos.function import InvocationHistory
 from chaos.invariants import Checker, EndState
 from consumer.errors import ErrorType
-from local.dead_letters import DeadLetter
+from testkit.dead_letters import DeadLetter
 from testkit.messages import Outgoing, envelope, payment, receipt
 from testkit.webhook import ReceivedRequest
 

@@ -11,8 +11,8 @@ from chaos.store_calls import Step, StoreCall, classify
 from chaos.transport_faults import TransportCall, TransportPlan, install_faults
 from consumer.idempotency.store import Applied, Claimed, IdempotencyStore
 from consumer.idempotency.writes import Put, Update
-from local.aws import session as local_session
-from local.dynamodb_local import DynamoDBLocal
+from testkit.aws import session as local_session
+from testkit.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
 
 

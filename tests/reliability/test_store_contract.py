@@ -10,7 +10,7 @@ import pytest
 from consumer.errors import LeaseLost
 from consumer.idempotency.store import Claimed, IdempotencyStore
 from consumer.idempotency.writes import Update
-from local.dynamodb_local import DynamoDBLocal
+from testkit.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
 
 

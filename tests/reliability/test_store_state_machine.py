@@ -53,8 +53,8 @@ from consumer.idempotency.store import (
     PayloadMismatch,
 )
 from consumer.idempotency.writes import Update
-from local.aws import session as local_session
-from local.dynamodb_local import DynamoDBLocal
+from testkit.aws import session as local_session
+from testkit.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
 
 WORKERS = 3

@@ -21,7 +21,7 @@ from consumer.batch import BatchRunner
 from consumer.config import Settings
 from consumer.handlers import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
-from local.dead_letters import DeadLetter, drain
+from testkit.dead_letters import DeadLetter, drain
 from testkit.lambda_sqs import REGION, Remaining
 from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
 from testkit.tables import LEDGER_TABLE as LEDGER

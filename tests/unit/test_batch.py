@@ -13,7 +13,7 @@ from consumer.errors import TransientError
 from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.store import Claimed
 from consumer.idempotency.writes import Put
-from local.dead_letters import reasons
+from testkit.dead_letters import reasons
 from testkit.lambda_sqs import Remaining, sqs_record
 from testkit.messages import payment_body, receipt_body
 from testkit.webhook import Answer, WebhookSink

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from local.conflict_emulation import (
+from testkit.conflict_emulation import (
     CONFLICTS_ENV,
     DEFAULT_HOLD_MS,
     HOLD_ENV,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from local import cpu_quota
-from local.cpu_quota import CpuQuotaUnavailable, cpu_share, create, quota_us
+from testkit import cpu_quota
+from testkit.cpu_quota import CpuQuotaUnavailable, cpu_share, create, quota_us
 
 
 @pytest.mark.parametrize(

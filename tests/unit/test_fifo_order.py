@@ -6,9 +6,9 @@ import pytest
 
 from local import fifo
 from local.cli import _parameters
-from local.invocation import Invocation
 from local.poller import BatchReport, BatchVerdict
 from testkit import messages
+from testkit.invocation import Invocation
 
 A1 = messages.payment("k1", "p1", "acc-a", 100)
 A2 = messages.payment("k2", "p2", "acc-a", 200)

@@ -29,7 +29,7 @@ from consumer.config import Settings
 from consumer.envelope import MAX_BODY_BYTES, parse_message
 from consumer.errors import ErrorType, PoisonMessage
 from consumer.handlers import build_handlers
-from local.dead_letters import drain, reasons
+from testkit.dead_letters import drain, reasons
 from testkit.lambda_sqs import REGION, LambdaContext, sqs_record
 from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
 from testkit.tables import LEDGER_TABLE as LEDGER

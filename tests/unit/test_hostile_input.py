@@ -15,7 +15,7 @@ import pytest
 from consumer.dead_letter import MAX_MESSAGE_BYTES, DeadLetterQueue, message_size
 from consumer.envelope import MAX_BODY_BYTES, MAX_KEY_BYTES, MAX_KEY_LENGTH, MAX_NESTING_DEPTH
 from consumer.errors import ErrorType
-from local.dead_letters import reasons
+from testkit.dead_letters import reasons
 from testkit.lambda_sqs import sqs_record
 from testkit.messages import payment_body
 from tests.unit.conftest import Consumer, balance

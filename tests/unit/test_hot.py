@@ -10,8 +10,8 @@ import pytest
 
 from local.cli import parser
 from local.hot import Figures, TimedRuntime, Tracker
-from local.invocation import Invocation
 from testkit import messages as outgoing
+from testkit.invocation import Invocation
 
 _MESSAGES = [outgoing.payment(f"k{index}", f"p{index}", "acc-1", 100) for index in range(3)]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from local.lambda_venv import LambdaPythonMissing, find_python
+from testkit.lambda_venv import LambdaPythonMissing, find_python
 
 
 def executable(path: Path, text: str) -> Path:

@@ -31,13 +31,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Self, TextIO
 
-from local import cpu_quota
-from local.aws import REGION
-from local.invocation import FunctionError, Invocation
-from local.lambda_venv import LAMBDA_PYTHON_VERSION, venv_python
-from local.processes import LOOPBACK, ChildProcess, ServerStartError, free_port, listening
-from local.resources import FunctionSpec
-from local.state import REPO_ROOT
+from testkit import cpu_quota
+from testkit.aws import REGION
+from testkit.invocation import FunctionError, Invocation
+from testkit.lambda_venv import LAMBDA_PYTHON_VERSION, venv_python
+from testkit.processes import LOOPBACK, ChildProcess, ServerStartError, free_port, listening
+from testkit.resources import FunctionSpec
+from testkit.template import REPO_ROOT
 
 INVOKE_PATH = "/2015-03-31/functions/function/invocations"
 _START_ATTEMPTS = 3

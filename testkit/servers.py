@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from local.aws import DUMMY_CREDENTIALS_ENV, REGION, client
-from local.dynamodb_local import DynamoDBLocal
-from local.moto_server import MotoServer
-from local.resources import FunctionSpec, LocalResources, create_resources
+from testkit.aws import DUMMY_CREDENTIALS_ENV, REGION, client
+from testkit.dynamodb_local import DynamoDBLocal
+from testkit.moto_server import MotoServer
+from testkit.resources import FunctionSpec, LocalResources, create_resources
 from testkit.template import TEMPLATE_PATH, Template
 
 

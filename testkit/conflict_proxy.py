@@ -1,7 +1,7 @@
 """A loopback HTTP proxy in front of DynamoDB Local that raises transaction conflicts as DynamoDB does.
 
 One proxy serves every process of the local stack, so transactions from different processes
-contend as on DynamoDB (rules in ``local.conflict_rules``). A ``TransactWriteItems`` holds its
+contend as on DynamoDB (rules in ``testkit.conflict_rules``). A ``TransactWriteItems`` holds its
 items for a prepare time, then while DynamoDB Local applies it; requests on other items never
 wait for it. Everything else is forwarded as it is (body, status, headers, ``x-amz-crc32``,
 errors). Injected latency is spent half each way, so a hold covers only DynamoDB's time.
@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 
 import urllib3
 
-from local.conflict_emulation import STATS_PATH, ConflictEmulation
-from local.conflict_rules import (
+from testkit.conflict_emulation import STATS_PATH, ConflictEmulation
+from testkit.conflict_rules import (
     SINGLE_ITEM_WRITES,
     TRANSACT_WRITE,
     TRANSACTION_CONFLICT,
@@ -38,7 +38,7 @@ from local.conflict_rules import (
     transaction_cancelled,
     transaction_items,
 )
-from local.processes import LOOPBACK, wait_for_parent
+from testkit.processes import LOOPBACK, wait_for_parent
 
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "content-length"}
@@ -189,7 +189,7 @@ def _error(document: dict[str, Any]) -> Reply:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m local.conflict_proxy", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m testkit.conflict_proxy", description=__doc__.split("\n")[0])
     parser.add_argument("--upstream", required=True, help="DynamoDB Local's endpoint, http://127.0.0.1:PORT")
     parser.add_argument("--port", type=int, required=True, help="the port to listen on, on 127.0.0.1")
     parser.add_argument("--hold-ms", type=float, default=5.0, help="a transaction's prepare time (default 5)")

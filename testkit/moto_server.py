@@ -1,4 +1,4 @@
-"""SQS from moto's server, in a child process on 127.0.0.1 (``python -m local.moto_server PORT``).
+"""SQS from moto's server, in a child process on 127.0.0.1 (``python -m testkit.moto_server PORT``).
 
 A child rather than a thread: moto answers in pure Python, and in our process it would hold
 the GIL against the handler's worker threads, skewing every timing the tests care about
@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 import sys
 
-from local.processes import LOOPBACK, LoopbackServer, wait_for_parent
+from testkit.processes import LOOPBACK, LoopbackServer, wait_for_parent
 
 
 class MotoServer(LoopbackServer):
     name = "moto-server"
 
     def _command(self, port: int) -> list[str]:
-        return [sys.executable, "-m", "local.moto_server", str(port)]
+        return [sys.executable, "-m", "testkit.moto_server", str(port)]
 
 
 def main(port: int) -> None:

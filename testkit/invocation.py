@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from local.resources import FunctionSpec
+from testkit.resources import FunctionSpec
 
 
 class FunctionError(RuntimeError):

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Self
 
-from local.processes import LoopbackServer
+from testkit.processes import LoopbackServer
 
 CONFLICTS_ENV = "LOCAL_DYNAMODB_CONFLICTS"
 HOLD_ENV = "LOCAL_DYNAMODB_TRANSACTION_HOLD_MS"
@@ -68,7 +68,7 @@ def _milliseconds(env: Mapping[str, str], name: str, default: float) -> float:
 
 
 class ConflictProxy(LoopbackServer):
-    """``python -m local.conflict_proxy`` in front of ``upstream``, on 127.0.0.1."""
+    """``python -m testkit.conflict_proxy`` in front of ``upstream``, on 127.0.0.1."""
 
     name = "dynamodb-conflict-proxy"
 
@@ -80,7 +80,7 @@ class ConflictProxy(LoopbackServer):
     def _command(self, port: int) -> list[str]:
         settings = ["--hold-ms", str(self.emulation.hold_ms), "--latency-ms", str(self.emulation.latency_ms)]
         switch = [] if self.emulation.conflicts else ["--no-conflicts"]
-        proxy = [sys.executable, "-m", "local.conflict_proxy", "--upstream", self.upstream, "--port", str(port)]
+        proxy = [sys.executable, "-m", "testkit.conflict_proxy", "--upstream", self.upstream, "--port", str(port)]
         return [*proxy, *settings, *switch]
 
     def stats(self) -> dict[str, int]:
