@@ -7,13 +7,14 @@ short leases and backoff, a high ``MaxReceiveCount`` so that redrive only catche
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import tempfile
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -74,8 +75,7 @@ class ChaosConfig:
 @dataclass(frozen=True)
 class ChaosReport:
     config: ChaosConfig
-    workload: list[Outgoing]  # in send order
-    sent: int
+    sent: Mapping[str, Outgoing]  # by the messageId SQS gave it
     history: History
     pollers: PollerStats
     end: EndState
@@ -157,7 +157,7 @@ def _fleet(servers: LocalServers, function: FunctionSpec, plan: Plan) -> LambdaF
     environment = {
         **servers.function_environment(function),
         "PYTHONPATH": str(task_root),
-        PLAN_VARIABLE: plan.to_json(),
+        PLAN_VARIABLE: json.dumps(asdict(plan)),
     }
     return LambdaFleet(replace(function, handler=_HANDLER, code_dir=task_root), environment)
 
@@ -232,8 +232,7 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
     history.faults.update(kind for kind, _ in webhook_plan[: len(end.webhook_calls)] if kind is not None)
     return ChaosReport(
         config=config,
-        workload=workload,
-        sent=len(sent),
+        sent=sent,
         history=history,
         pollers=stack.stats,
         end=end,

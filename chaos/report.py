@@ -20,7 +20,7 @@ def _row(label: str, value: object) -> str:
 
 def render(report: ChaosReport) -> str:
     config, history, end = report.config, report.history, report.end
-    business = [message for message in report.workload if message.kind in ("payment", "receipt")]
+    business = [message for message in report.sent.values() if message.kind in ("payment", "receipt")]
     distinct = {message.key: message for message in business}  # a resend reuses its original's key
     kinds = Counter(message.kind for message in distinct.values())
     hot = sum(
@@ -33,11 +33,11 @@ def render(report: ChaosReport) -> str:
     lines = [
         f"chaos run: seed {config.seed}, {config.pollers} pollers, {report.duration_s:.0f} s",
         *_section("sent"),
-        _row("messages sent", report.sent),
+        _row("messages sent", len(report.sent)),
         _row("distinct payments", kinds["payment"]),
         _row("distinct receipt requests", kinds["receipt"]),
         _row("duplicates (same key, new messageId)", len(business) - len(distinct)),
-        _row("poison (incl. key reused with another payload)", len(report.workload) - len(business)),
+        _row("poison (incl. key reused with another payload)", len(report.sent) - len(business)),
         _row(f"payments on {config.hot_accounts} hot accounts ({config.hot_share:.0%} share)", hot),
         *_section("faults injected"),
     ]

@@ -10,7 +10,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -41,9 +41,6 @@ class Plan:
     max_paused: int
     max_pause_s: float
     deadline_margin_ms: int
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
 
 
 def load(reference: str) -> Any:
