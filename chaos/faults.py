@@ -11,6 +11,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import NoReturn
@@ -83,6 +84,7 @@ _CRASH_EXIT_CODE = 86
 _OWNER_POLL_S = 0.05
 
 
+@dataclass
 class Zombies:
     """The run's pause slots, and the fencing tokens of this process's zombies whose key was taken over.
 
@@ -91,19 +93,18 @@ class Zombies:
     drops when a process dies, so a crash never leaks a slot.
     """
 
-    def __init__(
-        self, slots_dir: Path, max_paused: int, max_pause_s: float, owner_of: Callable[[str], str | None]
-    ) -> None:
-        self._slots = [slots_dir / f"pause-slot-{index}" for index in range(max_paused)]
-        self._max_pause_s = max_pause_s
-        self._owner_of = owner_of  # the record's current ownerToken, read outside the fault hooks
-        self._overtaken: set[str] = set()  # a set's add and membership test are atomic: no lock
+    slots_dir: Path
+    max_paused: int
+    max_pause_s: float
+    owner_of: Callable[[str], str | None]  # the record's current ownerToken, read outside the fault hooks
+    # A set's add and membership test are atomic: no lock.
+    overtaken: set[str] = field(default_factory=set, init=False)
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[bool]:
         """Hold a free pause slot for the block (True), or find none free (False)."""
-        for path in self._slots:
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        for index in range(self.max_paused):
+            descriptor = os.open(self.slots_dir / f"pause-slot-{index}", os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -118,52 +119,42 @@ class Zombies:
 
     def pause_until_taken_over(self, record_id: str, token: str) -> bool:
         """Block this worker until another owner holds ``record_id`` (True), or give up (False)."""
-        deadline = time.monotonic() + self._max_pause_s
+        deadline = time.monotonic() + self.max_pause_s
         while time.monotonic() < deadline:
-            owner = self._owner_of(record_id)
+            owner = self.owner_of(record_id)
             if owner is not None and owner != token:
-                self._overtaken.add(token)
+                self.overtaken.add(token)
                 return True
             time.sleep(_OWNER_POLL_S)
         return False
 
-    def is_overtaken(self, token: str | None) -> bool:
-        return token in self._overtaken
 
-
+@dataclass
 class FaultPolicy:
     """The transport policy of one runtime process: one decision per state-machine step, then per request."""
 
-    def __init__(
-        self,
-        rates: Mapping[FaultKind, float],
-        rng: random.Random,
-        journal: Journal,
-        idempotency_table: str,
-        zombies: Zombies,
-    ) -> None:
-        self._rates = rates
-        self._rng = rng
-        self._lock = threading.Lock()
-        self._journal = journal
-        self._table = idempotency_table
-        self._zombies = zombies
-        # Records this invocation touched: a crash cuts off whatever the other threads were doing to them.
-        self._touched: set[str] = set()
+    rates: Mapping[FaultKind, float]
+    rng: random.Random
+    journal: Journal
+    idempotency_table: str
+    zombies: Zombies
+    # Records this invocation touched: a crash cuts off whatever the other threads were doing to them.
+    _touched: set[str] = field(default_factory=set, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def new_invocation(self) -> None:
         with self._lock:
             self._touched.clear()
 
     def roll(self, kind: FaultKind) -> bool:
-        rate = self._rates.get(kind, 0.0)
+        rate = self.rates.get(kind, 0.0)
         return rate > 0 and self._draw() < rate
 
     def inject(self, kind: FaultKind, record_id: str | None = None) -> None:
-        self._journal.write("fault", kind=kind, record=record_id)
+        self.journal.write("fault", kind=kind, record=record_id)
 
     def __call__(self, call: TransportCall) -> TransportPlan | None:
-        store_call = classify(call, self._table)
+        store_call = classify(call, self.idempotency_table)
         if store_call.record_id is not None:
             with self._lock:
                 self._touched.add(store_call.record_id)
@@ -181,10 +172,10 @@ class FaultPolicy:
 
     def _draw(self) -> float:
         with self._lock:
-            return self._rng.random()
+            return self.rng.random()
 
     def _state_machine_fault(self, call: StoreCall, attempt: int) -> TransportPlan | None:
-        if call.step in (Step.COMMIT, Step.RELEASE) and self._zombies.is_overtaken(call.owner_token):
+        if call.step in (Step.COMMIT, Step.RELEASE) and call.owner_token in self.zombies.overtaken:
             return TransportPlan(after=self._zombie_write_accepted(call))
         if attempt > 1:
             return None  # one decision per call; its retries go through untouched
@@ -202,7 +193,7 @@ class FaultPolicy:
             with self._lock:
                 cut_off = self._touched - {record_id}
             for other in cut_off:
-                self._journal.write("cut_off", record=other)
+                self.journal.write("cut_off", record=other)
             # As Lambda's runtime dies: no finally, no release, no response; the journal is already on disk.
             os._exit(_CRASH_EXIT_CODE)
 
@@ -210,13 +201,13 @@ class FaultPolicy:
 
     def _zombie(self, call: StoreCall) -> TransportPlan | None:
         assert call.record_id is not None and call.owner_token is not None
-        with self._zombies.slot() as paused:
+        with self.zombies.slot() as paused:
             if not paused:
                 return None  # enough workers paused already: no zombie this time
             self.inject(FaultKind.ZOMBIE, call.record_id)
-            overtaken = self._zombies.pause_until_taken_over(call.record_id, call.owner_token)
+            overtaken = self.zombies.pause_until_taken_over(call.record_id, call.owner_token)
         if not overtaken:
-            self._journal.write("zombie_without_takeover")
+            self.journal.write("zombie_without_takeover")
             return TransportPlan()
         # Half the zombies commit; the others see their commit fail and release instead.
         if self._draw() < 0.5:
@@ -226,4 +217,4 @@ class FaultPolicy:
     def _zombie_write_accepted(self, call: StoreCall) -> Callable[[], None]:
         """After a zombie's commit or release that the server applied: the fencing failed."""
         description = f"{call.step} of {call.record_id} by overtaken owner {call.owner_token}"
-        return lambda: self._journal.write("zombie_write_accepted", description=description)
+        return lambda: self.journal.write("zombie_write_accepted", description=description)

@@ -128,15 +128,13 @@ class _KeyGroup:
 def _groups(sent: Mapping[str, Outgoing]) -> dict[tuple[str, str], _KeyGroup]:
     groups: dict[tuple[str, str], _KeyGroup] = {}
     for message_id, message in sent.items():
+        payload, event_type, key = message.payload, message.event_type, message.key
         well_formed = (
             message.kind in ("payment", "receipt") or message.expected_error == ErrorType.IDEMPOTENCY_KEY_REUSED
         )
-        payload = message.payload
-        event_type = message.event_type
-        if not well_formed or payload is None or event_type is None or message.key is None:
-            continue
-        group = groups.setdefault((event_type, message.key), _KeyGroup(event_type, message.key, payload))
-        group.amounts[int(payload["amountCents"])].append(message_id)
+        if well_formed and payload is not None and event_type is not None and key is not None:
+            group = groups.setdefault((event_type, key), _KeyGroup(event_type, key, payload))
+            group.amounts[int(payload["amountCents"])].append(message_id)
     return groups
 
 
