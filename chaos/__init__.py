@@ -1,5 +1,2 @@
-"""Fault injection for the consumer: a workload through the real pipeline, faults at named points, invariants.
-
-Not deployed: it drives ``consumer.app.wire`` on the local stack (``local/``) and checks
-the whole history afterwards, the way Jepsen checks queue and lock claims.
-"""
+"""Fault injection for the consumer: a workload through the real consumer in Lambda's runtime on the
+local stack, faults at named points of its code path, the whole history checked against invariants."""

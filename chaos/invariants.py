@@ -1,31 +1,91 @@
-"""The end state of a run, and the invariants it is checked against (DESIGN: "Invariants every
-reliability test checks"), each counted as a number of violations.
-
-The history is the messages sent (per SQS ``messageId``), what each delivery came to,
-the faults injected per record; the end state is the ledger, the idempotency
-records, the dead-letter queue and the webhook sink's log, read after the queue
-drained and every lease ran out.
-"""
+"""A run's history (the runtimes' journals, what the pollers saw) and end state (ledger, records,
+dead letters, webhook calls), and the invariants they are checked against (DESIGN: "Invariants
+every reliability test checks"), each counted as a number of violations."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from boto3.dynamodb.types import TypeDeserializer
 
-from chaos.faults import FaultKind, FaultLog
-from chaos.function import InvocationHistory
+from chaos import journal
+from chaos.faults import FaultKind
 from consumer.errors import ErrorType
 from consumer.idempotency.record import Attr, Status
+from local.poller import BatchReport
 from testkit.dead_letters import DeadLetter
 from testkit.messages import Outgoing
 from testkit.webhook import ReceivedRequest
 
 _deserializer = TypeDeserializer()
 _EXAMPLES = 3
+# What the emulator reports when the runtime process exits during an invocation.
+_EXIT_ERROR = "Runtime.ExitError"
+CUT_OFF = "request cut off by a crash"
+# The ledger entry of each event type: its entryId prefix and the payload field that ends it.
+_ENTRIES = {"PaymentReceived": ("PAYMENT#", "paymentId"), "ReceiptRequested": ("RECEIPT#", "receiptId")}
+
+
+@dataclass
+class History:
+    """What the run did: the runtimes' journals read back once it is over, and what the pollers saw."""
+
+    faults: Counter[FaultKind] = field(default_factory=Counter)
+    # Record id -> the faults injected on it, and the requests on it a crash cut off.
+    faults_by_record: defaultdict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    # Zombie commits or releases that the server accepted after another owner took the key over.
+    zombie_writes_accepted: list[str] = field(default_factory=list)
+    zombies_without_takeover: int = 0
+    cold_starts: int = 0
+    redelivered_records: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    conflicts_absorbed: int = 0
+    retried: Counter[str] = field(default_factory=Counter)  # messageId -> deliveries that came to "retried"
+    crashed: int = 0
+    # batchItemFailures ids that were not ids of the invocation's batch.
+    foreign_failure_ids: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def settled(self, report: BatchReport) -> None:
+        """What a poller saw of an invocation; thread-safe."""
+        invocation = report.invocation
+        response = invocation.response if invocation.succeeded and isinstance(invocation.response, Mapping) else {}
+        foreign = [
+            str(failure.get("itemIdentifier"))
+            for failure in response.get("batchItemFailures", [])
+            if failure.get("itemIdentifier") not in report.message_ids
+        ]
+        with self._lock:
+            self.crashed += invocation.error_type == _EXIT_ERROR
+            self.foreign_failure_ids.extend(foreign)
+
+    def read_journals(self, directory: Path) -> None:
+        for entry in journal.read(directory):
+            event, record = entry["event"], entry.get("record")
+            if event == "fault":
+                self.faults[FaultKind(entry["kind"])] += 1
+                if record is not None:
+                    self.faults_by_record[record][entry["kind"]] += 1
+            elif event == "cut_off":
+                self.faults_by_record[entry["record"]][CUT_OFF] += 1
+            elif event == "zombie_write_accepted":
+                self.zombie_writes_accepted.append(entry["description"])
+            elif event == "zombie_without_takeover":
+                self.zombies_without_takeover += 1
+            elif event == "init":
+                self.cold_starts += 1
+            elif event == "invoked":
+                self.redelivered_records += entry["redelivered"]
+            elif event == "results":
+                for message_id, outcome, absorbed in entry["results"]:
+                    self.outcomes[outcome] += 1
+                    self.conflicts_absorbed += absorbed
+                    self.retried[message_id] += outcome == "retried"
 
 
 @dataclass(frozen=True)
@@ -37,23 +97,17 @@ class EndState:
     drained: bool
 
 
-@dataclass
+@dataclass(frozen=True)
 class Verdict:
     name: str
-    violations: int = 0
-    examples: list[str] = field(default_factory=list)
-
-    def violation(self, example: str) -> None:
-        self.violations += 1
-        if len(self.examples) < _EXAMPLES:
-            self.examples.append(example)
+    violations: int
+    examples: list[str]
 
 
 def scan(client: Any, table: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
-    for page in client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
-        items.extend({name: _deserializer.deserialize(value) for name, value in item.items()} for item in page["Items"])
-    return items
+    pages = client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True)
+    items = (item for page in pages for item in page["Items"])
+    return [{name: _deserializer.deserialize(value) for name, value in item.items()} for item in items]
 
 
 @dataclass
@@ -66,48 +120,58 @@ class _KeyGroup:
     amounts: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))  # amount -> messageIds
 
     @property
-    def message_ids(self) -> list[str]:
-        return [message_id for ids in self.amounts.values() for message_id in ids]
+    def entry_id(self) -> tuple[str, str]:
+        prefix, id_field = _ENTRIES[self.event_type]
+        return self.payload["accountId"], prefix + self.payload[id_field]
 
 
 def _groups(sent: Mapping[str, Outgoing]) -> dict[tuple[str, str], _KeyGroup]:
     groups: dict[tuple[str, str], _KeyGroup] = {}
     for message_id, message in sent.items():
+        payload, event_type, key = message.payload, message.event_type, message.key
         well_formed = (
             message.kind in ("payment", "receipt") or message.expected_error == ErrorType.IDEMPOTENCY_KEY_REUSED
         )
-        payload = message.payload
-        event_type = message.event_type
-        if not well_formed or payload is None or event_type is None or message.key is None:
-            continue
-        group = groups.setdefault((event_type, message.key), _KeyGroup(event_type, message.key, payload))
-        group.amounts[int(payload["amountCents"])].append(message_id)
+        if well_formed and payload is not None and event_type is not None and key is not None:
+            group = groups.setdefault((event_type, key), _KeyGroup(event_type, key, payload))
+            group.amounts[int(payload["amountCents"])].append(message_id)
     return groups
 
 
 class Checker:
-    def __init__(self, sent: Mapping[str, Outgoing], end: EndState, history: InvocationHistory, log: FaultLog):
+    def __init__(self, sent: Mapping[str, Outgoing], end: EndState, history: History):
         self.sent = sent
         self.end = end
         self.history = history
-        self.log = log
         self.groups = _groups(sent)
+        self.payments = [group for group in self.groups.values() if group.event_type == "PaymentReceived"]
+        self.receipts = [group for group in self.groups.values() if group.event_type == "ReceiptRequested"]
         self.entries = {(item["accountId"], item["entryId"]): item for item in end.ledger}
         self.dead: defaultdict[str, list[str | None]] = defaultdict(list)
         for letter in end.dead_letters:
             self.dead[letter.original_message_id].append(letter.error_type)
 
-    # -- helpers ---------------------------------------------------------------------
-
-    def payment_entry(self, group: _KeyGroup) -> dict[str, Any] | None:
-        return self.entries.get((group.payload["accountId"], f"PAYMENT#{group.payload['paymentId']}"))
-
-    def receipt_entry(self, group: _KeyGroup) -> dict[str, Any] | None:
-        return self.entries.get((group.payload["accountId"], f"RECEIPT#{group.payload['receiptId']}"))
+    def all(self) -> list[Verdict]:
+        checks: dict[str, Callable[[], Iterable[str]]] = {
+            "queue drained before the time limit": self.queue_drained,
+            "nothing lost (applied, or in the DLQ with its reason)": self.nothing_lost,
+            "no payment applied twice (balance = sum of distinct payments)": self.no_payment_applied_twice,
+            "no healthy message dead-lettered": self.dead_letters_explained,
+            "no record stuck IN_PROGRESS": self.no_record_stuck,
+            "no zombie commit or release over a newer owner": lambda: self.history.zombie_writes_accepted,
+            "batchItemFailures name only the batch's ids": self.failures_name_their_batch,
+            "receipt webhook: a repeat call only after a failed attempt": self.receipts_called_once,
+            "every receipt call carries its message's Idempotency-Key": self.receipts_carry_their_key,
+        }
+        verdicts = []
+        for name, check in checks.items():
+            found = list(check())
+            verdicts.append(Verdict(name, len(found), found[:_EXAMPLES]))
+        return verdicts
 
     def winner(self, group: _KeyGroup) -> int | None:
         """The amount that was applied under a key, when one was."""
-        entry = self.payment_entry(group) if group.event_type == "PaymentReceived" else self.receipt_entry(group)
+        entry = self.entries.get(group.entry_id)
         if entry is None:
             return None
         if group.event_type == "PaymentReceived":
@@ -117,75 +181,67 @@ class Checker:
     def dead_lettered_for(self, message_id: str, error_type: str) -> bool:
         return error_type in self.dead.get(message_id, [])
 
-    # -- the invariants --------------------------------------------------------------
+    # -- the invariants: each yields its violations ------------------------------------
 
-    def nothing_lost(self) -> Verdict:
-        verdict = Verdict("nothing lost (applied, or in the DLQ with its reason)")
+    def queue_drained(self) -> Iterator[str]:
+        if not self.end.drained:
+            yield "messages still queued or in flight at the time limit"
+
+    def nothing_lost(self) -> Iterator[str]:
         for group in self.groups.values():
             winner = self.winner(group)
             if winner is None:
-                verdict.violation(f"{group.event_type} {group.key}: never applied")
+                yield f"{group.event_type} {group.key}: never applied"
                 continue
             for amount, message_ids in group.amounts.items():
                 for message_id in message_ids:
                     if amount != winner and not self.dead_lettered_for(message_id, ErrorType.IDEMPOTENCY_KEY_REUSED):
-                        verdict.violation(f"{message_id} reused key {group.key}: neither applied nor dead-lettered")
+                        yield f"{message_id} reused key {group.key}: neither applied nor dead-lettered"
         for message_id, message in self.sent.items():
             if message.kind == "poison" and message.expected_error != ErrorType.IDEMPOTENCY_KEY_REUSED:
                 assert message.expected_error is not None
                 if not self.dead_lettered_for(message_id, message.expected_error):
-                    verdict.violation(f"poison {message_id} not in the DLQ as {message.expected_error}")
-        return verdict
+                    yield f"poison {message_id} not in the DLQ as {message.expected_error}"
 
-    def no_payment_applied_twice(self) -> Verdict:
-        verdict = Verdict("no payment applied twice (balance = sum of distinct payments)")
+    def no_payment_applied_twice(self) -> Iterator[str]:
         credited: Counter[str] = Counter()
-        for group in self.groups.values():
-            if group.event_type != "PaymentReceived":
-                continue
-            entry = self.payment_entry(group)
+        for group in self.payments:
+            entry = self.entries.get(group.entry_id)
             if entry is None:
                 continue
             if int(entry["amountCents"]) not in group.amounts:
-                verdict.violation(f"{group.key}: ledger entry of {entry['amountCents']} matches no message")
+                yield f"{group.key}: ledger entry of {entry['amountCents']} matches no message"
             credited[group.payload["accountId"]] += int(entry["amountCents"])
-        sent_payments = {
-            (group.payload["accountId"], f"PAYMENT#{group.payload['paymentId']}")
-            for group in self.groups.values()
-            if group.event_type == "PaymentReceived"
-        }
+        sent_payments = {group.entry_id for group in self.payments}
         entries_by_account: Counter[str] = Counter()
         for (account, entry_id), item in self.entries.items():
             if entry_id.startswith("PAYMENT#"):
                 entries_by_account[account] += int(item["amountCents"])
                 if (account, entry_id) not in sent_payments:
-                    verdict.violation(f"{account}/{entry_id}: a ledger entry for no payment sent")
+                    yield f"{account}/{entry_id}: a ledger entry for no payment sent"
         for (account, entry_id), item in self.entries.items():
             if entry_id != "BALANCE":
                 continue
             balance = int(item.get("balanceCents", 0))
             if balance != entries_by_account[account] or balance != credited[account]:
-                verdict.violation(
+                yield (
                     f"{account}: balance {balance}, payment entries {entries_by_account[account]},"
                     f" distinct payments applied {credited[account]}"
                 )
-        return verdict
 
-    def dead_letters_explained(self) -> Verdict:
-        verdict = Verdict("no healthy message dead-lettered")
+    def dead_letters_explained(self) -> Iterator[str]:
         for message_id, reasons in self.dead.items():
             message = self.sent.get(message_id)
             for reason in reasons:
                 if reason is None:
                     continue  # moved by the redrive policy: counted, and lost only if never applied
                 if message is None:
-                    verdict.violation(f"{message_id}: dead-lettered ({reason}) but never sent")
+                    yield f"{message_id}: dead-lettered ({reason}) but never sent"
                 elif message.kind == "poison" and message.expected_error != ErrorType.IDEMPOTENCY_KEY_REUSED:
                     if reason != message.expected_error:
-                        verdict.violation(f"{message_id}: dead-lettered as {reason}, not {message.expected_error}")
+                        yield f"{message_id}: dead-lettered as {reason}, not {message.expected_error}"
                 elif reason != ErrorType.IDEMPOTENCY_KEY_REUSED or self._is_winner(message_id, message):
-                    verdict.violation(f"{message_id} ({message.kind} {message.key}): dead-lettered as {reason}")
-        return verdict
+                    yield f"{message_id} ({message.kind} {message.key}): dead-lettered as {reason}"
 
     def _is_winner(self, message_id: str, message: Outgoing) -> bool:
         group = self.groups.get((message.event_type or "", message.key or ""))
@@ -194,84 +250,35 @@ class Checker:
         winner = self.winner(group)
         return winner is not None and message_id in group.amounts.get(winner, [])
 
-    def no_record_stuck(self) -> Verdict:
-        verdict = Verdict("no record stuck IN_PROGRESS")
+    def no_record_stuck(self) -> Iterator[str]:
         for record in self.end.records:
             if record.get(Attr.STATUS) == Status.IN_PROGRESS:
-                verdict.violation(f"{record['id']} IN_PROGRESS, lease ended {record.get('leaseExpiresAt')}")
-        return verdict
+                yield f"{record['id']} IN_PROGRESS, lease ended {record.get('leaseExpiresAt')}"
 
-    def zombies_fenced(self) -> Verdict:
-        verdict = Verdict("no zombie commit or release over a newer owner")
-        for description in self.log.zombie_writes_accepted:
-            verdict.violation(description)
-        return verdict
-
-    def failures_name_their_batch(self) -> Verdict:
-        verdict = Verdict("batchItemFailures name only the batch's ids")
+    def failures_name_their_batch(self) -> Iterator[str]:
         for message_id in self.history.foreign_failure_ids:
-            verdict.violation(f"{message_id} reported outside its batch")
-        return verdict
+            yield f"{message_id} reported outside its batch"
 
-    def receipts_called_once(self) -> Verdict:
+    def receipts_called_once(self) -> Iterator[str]:
         """More than one accepted webhook call per key only after as many failed attempts.
 
         A transaction conflict is not a failed attempt: the consumer retries the fenced
         commit, never the call, so a repeat after one is a violation.
         """
-        verdict = Verdict("receipt webhook: a repeat call only after a failed attempt")
         accepted = Counter(call.idempotency_key for call in self.end.webhook_calls if 200 <= call.status < 300)
-        for group in self.groups.values():
-            if group.event_type != "ReceiptRequested":
-                continue
-            record_id = f"{group.event_type}#{group.key}"
-            faults = self.log.by_record.get(record_id, Counter())
+        for group in self.receipts:
+            faults = self.history.faults_by_record.get(f"{group.event_type}#{group.key}", Counter())
             failed_attempts = (
                 sum(faults.values())
-                - faults[FaultKind.TRANSACTION_CONFLICT.value]
-                + sum(
-                    1
-                    for message_id in group.message_ids
-                    for outcome, _ in self.history.results.get(message_id, [])
-                    if outcome == "retried"
-                )
+                - faults[FaultKind.TRANSACTION_CONFLICT]
+                + sum(self.history.retried[message_id] for ids in group.amounts.values() for message_id in ids)
             )
             if accepted[group.key] > 1 + failed_attempts:
-                verdict.violation(
-                    f"{group.key}: {accepted[group.key]} calls accepted, {failed_attempts} failed attempts"
-                )
-        return verdict
+                yield f"{group.key}: {accepted[group.key]} calls accepted, {failed_attempts} failed attempts"
 
-    def receipts_carry_their_key(self) -> Verdict:
-        verdict = Verdict("every receipt call carries its message's Idempotency-Key")
-        key_of = {
-            group.payload["receiptId"]: group.key
-            for group in self.groups.values()
-            if group.event_type == "ReceiptRequested"
-        }
+    def receipts_carry_their_key(self) -> Iterator[str]:
+        key_of = {group.payload["receiptId"]: group.key for group in self.receipts}
         for call in self.end.webhook_calls:
             receipt_id = call.json().get("receiptId")
             if call.idempotency_key != key_of.get(receipt_id):
-                verdict.violation(
-                    f"receipt {receipt_id}: key {call.idempotency_key!r}, sent as {key_of.get(receipt_id)!r}"
-                )
-        return verdict
-
-    def queue_drained(self) -> Verdict:
-        verdict = Verdict("queue drained before the time limit")
-        if not self.end.drained:
-            verdict.violation("messages still queued or in flight at the time limit")
-        return verdict
-
-    def all(self) -> list[Verdict]:
-        return [
-            self.queue_drained(),
-            self.nothing_lost(),
-            self.no_payment_applied_twice(),
-            self.dead_letters_explained(),
-            self.no_record_stuck(),
-            self.zombies_fenced(),
-            self.failures_name_their_batch(),
-            self.receipts_called_once(),
-            self.receipts_carry_their_key(),
-        ]
+                yield f"receipt {receipt_id}: key {call.idempotency_key!r}, sent as {key_of.get(receipt_id)!r}"

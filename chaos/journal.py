@@ -1,42 +1,38 @@
-"""What an execution environment tells the harness, written where a killed process cannot take it back.
-
-The chaos function runs in Lambda's runtime, in processes that a crash fault ends with
-``os._exit``. Anything kept in memory dies with them, so each event (a fault injected,
-a cold start, an invocation's record results) is one JSON line appended with a single
-``os.write`` on an ``O_APPEND`` descriptor: on the file before the next instruction, whole
-or not at all, whatever kills the process afterwards. The harness reads every journal
-once the run is over.
-"""
+"""What a runtime process reports to the harness, where a crash (``os._exit``) cannot take it back:
+each event one JSON line appended with a single ``os.write`` on an ``O_APPEND`` descriptor, on disk
+before the next instruction, whole or not at all, whatever the other threads write."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 
 class Journal:
-    """Append-only JSON lines; thread-safe within a process."""
+    """Append-only JSON lines: the next free ``journal-N.jsonl`` of the run's directory, one per process."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        self._lock = threading.Lock()
+    def __init__(self, directory: Path) -> None:
+        for index in itertools.count():
+            path = directory / f"journal-{index}.jsonl"
+            try:
+                self._descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                continue
+            # The number of cold starts before this one in the run: what seeds this process.
+            self.index = index
+            break
 
-    def write(self, entry: dict[str, Any]) -> None:
-        line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
-        with self._lock:
-            os.write(self._descriptor, line)
+    def write(self, event: str, **fields: Any) -> None:
+        os.write(self._descriptor, (json.dumps({"event": event, **fields}, separators=(",", ":")) + "\n").encode())
 
 
-def read(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
-    """Every entry of every journal (a line cut short by a dying process is skipped)."""
-    for path in paths:
-        if not path.exists():
-            continue
+def read(directory: Path) -> Iterator[dict[str, Any]]:
+    """Every entry of every journal in ``directory`` (a line cut short, should one be, is skipped)."""
+    for path in sorted(directory.glob("journal-*.jsonl")):
         for line in path.read_text().splitlines():
             try:
                 yield json.loads(line)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from chaos.faults import FaultKind
-from chaos.harness import ChaosReport
+from chaos.harness import HOT_ACCOUNT, ChaosReport
 
 _WIDTH = 84
 
@@ -17,39 +19,47 @@ def _row(label: str, value: object) -> str:
 
 
 def render(report: ChaosReport) -> str:
-    config = report.config
-    workload = report.workload
-    history = report.history
+    config, history, end = report.config, report.history, report.end
+    business = [message for message in report.sent.values() if message.kind in ("payment", "receipt")]
+    distinct = {message.key: message for message in business}  # a resend reuses its original's key
+    kinds = Counter(message.kind for message in distinct.values())
+    hot = sum(
+        message.kind == "payment" and (message.payload or {})["accountId"].startswith(HOT_ACCOUNT)
+        for message in distinct.values()
+    )
+    injected_conflicts = history.faults[FaultKind.TRANSACTION_CONFLICT]
+    webhook_calls_per_key = Counter(call.idempotency_key for call in end.webhook_calls)
+    dead_letters = Counter(letter.error_type or "redrive (no reason)" for letter in end.dead_letters)
     lines = [
         f"chaos run: seed {config.seed}, {config.pollers} pollers, {report.duration_s:.0f} s",
         *_section("sent"),
-        _row("messages sent", report.sent),
-        _row("distinct payments", workload.distinct_payments),
-        _row("distinct receipt requests", workload.distinct_receipts),
-        _row("duplicates (same key, new messageId)", workload.resends),
-        _row("poison (incl. key reused with another payload)", workload.poison),
-        _row(f"payments on {config.hot_accounts} hot accounts ({config.hot_share:.0%} share)", workload.hot_payments),
+        _row("messages sent", len(report.sent)),
+        _row("distinct payments", kinds["payment"]),
+        _row("distinct receipt requests", kinds["receipt"]),
+        _row("duplicates (same key, new messageId)", len(business) - len(distinct)),
+        _row("poison (incl. key reused with another payload)", len(report.sent) - len(business)),
+        _row(f"payments on {config.hot_accounts} hot accounts ({config.hot_share:.0%} share)", hot),
         *_section("faults injected"),
     ]
-    lines += [_row(f"{kind.description} [{kind.value}]", report.faults.get(kind, 0)) for kind in FaultKind]
+    lines += [_row(f"{kind.description} [{kind.value}]", history.faults[kind]) for kind in FaultKind]
     lines += [
-        _row("zombies that saw no takeover (not counted above)", report.zombies_without_takeover),
-        _row(f"clock skew between runtimes (up to +/-{config.max_skew_ms} ms)", f"{history.containers} clocks"),
+        _row("zombies that saw no takeover (not counted above)", history.zombies_without_takeover),
+        _row(f"clock skew between runtimes (up to +/-{config.max_skew_ms} ms)", f"{history.cold_starts} clocks"),
         *_section("outcomes"),
-        _row("invocations", history.invocations),
+        _row("invocations", report.pollers.invocations),
         _row("  crashed (nothing deleted, batch comes back)", history.crashed),
         *(_row(f"  poller verdict {verdict}", count) for verdict, count in sorted(report.pollers.verdicts.items())),
-        _row("runtimes started (cold starts, after crashes too)", history.containers),
+        _row("runtimes started (cold starts, after crashes too)", history.cold_starts),
         _row("records redelivered by SQS (receive count > 1)", history.redelivered_records),
         *(_row(f"record results: {outcome}", count) for outcome, count in sorted(history.outcomes.items())),
-        *(_row(f"dead letters: {reason}", count) for reason, count in sorted(report.dead_letters.items())),
-        _row("transaction conflicts seen", report.conflicts.seen),
-        _row("  injected by the conflict fault", report.conflicts.injected),
-        _row("  raised by the local stack's emulation (overlapping transactions)", report.conflicts.emulated),
-        _row("  absorbed in process (retried within the record's time)", report.conflicts.absorbed),
-        _row("  returned to SQS (outcome conflict)", report.conflicts.returned),
-        _row("webhook calls", report.webhook_calls),
-        _row("  receipts whose webhook was called more than once", report.receipts_called_again),
+        *(_row(f"dead letters: {reason}", count) for reason, count in sorted(dead_letters.items())),
+        _row("transaction conflicts seen", injected_conflicts + report.emulated_conflicts),
+        _row("  injected by the conflict fault", injected_conflicts),
+        _row("  raised by the local stack's emulation (overlapping transactions)", report.emulated_conflicts),
+        _row("  absorbed in process (retried within the record's time)", history.conflicts_absorbed),
+        _row("  returned to SQS (outcome conflict)", history.outcomes["conflict"]),
+        _row("webhook calls", len(end.webhook_calls)),
+        _row("  receipts whose webhook was called more than once", sum(n > 1 for n in webhook_calls_per_key.values())),
         *_section("invariants (violations; each must be 0)"),
     ]
     for verdict in report.verdicts:

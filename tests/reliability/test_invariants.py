@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chaos.faults import FaultKind, FaultLog
-from chaos.function import InvocationHistory
-from chaos.invariants import Checker, EndState
+from chaos.faults import FaultKind
+from chaos.invariants import Checker, EndState, History
+from chaos.journal import Journal
 from consumer.errors import ErrorType
 from testkit.dead_letters import DeadLetter
 from testkit.messages import Outgoing, envelope, payment, receipt
@@ -55,8 +56,8 @@ CORRECT = EndState(
 )
 
 
-def _verdicts(end: EndState, history: InvocationHistory | None = None, log: FaultLog | None = None) -> dict[str, int]:
-    checker = Checker(SENT, end, history or InvocationHistory(), log or FaultLog())
+def _verdicts(end: EndState, history: History | None = None) -> dict[str, int]:
+    checker = Checker(SENT, end, history or History())
     return {verdict.name: verdict.violations for verdict in checker.all()}
 
 
@@ -106,27 +107,37 @@ def test_a_reused_key_must_put_the_losing_payload_in_the_dead_letter_queue() -> 
     assert _verdicts(end)["nothing lost (applied, or in the DLQ with its reason)"] == 1
 
 
-def test_a_repeat_webhook_call_is_allowed_after_a_failed_attempt() -> None:
-    history = InvocationHistory()
-    history.results["m-receipt"].append(("retried", "webhook answered HTTP 503"))
+def _journaled(directory: Path, *entries: tuple[str, dict[str, Any]]) -> History:
+    """The history a runtime's journal of ``entries`` reads back as."""
+    journal = Journal(directory)
+    for event, fields in entries:
+        journal.write(event, **fields)
+    history = History()
+    history.read_journals(directory)
+    return history
+
+
+def test_a_repeat_webhook_call_is_allowed_after_a_failed_attempt(tmp_path: Path) -> None:
+    history = _journaled(tmp_path, ("results", {"results": [["m-receipt", "retried", 0]]}))
     end = replace(CORRECT, webhook_calls=[_call("rcpt-1"), _call("rcpt-1")])
     assert set(_verdicts(end, history=history).values()) == {0}
 
 
-def test_a_repeat_webhook_call_after_a_conflict_is_a_violation() -> None:
-    log = FaultLog()
-    log.add(FaultKind.TRANSACTION_CONFLICT, "ReceiptRequested#rcpt-1")
-    history = InvocationHistory()
-    history.results["m-receipt"].append(("conflict", "transaction cancelled: TransactionConflict"))
+def test_a_repeat_webhook_call_after_a_conflict_is_a_violation(tmp_path: Path) -> None:
+    history = _journaled(
+        tmp_path,
+        ("fault", {"kind": FaultKind.TRANSACTION_CONFLICT, "record": "ReceiptRequested#rcpt-1"}),
+        ("results", {"results": [["m-receipt", "conflict", 0]]}),
+    )
     end = replace(CORRECT, webhook_calls=[_call("rcpt-1"), _call("rcpt-1")])
-    assert _verdicts(end, history=history, log=log)["receipt webhook: a repeat call only after a failed attempt"] == 1
+    assert _verdicts(end, history=history)["receipt webhook: a repeat call only after a failed attempt"] == 1
 
 
-def test_a_zombie_write_and_a_foreign_failure_id_are_violations() -> None:
-    log = FaultLog()
-    log.zombie_write_accepted("commit of ReceiptRequested#rcpt-1 by overtaken owner t-1")
-    history = InvocationHistory()
+def test_a_zombie_write_and_a_foreign_failure_id_are_violations(tmp_path: Path) -> None:
+    history = _journaled(
+        tmp_path, ("zombie_write_accepted", {"description": "commit of ReceiptRequested#rcpt-1 by overtaken owner t-1"})
+    )
     history.foreign_failure_ids.append("not-in-the-batch")
-    verdicts = _verdicts(CORRECT, history=history, log=log)
+    verdicts = _verdicts(CORRECT, history=history)
     assert verdicts["no zombie commit or release over a newer owner"] == 1
     assert verdicts["batchItemFailures name only the batch's ids"] == 1

@@ -25,7 +25,7 @@ def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLoca
     seen: list[StoreCall] = []
 
     def record(call: TransportCall) -> TransportPlan | None:
-        seen.append(classify(call.operation, call.params, table))
+        seen.append(classify(call, table))
         return None
 
     session = local_session()
