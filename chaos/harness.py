@@ -23,15 +23,15 @@ from chaos.faults import DEFAULT_RATES, FaultKind
 from chaos.invariants import Checker, EndState, History, Verdict, scan
 from chaos.runtime_handler import PLAN_VARIABLE, Plan
 from consumer.config import Settings
-from local.poller import PollerStats
-from local.stack import DeployedStack
+from local.poller import Poller, PollerGroup
+from local.state import REPO_ROOT
 from testkit import dead_letters
-from testkit.lambda_runtime import LambdaFleet
+from testkit.lambda_runtime import LambdaEnvironment, check_handler
+from testkit.lambda_venv import venv_python
 from testkit.messages import Outgoing, payment, payments, poison, queue_counts, receipts, send_all, with_resends
 from testkit.resources import FunctionSpec, LocalResources
 from testkit.servers import LocalServers
 from testkit.tables import IDEMPOTENCY_TABLE, LEDGER_TABLE
-from testkit.template import REPO_ROOT
 from testkit.webhook import Answer, WebhookSink
 
 # The runtime's task root stands for the deployment package: links to the consumer and to what
@@ -77,7 +77,6 @@ class ChaosReport:
     config: ChaosConfig
     sent: Mapping[str, Outgoing]  # by the messageId SQS gave it
     history: History
-    pollers: PollerStats
     end: EndState
     emulated_conflicts: int  # raised by the local stack's conflict emulation (overlapping transactions)
     verdicts: list[Verdict]
@@ -147,19 +146,40 @@ def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, webhook_url
     )
 
 
-def _fleet(servers: LocalServers, function: FunctionSpec, plan: Plan) -> LambdaFleet:
-    """The function's runtimes, their handler chaos's own, with the run's fault plan."""
-    task_root = Path(plan.run_dir) / "task"
+def _environments(
+    servers: LocalServers, function: FunctionSpec, config: ChaosConfig, run_dir: Path, seeds: list[int]
+) -> list[LambdaEnvironment]:
+    """One execution environment per poller, chaos's handler in place of the function's. Each has a seed
+    and a journal of its own, so that its n-th cold start draws the same faults whatever the others do."""
+    task_root = run_dir / "task"
     task_root.mkdir()
     for name, source in _PACKAGES.items():
         (task_root / name).symlink_to(source, target_is_directory=True)
+    packaged = replace(function, handler=_HANDLER, code_dir=task_root)
     # The function's environment puts the consumer's clients on the local endpoints (AWS_ENDPOINT_URL_*).
-    environment = {
-        **servers.function_environment(function),
-        "PYTHONPATH": str(task_root),
-        PLAN_VARIABLE: json.dumps(asdict(plan)),
-    }
-    return LambdaFleet(replace(function, handler=_HANDLER, code_dir=task_root), environment)
+    shared = {**servers.function_environment(function), "PYTHONPATH": str(task_root)}
+    python = venv_python()
+    check_handler(packaged, shared, python)
+    settings = _settings(function.environment, config).model_dump_json()
+    environments = []
+    for index, seed in enumerate(seeds):
+        plan = Plan(
+            run_dir=str(run_dir),
+            journal=f"env-{index}.jsonl",
+            seed=seed,
+            settings=settings,
+            rates={kind.value: rate for kind, rate in config.rates.items()},
+            consumer=config.consumer,
+            max_skew_ms=config.max_skew_ms,
+            # A paused worker holds its poller; some must stay free to take the key over.
+            max_paused=config.pollers - 1,
+            # Long enough for a zombie's message to come back and another runtime to claim it.
+            max_pause_s=config.visibility_timeout_s + (config.lease_max_ms + 2 * config.max_skew_ms) / 1000 + 5,
+            deadline_margin_ms=config.deadline_margin_ms,
+        )
+        variables = {**shared, PLAN_VARIABLE: json.dumps(asdict(plan))}
+        environments.append(LambdaEnvironment(packaged, variables, python=python, name=f"chaos-{index}"))
+    return environments
 
 
 def _wait_until_drained(sqs: Any, queue_url: str, timeout_s: float) -> bool:
@@ -189,43 +209,35 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
     run_id = uuid.UUID(int=rng.getrandbits(128)).hex[:8]
     workload = build_workload(config, rng, run_id)
     history = History()
-    sqs, dynamodb = servers.client("sqs", timeout_s=30.0), servers.client("dynamodb")
-    # Long enough for a zombie's message to come back and another runtime to claim it.
-    max_pause_s = config.visibility_timeout_s + (config.lease_max_ms + 2 * config.max_skew_ms) / 1000 + 5
+    # The pollers share it, as they did the harness's: a pool for them all.
+    sqs = servers.client("sqs", max_pool_connections=50, timeout_s=30.0)
+    dynamodb = servers.client("dynamodb")
     with WebhookSink() as sink, tempfile.TemporaryDirectory(prefix="chaos-run-", ignore_cleanup_errors=True) as run_dir:
         webhook_plan = _webhook_plan(config, rng, calls=4 * max(1, round(config.messages * config.receipt_ratio)))
         sink.answer_next(*(answer for _, answer in webhook_plan))
         resources = _deploy(servers, config, run_id, sink.receipts_url)
         function = resources.function()
-        plan = Plan(
-            run_dir=run_dir,
-            seed=rng.getrandbits(32),
-            settings=_settings(function.environment, config).model_dump_json(),
-            rates={kind.value: rate for kind, rate in config.rates.items()},
-            consumer=config.consumer,
-            max_skew_ms=config.max_skew_ms,
-            # A paused worker holds its poller; some must stay free to take the key over.
-            max_paused=config.pollers - 1,
-            max_pause_s=max_pause_s,
-            deadline_margin_ms=config.deadline_margin_ms,
-        )
-        stack = DeployedStack(servers, resources, _fleet(servers, function, plan))
-        sqs.set_queue_attributes(
-            QueueUrl=stack.queue.url, Attributes={"VisibilityTimeout": str(config.visibility_timeout_s)}
-        )
+        trigger = function.triggers[0]
+        queue = resources.queues[trigger.queue_logical_id]
+        sqs.set_queue_attributes(QueueUrl=queue.url, Attributes={"VisibilityTimeout": str(config.visibility_timeout_s)})
+        seeds = [rng.getrandbits(32) for _ in range(config.pollers)]
+        environments = _environments(servers, function, config, Path(run_dir), seeds)
         emulated_before = _emulated_conflicts(servers)
         try:
-            stack.pollers(config.pollers, on_batch=history.settled)
-            sent = send_all(sqs, stack.queue.url, workload, max_depth=config.max_queue_depth)
-            drained = _wait_until_drained(sqs, stack.queue.url, config.drain_timeout_s)
+            pollers = [Poller(sqs, queue, trigger, env.start(), on_batch=history.settled) for env in environments]
+            # Stopped before the runtimes: an invocation under way settles its batch first.
+            with PollerGroup(pollers):
+                sent = send_all(sqs, queue.url, workload, max_depth=config.max_queue_depth)
+                drained = _wait_until_drained(sqs, queue.url, config.drain_timeout_s)
         finally:
-            stack.stop()  # the pollers first (an invocation under way settles its batch), then the runtimes
+            for environment in environments:
+                environment.stop()
         emulated = _emulated_conflicts(servers) - emulated_before
         history.read_journals(Path(run_dir))
         end = EndState(
-            ledger=scan(dynamodb, stack.table_name(LEDGER_TABLE)),
-            records=scan(dynamodb, stack.table_name(IDEMPOTENCY_TABLE)),
-            dead_letters=dead_letters.peek(sqs, stack.dead_letter_queue.url),
+            ledger=scan(dynamodb, resources.tables[LEDGER_TABLE].name),
+            records=scan(dynamodb, resources.tables[IDEMPOTENCY_TABLE].name),
+            dead_letters=dead_letters.peek(sqs, resources.dead_letter_queue(queue).url),
             webhook_calls=sink.received(),
             drained=drained,
         )
@@ -234,7 +246,6 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
         config=config,
         sent=sent,
         history=history,
-        pollers=stack.stats,
         end=end,
         emulated_conflicts=emulated,
         verdicts=Checker(sent, end, history).all(),

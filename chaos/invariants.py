@@ -17,7 +17,7 @@ from chaos import journal
 from chaos.faults import FaultKind
 from consumer.errors import ErrorType
 from consumer.idempotency.record import Attr, Status
-from local.poller import BatchReport
+from local.poller import BatchReport, PollerStats
 from testkit.dead_letters import DeadLetter
 from testkit.messages import Outgoing
 from testkit.webhook import ReceivedRequest
@@ -49,10 +49,12 @@ class History:
     crashed: int = 0
     # batchItemFailures ids that were not ids of the invocation's batch.
     foreign_failure_ids: list[str] = field(default_factory=list)
+    pollers: PollerStats = field(default_factory=PollerStats)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def settled(self, report: BatchReport) -> None:
         """What a poller saw of an invocation; thread-safe."""
+        self.pollers.add(report)
         invocation = report.invocation
         response = invocation.response if invocation.succeeded and isinstance(invocation.response, Mapping) else {}
         foreign = [
@@ -65,7 +67,7 @@ class History:
             self.foreign_failure_ids.extend(foreign)
 
     def read_journals(self, directory: Path) -> None:
-        for entry in journal.read(directory):
+        for entry in journal.read(sorted(directory.glob("env-*.jsonl"))):
             event, record = entry["event"], entry.get("record")
             if event == "fault":
                 self.faults[FaultKind(entry["kind"])] += 1

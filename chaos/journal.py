@@ -4,36 +4,29 @@ before the next instruction, whole or not at all, whatever the other threads wri
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 
 class Journal:
-    """Append-only JSON lines: the next free ``journal-N.jsonl`` of the run's directory, one per process."""
+    """Append-only JSON lines: one file per execution environment, whose runtime processes follow one another."""
 
-    def __init__(self, directory: Path) -> None:
-        for index in itertools.count():
-            path = directory / f"journal-{index}.jsonl"
-            try:
-                self._descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                continue
-            # The number of cold starts before this one in the run: what seeds this process.
-            self.index = index
-            break
+    def __init__(self, path: Path) -> None:
+        # The environment's cold starts before this one: with its seed, what this process draws its faults from.
+        self.cold_starts = sum(entry["event"] == "init" for entry in read([path]))
+        self._descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     def write(self, event: str, **fields: Any) -> None:
         os.write(self._descriptor, (json.dumps({"event": event, **fields}, separators=(",", ":")) + "\n").encode())
 
 
-def read(directory: Path) -> Iterator[dict[str, Any]]:
-    """Every entry of every journal in ``directory`` (a line cut short, should one be, is skipped)."""
-    for path in sorted(directory.glob("journal-*.jsonl")):
-        for line in path.read_text().splitlines():
+def read(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
+    """Every entry of every journal (a line cut short, should one be, is skipped)."""
+    for path in paths:
+        for line in path.read_text().splitlines() if path.exists() else ():
             try:
                 yield json.loads(line)
             except ValueError:

@@ -30,8 +30,9 @@ PLAN_VARIABLE = "CHAOS_PLAN"
 class Plan:
     """What every runtime process of a run shares, as JSON in ``CHAOS_PLAN``."""
 
-    run_dir: str  # the journals, one per runtime process, and the zombies' pause slots
-    seed: int  # each cold start draws from it and its number in the run
+    run_dir: str  # the journals and the zombies' pause slots
+    journal: str  # this environment's journal, in ``run_dir``
+    seed: int  # this environment's: each cold start draws from it and the number of cold starts before it
     settings: str  # the consumer's Settings as JSON (the harness's short leases)
     rates: dict[str, float]  # fault kind -> rate
     # module:callable(settings, session, *, clock), whose ``process(records, remaining_ms)``
@@ -53,8 +54,8 @@ class Environment:
 
     def __init__(self, plan: Plan) -> None:
         run_dir = Path(plan.run_dir)
-        self.journal = Journal(run_dir)
-        self._rng = random.Random(f"{plan.seed}:{self.journal.index}")
+        self.journal = Journal(run_dir / plan.journal)
+        self._rng = random.Random(f"{plan.seed}:{self.journal.cold_starts}")
         self._skew_s = self._rng.uniform(-1, 1) * plan.max_skew_ms / 1000
         self.journal.write("init", skew_ms=round(self._skew_s * 1000))
         settings = Settings.model_validate_json(plan.settings)

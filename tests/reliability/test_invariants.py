@@ -109,7 +109,7 @@ def test_a_reused_key_must_put_the_losing_payload_in_the_dead_letter_queue() -> 
 
 def _journaled(directory: Path, *entries: tuple[str, dict[str, Any]]) -> History:
     """The history a runtime's journal of ``entries`` reads back as."""
-    journal = Journal(directory)
+    journal = Journal(directory / "env-0.jsonl")
     for event, fields in entries:
         journal.write(event, **fields)
     history = History()
