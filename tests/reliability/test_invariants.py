@@ -123,14 +123,28 @@ def test_a_repeat_webhook_call_is_allowed_after_a_failed_attempt(tmp_path: Path)
     assert set(_verdicts(end, history=history).values()) == {0}
 
 
-def test_a_repeat_webhook_call_after_a_conflict_is_a_violation(tmp_path: Path) -> None:
+def test_a_repeat_webhook_call_after_an_absorbed_conflict_is_a_violation(tmp_path: Path) -> None:
+    history = _journaled(
+        tmp_path,
+        ("fault", {"kind": FaultKind.TRANSACTION_CONFLICT, "record": "ReceiptRequested#rcpt-1"}),
+        ("results", {"results": [["m-receipt", "applied", 1]]}),
+    )
+    end = replace(CORRECT, webhook_calls=[_call("rcpt-1"), _call("rcpt-1")])
+    assert _verdicts(end, history=history)["receipt webhook: a repeat call only after a failed attempt"] == 1
+
+
+def test_a_repeat_webhook_call_is_allowed_after_a_delivery_that_ended_in_conflict(tmp_path: Path) -> None:
+    """Its commit was still refused when the invocation's time ran out: the next owner posts again."""
     history = _journaled(
         tmp_path,
         ("fault", {"kind": FaultKind.TRANSACTION_CONFLICT, "record": "ReceiptRequested#rcpt-1"}),
         ("results", {"results": [["m-receipt", "conflict", 0]]}),
+        ("results", {"results": [["m-receipt", "applied", 0]]}),
     )
     end = replace(CORRECT, webhook_calls=[_call("rcpt-1"), _call("rcpt-1")])
-    assert _verdicts(end, history=history)["receipt webhook: a repeat call only after a failed attempt"] == 1
+    assert set(_verdicts(end, history=history).values()) == {0}
+    three_calls = replace(CORRECT, webhook_calls=[_call("rcpt-1")] * 3)
+    assert _verdicts(three_calls, history=history)["receipt webhook: a repeat call only after a failed attempt"] == 1
 
 
 def test_a_zombie_write_and_a_foreign_failure_id_are_violations(tmp_path: Path) -> None:
