@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Self
 
 LOOPBACK = "127.0.0.1"
-# The servers' children run as ``python -m local.…``: from the repository's root.
+# The servers' children run as ``python -m testkit.…``: from the repository's root.
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
