@@ -73,7 +73,7 @@ fuzz: venv ## the whole handler fuzzed with hostile batches for about 20 minutes
 	done
 
 # The local stack (no AWS, no Docker): DynamoDB Local, moto's SQS, a webhook sink and pollers that
-# behave as Lambda's SQS event source mapping, all on 127.0.0.1. See local/.
+# behave as Lambda's SQS event source mapping, all on 127.0.0.1. See local/ (the commands) and testkit/ (the services).
 LOCAL := PYTHONPATH=src $(PY) -m local
 
 .PHONY: demo
