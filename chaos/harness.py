@@ -24,7 +24,6 @@ from chaos.invariants import Checker, EndState, History, Verdict, scan
 from chaos.runtime_handler import PLAN_VARIABLE, Plan
 from consumer.config import Settings
 from local.poller import Poller, PollerGroup
-from local.state import REPO_ROOT
 from testkit import dead_letters
 from testkit.lambda_runtime import LambdaEnvironment, check_handler
 from testkit.lambda_venv import venv_python
@@ -32,6 +31,7 @@ from testkit.messages import Outgoing, payment, payments, poison, queue_counts, 
 from testkit.resources import FunctionSpec, LocalResources
 from testkit.servers import LocalServers
 from testkit.tables import IDEMPOTENCY_TABLE, LEDGER_TABLE
+from testkit.template import REPO_ROOT
 from testkit.webhook import Answer, WebhookSink
 
 # The runtime's task root stands for the deployment package: links to the consumer and to what
