@@ -34,7 +34,7 @@ from bench.report import (
     stdout_report,
 )
 from bench.systems import INITIALISATION, SYSTEM_ENV, SYSTEMS, ThisConsumer, settings_environment
-from bench.timing import REPO_ROOT, invoke, measure_cold_starts, system_functions, time_batches
+from bench.timing import POWERTOOLS_ENV, REPO_ROOT, invoke, measure_cold_starts, system_functions, time_batches
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.conflict_emulation import ConflictEmulation, ConflictProxy
 from testkit.dynamodb_local import DynamoDBLocal, JavaNotFound, jar_directory, java_runtime
@@ -119,8 +119,7 @@ class _Run:
                     **settings_environment(backend.settings(system.name, _UNUSED_WEBHOOK_URL)),
                     SYSTEM_ENV: system.name,
                     "AWS_ENDPOINT_URL_DYNAMODB": server.endpoint_url,
-                    "POWERTOOLS_SERVICE_NAME": "idempotent-consumer",
-                    "POWERTOOLS_METRICS_NAMESPACE": "IdempotentConsumer",
+                    **POWERTOOLS_ENV,
                     "POWERTOOLS_LOG_LEVEL": "INFO",
                 }
                 for system in SYSTEMS

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from bench.timing import REPO_ROOT, bench_function, fresh_process_s
+from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_runtime import LambdaEnvironment
 from testkit.lambda_sqs import LambdaContext
 from testkit.lambda_venv import venv_python
@@ -33,9 +34,7 @@ ENVIRONMENT = {
     "IDEMPOTENCY_TABLE_NAME": "overhead-idempotency",
     "LEDGER_TABLE_NAME": "overhead-ledger",
     "DEAD_LETTER_QUEUE_URL": "http://127.0.0.1:9/overhead-dlq",
-    "AWS_ACCESS_KEY_ID": "overhead",
-    "AWS_SECRET_ACCESS_KEY": "overhead",
-    "AWS_DEFAULT_REGION": "us-east-1",
+    **DUMMY_CREDENTIALS_ENV,
     "POWERTOOLS_METRICS_NAMESPACE": "Overhead",
     # Both paths quiet alike: the in-process one would print into this report.
     "POWERTOOLS_LOG_LEVEL": "WARNING",

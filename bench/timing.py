@@ -160,6 +160,11 @@ def _ci_relative(samples: Samples) -> float:
     return max(samples.median_s - low, high - samples.median_s) / samples.median_s
 
 
+# As the template sets them (its Observability mapping): every system's function gets them.
+POWERTOOLS_ENV = {
+    "POWERTOOLS_SERVICE_NAME": "idempotent-consumer",
+    "POWERTOOLS_METRICS_NAMESPACE": "IdempotentConsumer",
+}
 # Cold starts run what each system's init phase runs (``bench.systems.INITIALISATION``) with these variables.
 _COLD_START_ENVIRONMENT = {
     **DUMMY_CREDENTIALS_ENV,
@@ -167,8 +172,7 @@ _COLD_START_ENVIRONMENT = {
     "LEDGER_TABLE_NAME": "ledger",
     "DEAD_LETTER_QUEUE_URL": f"https://sqs.{REGION}.amazonaws.com/000000000000/dead-letters",
     "RECEIPT_WEBHOOK_URL": "http://127.0.0.1:9/receipts",
-    "POWERTOOLS_SERVICE_NAME": "idempotent-consumer",
-    "POWERTOOLS_METRICS_NAMESPACE": "IdempotentConsumer",
+    **POWERTOOLS_ENV,
     "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)]),
 }
 # The child joins the cgroup itself, then execs Python: nothing it runs escapes the quota.
