@@ -65,7 +65,10 @@ def sqs_record(
     message_attributes: dict[str, Any] | None = None,
     queue_arn: str = QUEUE_ARN,
 ) -> dict[str, Any]:
-    """A record as Lambda delivers it, sent now; ``group_id`` makes it a FIFO queue's."""
+    """A record as Lambda delivers it, sent now; ``group_id`` makes it a FIFO queue's.
+
+    ``message_attributes`` are already in the record's lowercase shape.
+    """
     sent_ms = str(int(time.time() * 1000))
     attributes = {
         "ApproximateReceiveCount": str(receive_count),
@@ -76,18 +79,17 @@ def sqs_record(
     if group_id is not None:
         attributes["MessageGroupId"] = group_id
         attributes["MessageDeduplicationId"] = message_id
-    return {
-        "messageId": message_id,
-        "receiptHandle": f"handle-{message_id}",
-        "body": body,
-        "attributes": attributes,
-        "messageAttributes": message_attributes or {},
+    message = {
+        "MessageId": message_id,
+        "ReceiptHandle": f"handle-{message_id}",
+        "Body": body,
+        "Attributes": attributes,
         # surrogatepass: tests hand over bodies SQS would refuse (lone surrogates) to see the consumer refuse them.
-        "md5OfBody": hashlib.md5(body.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest(),
-        "eventSource": "aws:sqs",
-        "eventSourceARN": queue_arn,
-        "awsRegion": REGION,
+        "MD5OfBody": hashlib.md5(body.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest(),
     }
+    record = record_from_message(message, queue_arn=queue_arn)
+    record["messageAttributes"] = message_attributes or {}
+    return record
 
 
 def sqs_event(bodies: Sequence[str]) -> dict[str, Any]:
