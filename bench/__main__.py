@@ -2,7 +2,7 @@
 
 Calls and capacity units per message on moto in process; then each system as a Lambda function of
 its own on DynamoDB Local at each memory size's CPU share, and this consumer profiled; then cold
-starts. Progress goes to stderr.
+starts from the built artifact (``--only cold-start``: those alone, printed). Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from bench.capacity import CapacityMeter
 from bench.chart import draw_batch_latency_chart, draw_cost_chart
+from bench.coldstart import measure_cold_starts
 from bench.costs import Backend, message_costs, moto_backend
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.report import (
@@ -31,10 +32,12 @@ from bench.report import (
     BenchResults,
     TimingKey,
     benchmarks_markdown,
+    cold_start_section,
+    cold_start_targets,
     stdout_report,
 )
-from bench.systems import INITIALISATION, SYSTEM_ENV, SYSTEMS, ThisConsumer, settings_environment
-from bench.timing import POWERTOOLS_ENV, REPO_ROOT, invoke, measure_cold_starts, system_functions, time_batches
+from bench.systems import SYSTEM_ENV, SYSTEMS, ThisConsumer, settings_environment
+from bench.timing import POWERTOOLS_ENV, REPO_ROOT, invoke, system_functions, time_batches
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.conflict_emulation import ConflictEmulation, ConflictProxy
 from testkit.dynamodb_local import DynamoDBLocal, JavaNotFound, jar_directory, java_runtime
@@ -64,7 +67,9 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--precision", type=float, default=0.10, help="the CI's half-width the run aims at")
     parser.add_argument("--warm-up-batches", type=int, default=20, help="per system, before timing (JVM)")
     parser.add_argument("--cost-messages", type=int, default=10, help="messages per case for calls and units")
-    parser.add_argument("--cold-starts", type=int, default=20, help="fresh processes per system")
+    parser.add_argument("--cold-starts", type=int, default=15, help="fresh processes per system and CPU share")
+    parser.add_argument("--profiles", type=int, default=5, help="cold starts per system under -X importtime")
+    parser.add_argument("--only", choices=["cold-start"], help="run one section, print it, write nothing")
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--chart", type=Path, default=REPO_ROOT / "bench" / "batch-latency.png")
     parser.add_argument("--cost-chart", type=Path, default=REPO_ROOT / "bench" / "cost-per-million.png")
@@ -216,12 +221,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"make bench needs DynamoDB Local: {error}", file=sys.stderr)
         return 2
     run = _Run(arguments)
-    with WebhookSink() as webhook, _function_output_discarded():
-        run.measure_costs(webhook.receipts_url)
-    run.measure_on_dynamodb_local()
-    _progress(f"cold starts: {arguments.cold_starts} fresh processes per system at {TARGET_MEMORY_MB} MB")
+    if arguments.only is None:
+        with WebhookSink() as webhook, _function_output_discarded():
+            run.measure_costs(webhook.receipts_url)
+        run.measure_on_dynamodb_local()
+    _progress(f"cold starts: sam build, then {arguments.cold_starts} fresh processes per system at each CPU share")
     results = run.results
-    results.cold_starts = measure_cold_starts(INITIALISATION, arguments.cold_starts, TARGET_MEMORY_MB)
+    results.cold_starts = measure_cold_starts(arguments.cold_starts, TARGET_MEMORY_MB, arguments.profiles)
+    if arguments.only is not None:
+        print("\n".join([*cold_start_section(results.cold_starts), "", *cold_start_targets(results.cold_starts)]))
+        return 0
     results.machine = _describe_machine(dynamodb_local_version, load_at_start)
 
     draw_batch_latency_chart(results, arguments.chart)
