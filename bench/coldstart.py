@@ -1,8 +1,7 @@
-"""Cold start as Lambda starts a function: a fresh Python 3.12 process per start, from the artifact of ``sam build``.
+"""Cold start as Lambda starts a function: fresh Python 3.12 processes on the artifact of ``sam build``.
 
-Each process imports the system's handler module (what Lambda's Init Duration times) and answers one new
-payment against DynamoDB Local (its first invocation), both timed inside it, at full CPU and at the 512 MB
-share, the systems taking turns. ``python -m bench --only cold-start`` runs this alone. See methodology.md.
+Init (the handler module's import) and first invocation (one new payment), timed inside each process at each
+CPU setting, the systems taking turns. ``python -m bench --only cold-start`` runs this alone. See methodology.md.
 """
 
 from __future__ import annotations
@@ -16,10 +15,11 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.costs import Backend
 from bench.systems import settings_environment
@@ -34,9 +34,8 @@ from testkit.messages import MessageFactory
 CONSUMER, POWERTOOLS, FLOOR = "this consumer", "Powertools", "botocore floor"
 # The same functions with and without the build step's bytecode: what it saves, and what it does for Powertools.
 NO_BYTECODE, POWERTOOLS_BYTECODE = "this consumer, no bytecode", "Powertools, with bytecode"
-FULL_CPU = 0  # no quota: the process has the machine
-# Lambda's own: the init phase unthrottled (methodology.md), the process joins the share's cgroup before its invocation.
-LAMBDA_SHARES = -1
+# Lambda's own (LAMBDA_SHARES): init unthrottled (methodology.md), then the process joins the share's cgroup.
+FULL_CPU, LAMBDA_SHARES = 0, -1
 # What each system's module runs at import, binding ``handler``: its init phase.
 INIT_CODE = {
     CONSUMER: "from consumer.app import handler",
@@ -46,13 +45,12 @@ INIT_CODE = {
     ),
     FLOOR: (
         "import os, botocore.session\nclient = botocore.session.get_session().create_client('dynamodb')\n"
-        "def handler(event, context):\n"
-        "    for record in event['Records']:\n"
-        "        client.put_item(TableName=os.environ['IDEMPOTENCY_TABLE_NAME'],"
-        " Item={'id': {'S': record['messageId']}}, ConditionExpression='attribute_not_exists(id)')"
+        "handler = lambda event, context: client.put_item(TableName=os.environ['IDEMPOTENCY_TABLE_NAME'],"
+        " Item={'id': {'S': event['Records'][0]['messageId']}}, ConditionExpression='attribute_not_exists(id)')"
     ),
 }
 INIT_CODE |= {NO_BYTECODE: INIT_CODE[CONSUMER], POWERTOOLS_BYTECODE: INIT_CODE[POWERTOOLS]}
+PROFILED = (CONSUMER, NO_BYTECODE, POWERTOOLS, POWERTOOLS_BYTECODE)
 # The driver's own imports come before the clock starts; the system's code runs between the marks.
 _DRIVER = """
 import json, os, sys, time
@@ -64,15 +62,12 @@ exec(sys.argv[2], namespace)
 initialised = time.perf_counter()
 sys.stderr.write("initialised\\n")
 if sys.argv[3]:
-    with open(sys.argv[3], "w") as procs:
-        procs.write(str(os.getpid()))
-answer = namespace["handler"](event, context) or {}
-done = time.perf_counter()
+    open(sys.argv[3], "w").write(str(os.getpid()))  # into the share's cgroup, all threads with it
+answer, done = namespace["handler"](event, context), time.perf_counter()
 print(json.dumps([initialised - started, done - initialised, len(answer.get("batchItemFailures") or [])]))
 """
 _IN_CGROUP = 'echo $$ > "$0" && exec "$@"'  # the child joins the cgroup, then execs Python: all of it is under quota
 _WARM_UP_ROUNDS = 3
-_UNUSED_QUEUE_URL = f"https://sqs.{REGION}.amazonaws.com/000000000000/bench-cold-unused"
 _HOST_ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}[platform.machine().lower()]
 
 
@@ -85,16 +80,15 @@ class ColdStarts:
     import_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def total_s(self, share: int, system: str) -> list[float]:
-        return [
-            init + first for init, first in zip(self.init_s[share, system], self.first_s[share, system], strict=True)
-        ]
+        pairs = zip(self.init_s[share, system], self.first_s[share, system], strict=True)
+        return [init + first for init, first in pairs]
 
 
-def _run(command: list[str], **options: object) -> str:
-    answer = subprocess.run(command, capture_output=True, text=True, check=False, **options)  # type: ignore[call-overload]
+def _run(what: str, command: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
+    answer = subprocess.run(command, capture_output=True, text=True, check=False, **options)
     if answer.returncode != 0:
-        raise RuntimeError(f"`{' '.join(command[:4])} ...` failed: {(answer.stderr or answer.stdout).strip()[-2000:]}")
-    return str(answer.stdout) + str(answer.stderr)
+        raise RuntimeError(f"{what} failed: {(answer.stderr or answer.stdout).strip()[-2000:]}")
+    return answer
 
 
 @contextmanager
@@ -102,63 +96,57 @@ def artifacts() -> Iterator[dict[str, list[Path]]]:
     """Each system's code path: ``sam build``'s artifact (for this machine), SAM's pip builder's, Lambda's runtime."""
     python = find_python()
     with tempfile.TemporaryDirectory(prefix="bench-cold-") as work:
-        built, unpacked, compiled = Path(work) / "sam", Path(work) / "pip", Path(work) / "compiled"
+        built, unpacked = Path(work) / "sam", Path(work) / "pip"
         environment = {**os.environ, "PATH": f"{python.parent}:{os.environ['PATH']}", "FUNCTION_ARCH": _HOST_ARCH}
         sam = [str(REPO_ROOT / ".venv-sam" / "bin" / "sam"), "build", "--no-cached", "--build-dir", str(built)]
-        _run([*sam, "--template-file", str(REPO_ROOT / "template.yaml"), "ConsumerFunction"], cwd=work, env=environment)
+        _run("sam build", [*sam, "--template-file", str(REPO_ROOT / "template.yaml")], env=environment)
         # SAM's pip builder unpacks the wheels and compiles nothing: what a function without a build step ships.
         pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
-        _run([*pip, "--target", str(unpacked), "-r", str(REPO_ROOT / "src" / "requirements.txt")])
-        for package in (REPO_ROOT / "src" / "consumer", REPO_ROOT / "bench", REPO_ROOT / "testkit"):
-            skipped = shutil.ignore_patterns("__pycache__", "*.png", "java")
-            shutil.copytree(package, unpacked / package.name, ignore=skipped)
-            if package.name != "consumer":  # the Powertools function's own code, compiled as the build step does
-                shutil.copytree(package, compiled / package.name, ignore=skipped)
-        _run([str(python), "-m", "compileall", "-q", "--invalidation-mode", "checked-hash", str(compiled)])
-        # The floor's botocore is the runtime's, compiled, as Lambda's own runtime ships it; REPO_ROOT for the driver.
+        _run("pip install", [*pip, "--target", str(unpacked), "-r", str(REPO_ROOT / "src" / "requirements.txt")])
+        shutil.copytree(
+            REPO_ROOT / "src" / "consumer", unpacked / "consumer", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        # The floor's botocore is the runtime's, compiled, as Lambda's runtime ships it. The Powertools function's
+        # own code (bench.systems) and the driver come from the repository.
         yield {
             CONSUMER: [built / "ConsumerFunction", REPO_ROOT],
             NO_BYTECODE: [unpacked, REPO_ROOT],
             POWERTOOLS: [unpacked, REPO_ROOT],
-            POWERTOOLS_BYTECODE: [built / "ConsumerFunction", compiled, REPO_ROOT],
+            POWERTOOLS_BYTECODE: [built / "ConsumerFunction", REPO_ROOT],
             FLOOR: [REPO_ROOT],
         }
 
 
-def fresh_process(
-    python: Path,
-    system: str,
-    path: list[Path],
-    environment: Mapping[str, str],
-    *,
-    quota: cpu_quota.CpuQuota | None = None,
-    init_unthrottled: bool = False,
-    importtime: bool = False,
-) -> tuple[float, float, str]:
-    """One cold start of ``system``: its init and first invocation in seconds, and its stderr."""
-    event = json.dumps(sqs_event(MessageFactory().payments(1)))
-    procs = str(quota.path / "cgroup.procs") if quota is not None and init_unthrottled else ""
-    command = [
-        str(python),
-        *(["-X", "importtime"] if importtime else []),
-        "-c",
-        _DRIVER,
-        event,
-        INIT_CODE[system],
-        procs,
-    ]
-    if quota is not None and not init_unthrottled:
-        command = ["/bin/sh", "-c", _IN_CGROUP, str(quota.path / "cgroup.procs"), *command]
-    variables = {**environment, "PYTHONPATH": os.pathsep.join(map(str, path))}
-    answer = subprocess.run(
-        command, env=variables, cwd=path[0], capture_output=True, text=True, timeout=120, check=False
-    )
-    if answer.returncode != 0:
-        raise RuntimeError(f"{system}: a cold start failed: {answer.stderr.strip()[-2000:]}")
-    init_s, first_s, failed = json.loads(answer.stdout.strip().splitlines()[-1])
-    if failed:
-        raise RuntimeError(f"{system}: its first invocation reported its record failed")
-    return init_s, first_s, answer.stderr
+@dataclass(frozen=True)
+class _Starts:
+    python: Path
+    paths: dict[str, list[Path]]
+    environments: dict[str, dict[str, str]]
+    quota: cpu_quota.CpuQuota | None
+
+    def start(self, system: str, share: int = FULL_CPU, *, importtime: bool = False) -> tuple[float, float, str]:
+        """One cold start of ``system`` at ``share``: its init and first invocation in seconds, and its stderr."""
+        event = json.dumps(sqs_event(MessageFactory().payments(1)))
+        procs = str(self.quota.path / "cgroup.procs") if self.quota is not None and share != FULL_CPU else ""
+        options = ["-X", "importtime"] if importtime else []
+        command = [
+            str(self.python),
+            *options,
+            "-c",
+            _DRIVER,
+            event,
+            INIT_CODE[system],
+            procs * (share == LAMBDA_SHARES),
+        ]
+        if procs and share != LAMBDA_SHARES:
+            command = ["/bin/sh", "-c", _IN_CGROUP, procs, *command]
+        variables = {**self.environments[system], "PYTHONPATH": os.pathsep.join(map(str, self.paths[system]))}
+        task_root = self.paths[system][0]  # the first entry of sys.path, as in Lambda
+        answer = _run(f"{system}: a cold start", command, env=variables, cwd=task_root, timeout=120)
+        init_s, first_s, failed = json.loads(answer.stdout.strip().splitlines()[-1])
+        if failed:
+            raise RuntimeError(f"{system}: its first invocation reported its record failed")
+        return init_s, first_s, answer.stderr
 
 
 def import_groups(stderr: str, floor_modules: set[str]) -> dict[str, float]:
@@ -168,21 +156,26 @@ def import_groups(stderr: str, floor_modules: set[str]) -> dict[str, float]:
         if line.startswith("import time:") and "self [us]" not in line:
             own_us, _, module = line.removeprefix("import time:").split("|")
             name = module.strip()
-            group = "imported by the floor too" if name in floor_modules else name.split(".")[0]
-            groups[group] += int(own_us) / 1000
+            groups["imported by the floor too" if name in floor_modules else name.split(".")[0]] += int(own_us) / 1000
     return dict(groups)
 
 
-def _modules(stderr: str) -> set[str]:
-    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+def _quota(memory_mb: int) -> cpu_quota.CpuQuota | None:
+    try:
+        return cpu_quota.create(cpu_quota.unique_name("bench-cold"), memory_mb)
+    except cpu_quota.CpuQuotaUnavailable as error:
+        print(f"cold starts at {memory_mb} MB run without a quota: {error}", file=sys.stderr)
+        return None
 
 
 def measure_cold_starts(processes: int, memory_mb: int, profiles: int = 5) -> ColdStarts:
     """``processes`` cold starts per system and share, taking turns; then ``profiles`` under -X importtime."""
-    python, results = venv_python(), ColdStarts()
-    inherited = {name: value for name, value in os.environ.items() if not name.startswith(("AWS_", "PYTHON"))}
-    with artifacts() as paths, DynamoDBLocal() as server:
-        backend = Backend(server.client(), _UNUSED_QUEUE_URL)
+    results, inherited = ColdStarts(), {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTHON"))}
+    with ExitStack() as stack:
+        paths, server = stack.enter_context(artifacts()), stack.enter_context(DynamoDBLocal())
+        if (quota := _quota(memory_mb)) is not None:
+            stack.callback(quota.remove)
+        backend = Backend(server.client(), f"https://sqs.{REGION}.amazonaws.com/000000000000/unused")
         environments = {
             system: {
                 **inherited,
@@ -190,45 +183,29 @@ def measure_cold_starts(processes: int, memory_mb: int, profiles: int = 5) -> Co
                 **settings_environment(backend.settings(f"cold-{number}", "http://127.0.0.1:9/receipts")),
                 **POWERTOOLS_ENV,
                 "POWERTOOLS_LOG_LEVEL": "INFO",
+                "AWS_LAMBDA_FUNCTION_NAME": "ColdStart",
                 # Straight to DynamoDB Local: the conflict proxy's hold on transactions is not a cold start's.
                 "AWS_ENDPOINT_URL_DYNAMODB": server.direct_endpoint_url,
                 "PYTHONDONTWRITEBYTECODE": "1",  # /var/task is read-only
-                "AWS_LAMBDA_FUNCTION_NAME": "ColdStart",
             }
             for number, system in enumerate(INIT_CODE)
         }
-        try:
-            quota: cpu_quota.CpuQuota | None = cpu_quota.create(cpu_quota.unique_name("bench-cold"), memory_mb)
-        except cpu_quota.CpuQuotaUnavailable as error:
-            print(f"cold starts at {memory_mb} MB run without a quota: {error}", file=sys.stderr)
-            quota = None
-        try:
-            for _ in range(_WARM_UP_ROUNDS):  # untimed: DynamoDB Local's JVM compiles its paths for each table
-                for system in INIT_CODE:
-                    fresh_process(python, system, paths[system], environments[system])
-            for index in range(processes):
-                for share, limit in ((FULL_CPU, None), (memory_mb, quota), (LAMBDA_SHARES, quota)):
-                    for system in in_turns(list(INIT_CODE), index):
-                        init_s, first_s, _ = fresh_process(
-                            python,
-                            system,
-                            paths[system],
-                            environments[system],
-                            quota=limit,
-                            init_unthrottled=share == LAMBDA_SHARES,
-                        )
-                        results.init_s[share, system].append(init_s)
-                        results.first_s[share, system].append(first_s)
-        finally:
-            if quota is not None:
-                quota.remove()
-        runs: defaultdict[str, list[dict[str, float]]] = defaultdict(list)
-        floor_modules = _modules(fresh_process(python, FLOOR, paths[FLOOR], environments[FLOOR], importtime=True)[2])
-        for _ in range(profiles):
-            for system in (CONSUMER, NO_BYTECODE, POWERTOOLS, POWERTOOLS_BYTECODE):
-                stderr = fresh_process(python, system, paths[system], environments[system], importtime=True)[2]
-                runs[system].append(import_groups(stderr, floor_modules))
-    for system, groups in runs.items():
+        starts = _Starts(venv_python(), paths, environments, quota)
+        for _ in range(_WARM_UP_ROUNDS):  # untimed: DynamoDB Local's JVM compiles its paths for each table
+            for system in INIT_CODE:
+                starts.start(system)
+        for index in range(processes):
+            for share in (FULL_CPU, memory_mb, LAMBDA_SHARES):
+                for system in in_turns(list(INIT_CODE), index):
+                    init_s, first_s, _ = starts.start(system, share)
+                    results.init_s[share, system].append(init_s)
+                    results.first_s[share, system].append(first_s)
+        floor_lines = starts.start(FLOOR, importtime=True)[2].splitlines()
+        floor_modules = {line.rsplit("|", 1)[1].strip() for line in floor_lines if line.startswith("import time:")}
+        runs = {system: [starts.start(system, importtime=True)[2] for _ in range(profiles)] for system in PROFILED}
+    for system, stderrs in runs.items():
+        groups = [import_groups(stderr, floor_modules) for stderr in stderrs]
         names = {name for run in groups for name in run}
-        results.import_ms[system] = {name: statistics.median(run.get(name, 0.0) for run in groups) for name in names}
+        medians = {name: statistics.median(run.get(name, 0.0) for run in groups) for name in names}
+        results.import_ms[system] = {name: ms for name, ms in medians.items() if ms >= 1}
     return results

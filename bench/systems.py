@@ -125,30 +125,27 @@ class PowertoolsBaseline:
             return business.apply(business.parse(record.raw_event), self._context.get_remaining_time_in_millis)
 
         # Logs and metrics per batch as this consumer has them: Powertools' Logger and Metrics.
-        logger, metrics = Logger(), Metrics()
-
-        @metrics.log_metrics
-        @logger.inject_lambda_context(clear_state=True)
-        def handle(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-            self._context = context
-            # Powertools types the context as its own class; Lambda passes any object of that shape.
-            self._config.register_lambda_context(context)  # type: ignore[arg-type]
-            response = process_partial_response(
-                event=event,
-                record_handler=record_handler,
-                processor=self._processor,
-                context=context,  # type: ignore[arg-type]
-            )
-            failures = len(response.get("batchItemFailures") or [])
-            metrics.add_metric(name="failed", unit=MetricUnit.Count, value=failures)
-            metrics.add_metric(name="processed", unit=MetricUnit.Count, value=len(event["Records"]) - failures)
-            logger.info("batch done", extra={"records": len(event["Records"]), "failures": failures})
-            return dict(response)
-
-        self._handle = handle
+        self._logger, self._metrics = Logger(), Metrics()
+        self._record_handler = record_handler
+        self._handle = self._metrics.log_metrics(self._logger.inject_lambda_context(self._process, clear_state=True))
 
     def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-        return self._handle(event, context)
+        return dict(self._handle(event, context))
+
+    def _process(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+        self._context = context
+        # Powertools types the context as its own class; Lambda passes any object of that shape.
+        self._config.register_lambda_context(context)  # type: ignore[arg-type]
+        response = process_partial_response(
+            event=event,
+            record_handler=self._record_handler,
+            processor=self._processor,
+            context=context,  # type: ignore[arg-type]
+        )
+        failures, records = len(response.get("batchItemFailures") or []), len(event["Records"])
+        self._metrics.add_metric(name="failed", unit=MetricUnit.Count, value=failures)
+        self._logger.info("batch done", extra={"records": records, "failures": failures})
+        return dict(response)
 
 
 class SeedPattern:

@@ -80,15 +80,14 @@ def _throttling(function: LambdaEnvironment) -> tuple[int, float]:
     return int(fields["nr_throttled"]), waited_s
 
 
-def bench_function(memory_mb: int, handler: str = "bench.function.handler", code_dir: Path = REPO_ROOT) -> FunctionSpec:
-    """``handler`` as a Lambda function of ``memory_mb`` (by default the benchmark's, the repository as its code)."""
-    name = handler.rpartition(".")[0].replace(".", "-")
+def bench_function(memory_mb: int) -> FunctionSpec:
+    """The benchmark's handler, the repository as its code, as a Lambda function of ``memory_mb``."""
     return FunctionSpec(
         logical_id="BenchFunction",
-        name=name,
-        arn=f"arn:aws:lambda:us-east-1:123456789012:function:{name}",
-        handler=handler,
-        code_dir=code_dir,
+        name="bench-function",
+        arn="arn:aws:lambda:us-east-1:123456789012:function:bench-function",
+        handler="bench.function.handler",
+        code_dir=REPO_ROOT,
         timeout_s=120,
         memory_mb=memory_mb,
         environment={},  # unread by testkit.lambda_runtime: each environment is given its variables
