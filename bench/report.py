@@ -183,7 +183,7 @@ def cold_start_targets(starts: ColdStarts) -> list[str]:
             statistics.median(starts.total_s(share, name)) for name in (COLD_CONSUMER, POWERTOOLS, FLOOR)
         )
         verdict, clause = _against(ours / theirs, 1.0)
-        line = f"- {verdict}: cold start at {_cold_share(share)} {_ms(ours)} ms"
+        line = f"- {verdict}: cold start, {_cold_share(share)}: {_ms(ours)} ms"
         line += f" against Powertools' {_ms(theirs)} ms ({clause})"
         if share == FULL_CPU:
             verdict, clause = _against(ours / floor, COLD_START_TARGET)

@@ -61,9 +61,9 @@ def test_the_verdicts_compare_with_powertools_at_each_share_and_with_the_floor_a
     )
     full, share = cold_start_targets(starts)
     assert (
-        full.startswith("- **met**: cold start at full CPU") and f"**missed**: 1.33{TIMES} the botocore floor" in full
+        full.startswith("- **met**: cold start, full CPU") and f"**missed**: 1.33{TIMES} the botocore floor" in full
     )
-    assert share.startswith("- **missed**: cold start at 512 MB") and "floor" not in share
+    assert share.startswith("- **missed**: cold start, 512 MB") and "floor" not in share
 
 
 def _lambda_python() -> Path:
