@@ -60,9 +60,7 @@ def test_the_verdicts_compare_with_powertools_at_each_share_and_with_the_floor_a
         }
     )
     full, share = cold_start_targets(starts)
-    assert (
-        full.startswith("- **met**: cold start, full CPU") and f"**missed**: 1.33{TIMES} the botocore floor" in full
-    )
+    assert full.startswith("- **met**: cold start, full CPU") and f"**missed**: 1.33{TIMES} the botocore floor" in full
     assert share.startswith("- **missed**: cold start, 512 MB") and "floor" not in share
 
 
