@@ -64,7 +64,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--precision", type=float, default=0.10, help="the CI's half-width the run aims at")
     parser.add_argument("--warm-up-batches", type=int, default=20, help="per system, before timing (JVM)")
     parser.add_argument("--cost-messages", type=int, default=10, help="messages per case for calls and units")
-    parser.add_argument("--cold-starts", type=int, default=15, help="fresh processes per system and CPU share")
+    parser.add_argument("--cold-starts", type=int, default=9, help="fresh processes per system and CPU share")
     parser.add_argument("--only", choices=["cold-start"], help="run one section, print it, write nothing")
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--chart", type=Path, default=REPO_ROOT / "bench" / "batch-latency.png")
