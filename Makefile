@@ -62,7 +62,8 @@ validate: venv $(SAM_VENV)/.installed ## cfn-lint (with the serverless rules) on
 
 .PHONY: test
 test: lint validate node_modules/.installed $(LAMBDA_RUNTIME) ## everything CI runs: lint, template checks, unit, infrastructure and integration tests
-	$(PY) -m pytest
+	@# Two workers: the suite waits on servers and runtimes as much as it computes; each worker starts its own.
+	$(PY) -m pytest -n 2
 
 .PHONY: fuzz
 fuzz: venv ## the whole handler fuzzed with hostile batches for about 20 minutes (make test runs a bounded sample)
