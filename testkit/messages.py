@@ -67,7 +67,8 @@ class Outgoing:
     # What the consumer should dead-letter it for, for poison.
     expected_error: ErrorType | None = None
     attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # The MessageGroupId on a FIFO queue; by default the payload's account (see ``group_id``).
+    # The MessageGroupId: on a FIFO queue by default the payload's account (see ``group_id``); on a
+    # standard queue a fair-queue tenant, sent only when set.
     group: str | None = None
 
     @cached_property
@@ -217,7 +218,7 @@ def send_all(
                 "Id": str(index),
                 "MessageBody": message.body,
                 **({"MessageAttributes": message.attributes} if message.attributes else {}),
-                **(fifo_fields(message) if fifo else {}),
+                **(fifo_fields(message) if fifo else tenant_field(message)),
             }
             for index, message in enumerate(chunk)
         ]
@@ -226,6 +227,11 @@ def send_all(
             raise RuntimeError(f"SQS refused messages: {answer['Failed']}")
         sent.update({entry["MessageId"]: chunk[int(entry["Id"])] for entry in answer["Successful"]})
     return sent
+
+
+def tenant_field(message: Outgoing) -> dict[str, str]:
+    """On a standard queue a message group is a fair-queue tenant, sent only when the producer names one."""
+    return {"MessageGroupId": message.group} if message.group is not None else {}
 
 
 class MessageFactory:
