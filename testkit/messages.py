@@ -152,15 +152,23 @@ def poison(per_kind: int, reused: Outgoing | None = None) -> list[Outgoing]:
         unknown = envelope("LoyaltyPointsAwarded", f"points-{index}", {"awardId": f"pts-{index}", "points": 50})
         made.append(Outgoing(unknown, "poison", f"points-{index}", ErrorType.UNKNOWN_EVENT_TYPE))
         if reused is not None and reused.kind == "payment" and reused.payload is not None:
+            # The key reused for the same payment with another amount, and for another payment on
+            # another account: a producer that regenerates its business id on a retry.
             changed = {**reused.payload, "amountCents": reused.payload["amountCents"] + 1 + index}
-            made.append(
+            other = {
+                **reused.payload,
+                "paymentId": f"{reused.payload['paymentId']}-again-{index}",
+                "accountId": "acc-reuse",
+            }
+            made += [
                 Outgoing(
-                    envelope("PaymentReceived", reused.key, changed),
+                    envelope("PaymentReceived", reused.key, variant),
                     "poison",
                     reused.key,
                     ErrorType.IDEMPOTENCY_KEY_REUSED,
                 )
-            )
+                for variant in (changed, other)
+            ]
     return made
 
 
