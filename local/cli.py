@@ -17,7 +17,7 @@ from typing import Any
 
 from local import hot, smoke, state
 from local.demo import run_demo
-from local.event_files import load_event, messages_from_event
+from local.event_files import EventFileError, load_event, messages_from_event
 from local.function_output import command_output
 from local.poller import BatchReport
 from local.session import FUNCTION_LOG, running_stack
@@ -33,7 +33,7 @@ NOT_RUNNING = "no local stack is running: start one with `make run` (in another 
 FIFO_HELP = "deploy with QueueType=fifo (a FIFO queue and DLQ, one message group per account)"
 MEMORY_HELP = "the function's MemorySize instead of the template's (its CPU share follows: 1769 MB = 1 vCPU)"
 # A runtime that cannot start says why in one line; nothing it started is left running.
-RUNTIME_ERRORS = (RuntimeStartError, EmulatorExited, LambdaPythonMissing, LambdaVenvError)
+RUNTIME_ERRORS = (RuntimeStartError, EmulatorExited, LambdaPythonMissing, LambdaVenvError, EventFileError)
 EXAMPLE_BODY = messages.payment("pay-2024-000017", "p-17", "acc-1", 1250).body
 
 
