@@ -225,7 +225,9 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     print(f"{len(parked)} message(s) in {running.dead_letter_queue_url}")
     for letter in parked:
         body = letter.body if len(letter.body) <= 160 else letter.body[:157] + "..."
-        print(f"- {letter.message_id}\n    ErrorType: {letter.error_type}\n    ErrorMessage: {letter.error_message}")
+        # The id the message had when it was sent, as the consumer's logs name it.
+        print(f"- {letter.original_message_id} (in the DLQ as {letter.message_id})")
+        print(f"    ErrorType: {letter.error_type}\n    ErrorMessage: {letter.error_message}")
         print(f"    body: {body}")
     return 0
 

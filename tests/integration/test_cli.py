@@ -79,6 +79,10 @@ def test_run_then_send_dlq_redrive_and_ctrl_c_leaves_nothing(tmp_path: Path) -> 
         assert {"ErrorType: InvalidJson", "ErrorType: SchemaViolation", "ErrorType: UnknownEventType"} <= {
             line.strip() for line in listing.splitlines()
         }
+        # Each listed under the id it was sent with (the consumer's logs name it), its DLQ copy's id beside it.
+        originals = [line.split()[1] for line in listing.splitlines() if "(in the DLQ as " in line]
+        copies = [line.split()[-1].rstrip(")") for line in listing.splitlines() if "(in the DLQ as " in line]
+        assert len(originals) == 3 and not set(originals) & set(copies), listing
 
         moved = _local(tmp_path, "redrive")
         assert moved.returncode == 0, moved.stderr
