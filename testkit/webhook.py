@@ -28,6 +28,8 @@ _MAX_BODY_BYTES = 1024 * 1024
 class Answer:
     status: int = HTTPStatus.OK
     delay_s: float = 0.0
+    # Seconds between the bytes of the answer (a server that trickles); a 3xx points at GET /requests.
+    trickle_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,7 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
             )
             if answer.delay_s:
                 time.sleep(answer.delay_s)
-            self._reply(answer.status, {"status": int(answer.status)})
+            self._reply(answer.status, {"status": int(answer.status)}, answer.trickle_s)
 
         def do_GET(self) -> None:
             if self.path.rstrip("/") != "/requests":
@@ -152,13 +154,21 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
                 return
             self._reply(HTTPStatus.OK, [asdict(request) for request in sink.received()])
 
-        def _reply(self, status: int, document: Any) -> None:
+        def _reply(self, status: int, document: Any, trickle_s: float = 0.0) -> None:
             payload = json.dumps(document).encode("utf-8")
             # The caller may have given up (a delay past its timeout): nothing to tell it then.
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                if trickle_s:
+                    head = f"HTTP/1.1 {status} X\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+                    for byte in head + payload:
+                        self.wfile.write(bytes([byte]))
+                        time.sleep(trickle_s)
+                    return
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
+                if 300 <= status < 400:
+                    self.send_header("Location", "/requests")
                 self.end_headers()
                 self.wfile.write(payload)
 
