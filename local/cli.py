@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +151,11 @@ def _generated(args: argparse.Namespace) -> list[messages.Outgoing]:
         originals = messages.poison(max(1, args.count // 3))  # one of each kind per 3
     else:
         originals = _GENERATED[args.type](args.count, args.accounts, rng, prefix=f"{args.prefix}-{int(time.time())}")
-    return messages.with_resends(originals, args.duplicates, rng)
+    sent = messages.with_resends(originals, args.duplicates, rng)
+    if args.tenants:
+        # A fair queue's tenant is the producer's MessageGroupId on a standard queue.
+        sent = [replace(message, group=f"tenant-{index % args.tenants}") for index, message in enumerate(sent)]
+    return sent
 
 
 def cmd_send(args: argparse.Namespace) -> int:
@@ -256,6 +261,7 @@ def parser() -> argparse.ArgumentParser:
     send.add_argument("--accounts", type=int, default=5)
     send.add_argument("--seed", type=int, default=None)
     send.add_argument("--prefix", default="send", help="idempotency keys start with this")
+    send.add_argument("--tenants", type=int, default=0, help="spread the messages over N fair-queue tenants")
     send.add_argument("--file", help="send the records of an SQS event file (events/*.json) instead")
     send.set_defaults(handler=cmd_send)
 
