@@ -2,7 +2,7 @@
 
 ``GET /requests`` returns what was received as JSON (for ``make run`` users and other
 processes); in-process, ``WebhookSink.received`` does the same. ``answer_next`` plans
-the next answers (status and delay), for any request or for one ``Idempotency-Key``,
+the next answers (status, delay, seconds between its bytes), for any request or for one ``Idempotency-Key``,
 so tests can make the downstream fail, stall or reject; once a plan runs out the POST
 gets the ``default`` answer.
 """
@@ -28,7 +28,6 @@ _MAX_BODY_BYTES = 1024 * 1024
 class Answer:
     status: int = HTTPStatus.OK
     delay_s: float = 0.0
-    # Seconds between the bytes of the answer (a server that trickles); a 3xx points at GET /requests.
     trickle_s: float = 0.0
 
 
@@ -159,16 +158,14 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
             # The caller may have given up (a delay past its timeout): nothing to tell it then.
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 if trickle_s:
-                    head = f"HTTP/1.1 {status} X\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
-                    for byte in head + payload:
+                    for byte in f"HTTP/1.1 {status} X\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload:
                         self.wfile.write(bytes([byte]))
                         time.sleep(trickle_s)
                     return
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
-                if 300 <= status < 400:
-                    self.send_header("Location", "/requests")
+                self.send_header("Location", "/requests")  # where a 3xx would send the caller
                 self.end_headers()
                 self.wfile.write(payload)
 
