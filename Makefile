@@ -96,6 +96,7 @@ send: venv ## push messages to the running stack: ARGS="--count 100 --duplicates
 
 .PHONY: invoke
 invoke: venv node_modules/.installed $(LAMBDA_RUNTIME) ## run the handler once on EVENT=events/<file>.json (on the running stack, or a new one)
+	@test -n "$(EVENT)" || { echo "make invoke needs EVENT=<file>, e.g. make invoke EVENT=events/payment-single.json" >&2; exit 2; }
 	@$(LOCAL) invoke $(EVENT) $(ARGS)
 
 .PHONY: sam-invoke

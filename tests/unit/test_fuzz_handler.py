@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 from moto import mock_aws
 
 from consumer import app
-from consumer.config import Settings
 from consumer.envelope import MAX_BODY_BYTES, parse_message
 from consumer.errors import ErrorType, PoisonMessage
 from consumer.handlers import build_handlers
@@ -36,6 +35,7 @@ from testkit.tables import LEDGER_TABLE as LEDGER
 from testkit.tables import create_template_tables
 from testkit.webhook import WebhookSink
 from tests.unit.conftest import IDEMPOTENCY_TABLE, LEDGER_TABLE, balance
+from tests.utils import settings_for_tests
 
 settings.register_profile(
     "bounded", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -174,7 +174,7 @@ def batches(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 def is_valid(record: dict[str, Any]) -> bool:
     """Whether the record passes the contract and its handler's schema (what may be applied)."""
-    handlers = build_handlers(Settings(idempotency_table_name="i", ledger_table_name="l", dead_letter_queue_url="q"))
+    handlers = build_handlers(settings_for_tests())
     try:
         message = parse_message(record)
     except PoisonMessage:
