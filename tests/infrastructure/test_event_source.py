@@ -109,3 +109,13 @@ def test_invalid_shape_parameters_are_refused_by_name(
         TemplateError, match=f"parameter {name}={value!r}.*{reason}|parameter {name}={value} .*{reason}"
     ):
         read(transformed_template, **{name: value})
+
+
+def test_provisioned_mode_by_default_cannot_take_an_accounts_default_concurrency(
+    transformed_template: dict[str, Any],
+) -> None:
+    # Each provisioned poller drives up to 10 concurrent invocations; an account has 1,000 by
+    # default, of which 100 always stay unreserved for its other functions.
+    resolver = read(transformed_template, EventSourceMode="provisioned")
+    provisioned = resolver.resolve(event_source_mapping(transformed_template))
+    assert provisioned["ProvisionedPollerConfig"]["MaximumPollers"] * 10 <= 1_000 - 100
