@@ -18,7 +18,7 @@ BUILD_PATH := $(if $(LAMBDA_PYTHON),$(LAMBDA_PYTHON)/bin:,)$(PATH)
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: requirements-dev.txt src/requirements.txt
+$(VENV)/.installed: requirements-dev.txt src/requirements.in
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt
@@ -35,6 +35,14 @@ $(SAM_VENV)/.installed:
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --ignore-scripts --engine-strict=false --loglevel=error
 	touch $@
+
+# The artifact's dependencies, resolved and hashed by pip-compile: every wheel of every platform is
+# listed, so an arm64 build checks its own wheels. `sam build` and the local function venv install
+# with hash checking (a hashed requirements file makes pip refuse anything else).
+.PHONY: lock
+lock: venv ## resolve src/requirements.in into the hash-locked src/requirements.txt (after editing the .in)
+	cd src && ../$(VENV)/bin/pip-compile --quiet --generate-hashes --strip-extras --no-emit-index-url \
+		--no-emit-find-links --allow-unsafe --output-file requirements.txt requirements.in
 
 .PHONY: venv
 venv: $(VENV)/.installed ## create the virtual environment with every tool
@@ -62,7 +70,8 @@ validate: venv $(SAM_VENV)/.installed ## cfn-lint (with the serverless rules) on
 
 .PHONY: test
 test: lint validate node_modules/.installed $(LAMBDA_RUNTIME) ## everything CI runs: lint, template checks, unit, infrastructure and integration tests
-	$(PY) -m pytest
+	@# Two workers: the suite waits on servers and runtimes as much as it computes; each worker starts its own.
+	$(PY) -m pytest -n 2
 
 .PHONY: fuzz
 fuzz: venv ## the whole handler fuzzed with hostile batches for about 20 minutes (make test runs a bounded sample)
@@ -95,6 +104,7 @@ send: venv ## push messages to the running stack: ARGS="--count 100 --duplicates
 
 .PHONY: invoke
 invoke: venv node_modules/.installed $(LAMBDA_RUNTIME) ## run the handler once on EVENT=events/<file>.json (on the running stack, or a new one)
+	@test -n "$(EVENT)" || { echo "make invoke needs EVENT=<file>, e.g. make invoke EVENT=events/payment-single.json" >&2; exit 2; }
 	@$(LOCAL) invoke $(EVENT) $(ARGS)
 
 .PHONY: sam-invoke
@@ -118,13 +128,10 @@ redrive: venv ## move the running stack's dead-lettered messages back to its que
 hot: venv node_modules/.installed $(LAMBDA_RUNTIME) ## hot-account figures through the conflict emulation (ARGS="--messages 800 --accounts 1")
 	@$(LOCAL) hot $(ARGS)
 
+# ARGS="--only cold-start --cold-starts 9": the cold starts alone (sam build, then fresh processes), printed.
 .PHONY: bench
-bench: venv node_modules/.installed $(LAMBDA_RUNTIME) ## this consumer against Powertools and the seed pattern at Lambda's CPU share: writes BENCHMARKS.md and its two charts
+bench: venv node_modules/.installed $(LAMBDA_RUNTIME) ## this consumer against Powertools and the seed pattern at Lambda's CPU share, and cold starts: writes BENCHMARKS.md and its two charts
 	PYTHONPATH=src $(PY) -m bench $(ARGS)
-
-.PHONY: runtime-overhead
-runtime-overhead: venv $(LAMBDA_RUNTIME) ## cold start and per-invocation time: Lambda's runtime against the in-process call
-	PYTHONPATH=src $(PY) -m bench.runtime_overhead $(ARGS)
 
 .PHONY: chaos
 chaos: venv node_modules/.installed $(LAMBDA_RUNTIME) ## fault injection on the local stack, invariants checked (ARGS="--messages 5000 --pollers 4 --seed 7")
@@ -133,6 +140,22 @@ chaos: venv node_modules/.installed $(LAMBDA_RUNTIME) ## fault injection on the 
 .PHONY: build
 build: $(SAM_VENV)/.installed ## sam build (the deployable artifact in .aws-sam/)
 	PATH="$(BUILD_PATH)" SAM_CLI_TELEMETRY=0 $(SAM) build --template-file template.yaml
+
+# sam build runs this for ConsumerFunction (its Metadata: BuildMethod: makefile), in a copy of src/, with
+# ARTIFACTS_DIR: the dependencies as SAM's pip builder installs them (src/requirements.txt, hashes checked when
+# it has them, binary wheels for the template's architecture), the code, then bytecode for all of it. Lambda's
+# /var/task is read-only, so without bytecode every cold start compiles what it imports; checked-hash bytecode
+# is valid whatever mtimes the zip keeps, and a source edited after the build is compiled, never shadowed.
+FUNCTION_ARCH ?= $(shell sed -n 's/^ *Architectures: \[\(.*\)\]/\1/p' $(dir $(abspath $(firstword $(MAKEFILE_LIST))))template.yaml)
+.PHONY: build-ConsumerFunction
+build-ConsumerFunction:
+	test -n "$(ARTIFACTS_DIR)"
+	python3.12 -m pip install --quiet --disable-pip-version-check --no-compile --target "$(ARTIFACTS_DIR)" \
+		--platform manylinux2014_$(subst arm64,aarch64,$(FUNCTION_ARCH)) --implementation cp --python-version 3.12 \
+		--only-binary=:all: --require-hashes -r requirements.txt
+	cp -R consumer "$(ARTIFACTS_DIR)/"
+	find "$(ARTIFACTS_DIR)/consumer" -name __pycache__ -prune -exec rm -rf {} +
+	python3.12 -m compileall -q -f -j 0 --invalidation-mode checked-hash "$(ARTIFACTS_DIR)"
 
 .PHONY: deploy
 deploy: build ## sam deploy (uses samconfig.toml; add --guided the first time: make deploy ARGS=--guided)
