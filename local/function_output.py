@@ -51,7 +51,6 @@ METRICS = (*(outcome.value for outcome in Outcome), "conflicts_absorbed")
 
 
 def outcome_counts(path: Path, names: tuple[str, ...]) -> Counter[str]:
-    """The sum of each named EMF metric over every line of ``path``."""
     totals: Counter[str] = Counter()
     with contextlib.suppress(FileNotFoundError), path.open(encoding="utf-8", errors="replace") as lines:
         for line in lines:

@@ -78,7 +78,6 @@ class LocalResources:
     functions: dict[str, FunctionSpec]
 
     def dead_letter_queue(self, queue: QueueResource) -> QueueResource:
-        """The queue that ``queue``'s redrive policy names."""
         return _queue_by_arn(self.queues, json.loads(queue.attributes["RedrivePolicy"])["deadLetterTargetArn"])
 
     def function(self, logical_id: str | None = None) -> FunctionSpec:
@@ -198,7 +197,6 @@ def _queue_by_arn(queues: dict[str, QueueResource], arn: str) -> QueueResource:
 
 
 def queue_attributes(properties: dict[str, Any]) -> dict[str, str]:
-    """CloudFormation queue properties as the string attributes ``CreateQueue`` takes."""
     return {key: _string(value) for key, value in properties.items() if key not in _NOT_QUEUE_ATTRIBUTES}
 
 
@@ -212,7 +210,6 @@ def _string(value: Any) -> str:
 
 
 def create_resources(template: Template, sqs: Any, dynamodb: Any) -> LocalResources:
-    """Create every queue and table of ``template`` and describe its functions."""
     resolver = _Resolver(template, sqs, dynamodb)
     for logical_id in template.resources_of_type(QUEUE):
         resolver.queue(logical_id)
