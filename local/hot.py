@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from local.function_output import METRICS, command_output, outcome_counts
+from local.function_output import command_output, outcome_counts
 from local.poller import BatchReport, PollerGroup
 from local.stack import DeployedStack, deploy_stack
 from local.state import STATE_DIR
@@ -225,7 +225,7 @@ def measure(
             say(f"[{accounts} account(s)] pipeline: {args.messages} messages")
             messages = _messages(args.messages, accounts, args.receipts, rng, run)
             sink.clear()
-            outcomes_before = outcome_counts(function_log, METRICS)
+            outcomes_before = outcome_counts(function_log)
             proxy_before = dynamodb.proxy.stats() if dynamodb.proxy else {}
             tracker, first_sent, last_done = _pipeline(stack, messages, args.pollers, args.timeout, say)
             proxy_after = dynamodb.proxy.stats() if dynamodb.proxy else {}
@@ -251,7 +251,7 @@ def measure(
         dead_lettered=dead_lettered,
         webhook_repeats=sum(count - 1 for count in keys.values() if count > 1),
         proxy={name: proxy_after.get(name, 0) - proxy_before.get(name, 0) for name in proxy_after},
-        outcomes=dict(outcome_counts(function_log, METRICS) - outcomes_before),
+        outcomes=dict(outcome_counts(function_log) - outcomes_before),
         wrong_balances=sum(balances.get(account, 0) != total for account, total in expected.items()),
     )
 

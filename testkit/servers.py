@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
-from testkit.aws import DUMMY_CREDENTIALS_ENV, REGION, client
+from testkit.aws import DUMMY_CREDENTIALS_ENV, client
 from testkit.dynamodb_local import DynamoDBLocal
 from testkit.moto_server import MotoServer
 from testkit.processes import Lifecycle
@@ -63,7 +63,6 @@ class LocalServers(Lifecycle):
         template = Template.from_file(
             template_path,
             stack_name=stack_name or f"local-{uuid.uuid4().hex[:8]}",
-            region=REGION,
             parameter_overrides=dict(parameter_overrides or {}),
         )
         return create_resources(template, self.client("sqs"), self.client("dynamodb"))
