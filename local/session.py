@@ -47,7 +47,7 @@ def running_stack(
         finally:
             stack.stop()
             if publish:
-                state.remove()
+                state.STATE_FILE.unlink(missing_ok=True)
 
 
 def describe(stack: DeployedStack, sink: WebhookSink) -> state.StackState:

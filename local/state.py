@@ -54,10 +54,6 @@ def read(path: Path = STATE_FILE) -> StackState | None:
     except (OSError, ValueError, TypeError):
         return None
     if not alive(state.pid):
-        remove(path)
+        path.unlink(missing_ok=True)
         return None
     return state
-
-
-def remove(path: Path = STATE_FILE) -> None:
-    path.unlink(missing_ok=True)

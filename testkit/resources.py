@@ -41,7 +41,6 @@ class QueueResource:
 
 @dataclass(frozen=True)
 class TableResource:
-    logical_id: str
     name: str
     arn: str
 
@@ -161,7 +160,7 @@ class _Resolver:
         name = properties.get("TableName") or self._default_name(logical_id)
         create_table(self._dynamodb, name, properties)
         arn = self._arn("dynamodb", f"table/{name}")
-        self.tables[logical_id] = TableResource(logical_id, name, arn)
+        self.tables[logical_id] = TableResource(name, arn)
         return self.tables[logical_id]
 
     def function(self, logical_id: str) -> FunctionSpec:
