@@ -119,3 +119,17 @@ def test_provisioned_mode_by_default_cannot_take_an_accounts_default_concurrency
     resolver = read(transformed_template, EventSourceMode="provisioned")
     provisioned = resolver.resolve(event_source_mapping(transformed_template))
     assert provisioned["ProvisionedPollerConfig"]["MaximumPollers"] * 10 <= 1_000 - 100
+
+
+def test_provisioned_pollers_are_capped_by_reserved_concurrency_and_on_demand_reserves_nothing(
+    transformed_template: dict[str, Any],
+) -> None:
+    provisioned = read(transformed_template, EventSourceMode="provisioned", ProvisionedReservedConcurrency=60)
+    assert provisioned.properties("ConsumerFunction")["ReservedConcurrentExecutions"] == 60
+    defaults = read(transformed_template, EventSourceMode="provisioned")
+    reserved = defaults.properties("ConsumerFunction")["ReservedConcurrentExecutions"]
+    pollers = defaults.resolve(event_source_mapping(transformed_template))["ProvisionedPollerConfig"]["MaximumPollers"]
+    # The default reservation is what the default pollers can drive, and leaves an account its unreserved 100.
+    assert reserved == pollers * 10 <= 1_000 - 100
+    on_demand = read(transformed_template, EventSourceMode="on-demand")
+    assert "ReservedConcurrentExecutions" not in on_demand.properties("ConsumerFunction")

@@ -13,10 +13,10 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from consumer.errors import TransientError
+from consumer.errors import ConfigurationError, TransientError
 from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import Put
-from consumer.webhook import WebhookClient
+from consumer.webhook import SigningKey, WebhookClient, is_loopback_url
 
 _ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 
@@ -37,10 +37,17 @@ class ReceiptRequestedHandler(MessageHandler[ReceiptRequested]):
     mode: ClassVar[Mode] = Mode.LOCK
     payload_model: ClassVar[type[BaseModel]] = ReceiptRequested
 
-    def __init__(self, ledger_table: str, webhook_url: str, timeout_ms: int) -> None:
+    def __init__(self, ledger_table: str, webhook_url: str, timeout_ms: int, secret_arn: str = "") -> None:
         self._table = ledger_table
-        self._client = WebhookClient(webhook_url, "RECEIPT_WEBHOOK_URL") if webhook_url else None
         self._timeout_ms = timeout_ms
+        self._client: WebhookClient | None = None
+        if not webhook_url:
+            return
+        key = SigningKey(secret_arn) if secret_arn else None
+        self._client = WebhookClient(webhook_url, "RECEIPT_WEBHOOK_URL", signing_key=key)
+        if key is None and not is_loopback_url(webhook_url):
+            # Unsigned, a receiver could not tell this function's receipts from anyone's.
+            raise ConfigurationError("RECEIPT_WEBHOOK_URL beyond loopback needs WEBHOOK_SECRET_ARN to sign its calls")
 
     def handle(self, payload: ReceiptRequested, context: MessageContext) -> Effect:
         if self._client is None:
