@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import pkgutil
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
@@ -11,7 +12,6 @@ from dataclasses import fields
 from chaos.faults import DEFAULT_RATES, FaultKind
 from chaos.harness import ChaosConfig, run
 from chaos.report import render
-from chaos.runtime_handler import load
 from testkit.servers import LocalServers
 
 _DEFAULTS = ChaosConfig()
@@ -37,7 +37,7 @@ def _consumer(text: str) -> str:
     if ":" not in text:
         raise argparse.ArgumentTypeError(f"expected module:callable, got {text!r}")
     try:
-        load(text)
+        pkgutil.resolve_name(text)
     except (ImportError, AttributeError) as error:
         raise argparse.ArgumentTypeError(f"cannot load {text!r}: {error}") from None
     return text

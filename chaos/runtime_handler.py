@@ -4,9 +4,9 @@ session, and the consumer built on them (``consumer.app.wire``, or a negative co
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
+import pkgutil
 import random
 import time
 from collections.abc import Callable
@@ -44,11 +44,6 @@ class Plan:
     deadline_margin_ms: int
 
 
-def load(reference: str) -> Any:
-    module, _, attribute = reference.partition(":")
-    return getattr(importlib.import_module(module), attribute)
-
-
 class Environment:
     """One runtime process: its journal, its clock, its faults, its consumer."""
 
@@ -73,7 +68,7 @@ class Environment:
         self._deadline_margin_ms = plan.deadline_margin_ms
         session = boto3.session.Session()
         install_faults(session, self.faults, services=("dynamodb", "sqs"))
-        self.consumer = load(plan.consumer)(settings, session, clock=self.clock)
+        self.consumer = pkgutil.resolve_name(plan.consumer)(settings, session, clock=self.clock)
 
     def clock(self) -> float:
         return time.time() + self._skew_s

@@ -53,7 +53,6 @@ def _update(params: Mapping[str, Any]) -> StoreCall:
 
 
 def classify(call: TransportCall, idempotency_table: str) -> StoreCall:
-    """The state-machine step a request performs on the record, if any."""
     params = call.params
     on_records = call.service == "dynamodb" and params.get("TableName") == idempotency_table
     if on_records and call.operation == "UpdateItem":

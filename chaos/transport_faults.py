@@ -58,8 +58,6 @@ _RETRIED_AT_ONCE = (TransportFault.THROTTLED, TransportFault.SERVER_ERROR, Trans
 
 @dataclass(frozen=True)
 class TransportCall:
-    """One attempt of one API call, as the hook sees it."""
-
     service: str  # botocore's service id: "dynamodb", "sqs"
     operation: str  # "UpdateItem", "TransactWriteItems", "SendMessage"...
     params: Mapping[str, Any]  # the API parameters as sent (both services speak JSON)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from consumer.errors import ErrorType
 from local import fifo
-from local.function_output import METRICS, command_output, outcome_counts
+from local.function_output import command_output, outcome_counts
 from local.session import running_stack
 from local.stack import DeployedStack
 from local.state import STATE_DIR
@@ -218,7 +218,7 @@ def run_demo(args: argparse.Namespace) -> int:
         _drain(stack, say, len(late))
         pollers.stop()
         sent = [*first, *late]
-        outcomes = outcome_counts(DEMO_LOG, METRICS)
+        outcomes = outcome_counts(DEMO_LOG)
         parked = dead_letters.peek(sqs, stack.dead_letter_queue.url)
         _summary(say, sent, outcomes, parked, sink, throughput)
         checks = _checks(stack, sink, sent, outcomes, parked)

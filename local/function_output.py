@@ -14,18 +14,18 @@ from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from consumer.outcome import Outcome
 
 
-def send_stdout_to(path: Path) -> TextIO:
-    """From now on ``sys.stdout`` (where the handler logs and prints metrics) is ``path``.
-
-    Returns the terminal's stream for the command's own output. Call it before the handler
-    is imported: its logger keeps the stream it found at import.
+def command_output(path: Path) -> Callable[[str], None]:
+    """Start ``path`` afresh as ``sys.stdout`` (where the handler logs and prints metrics), and return
+    how the command prints its own lines (to the terminal). Call it before the handler is imported:
+    its logger keeps the stream it found at import.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
     terminal = sys.stdout
     log = path.open("a", encoding="utf-8", buffering=1)
     sys.stdout = log
@@ -37,21 +37,14 @@ def send_stdout_to(path: Path) -> TextIO:
         log.write(warnings.formatwarning(message, category, filename, lineno))
 
     warnings.showwarning = warn_into_log
-    return terminal
-
-
-def command_output(log: Path) -> Callable[[str], None]:
-    """Start ``log`` afresh with the function's output, and return how the command prints its own lines."""
-    log.unlink(missing_ok=True)
-    return partial(print, file=send_stdout_to(log), flush=True)
+    return partial(print, file=terminal, flush=True)
 
 
 # The EMF metrics the function emits per invocation: one per outcome, and the conflicts it absorbed.
 METRICS = (*(outcome.value for outcome in Outcome), "conflicts_absorbed")
 
 
-def outcome_counts(path: Path, names: tuple[str, ...]) -> Counter[str]:
-    """The sum of each named EMF metric over every line of ``path``."""
+def outcome_counts(path: Path) -> Counter[str]:
     totals: Counter[str] = Counter()
     with contextlib.suppress(FileNotFoundError), path.open(encoding="utf-8", errors="replace") as lines:
         for line in lines:
@@ -61,7 +54,7 @@ def outcome_counts(path: Path, names: tuple[str, ...]) -> Counter[str]:
                 document = json.loads(line)
             except ValueError:
                 continue
-            for name in names:
+            for name in METRICS:
                 value = document.get(name)
                 values = value if isinstance(value, list) else [value]
                 totals[name] += int(sum(v for v in values if isinstance(v, int | float)))

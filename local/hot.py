@@ -21,15 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from local.function_output import METRICS, command_output, outcome_counts
-from local.poller import Poller, PollerGroup, reported_failures
+from local.function_output import command_output, outcome_counts
+from local.poller import BatchReport, PollerGroup
 from local.stack import DeployedStack, deploy_stack
 from local.state import STATE_DIR
 from testkit import messages as outgoing
 from testkit.conflict_emulation import DEFAULT_HOLD_MS, ConflictEmulation
 from testkit.dynamodb_local import DynamoDBLocal
-from testkit.invocation import Invocation, Invoker
-from testkit.resources import FunctionSpec
 from testkit.servers import LocalServers
 from testkit.webhook import WebhookSink
 
@@ -59,37 +57,18 @@ class Tracker:
         with self._lock:
             return [self.messages[message_id] for message_id in self.done_at if message_id in self.messages]
 
-    def finished(self, message_ids: Sequence[str], returned: set[str], at: float) -> None:
+    def finished(self, report: BatchReport) -> None:
+        """Pass as a poller's ``on_batch``: a record not completed (deleted) goes back to SQS."""
+        at = time.time()
         with self._lock:
-            self.deliveries += len(message_ids)
-            self.returned += len(returned)
-            for message_id in message_ids:
-                if message_id not in returned:
-                    self.done_at.setdefault(message_id, at)
+            self.deliveries += report.received
+            self.returned += report.received - len(report.completed_ids)
+            for message_id in report.completed_ids:
+                self.done_at.setdefault(message_id, at)
 
     def all_done(self) -> bool:
         with self._lock:
             return len(self.done_at) >= len(self.sent_at)
-
-
-class TimedRuntime:
-    """An execution environment, telling the tracker which records of each invocation ended and which went back."""
-
-    def __init__(self, runtime: Invoker, tracker: Tracker) -> None:
-        self._runtime = runtime
-        self._tracker = tracker
-
-    @property
-    def function(self) -> FunctionSpec:
-        return self._runtime.function
-
-    def invoke(self, event: dict[str, Any]) -> Invocation:
-        invocation = self._runtime.invoke(event)
-        ids = [record["messageId"] for record in event["Records"]]
-        failed, _ = reported_failures(invocation.response, set(ids)) if invocation.succeeded else (None, "")
-        # A raised, timed-out or malformed invocation deletes nothing: every record goes back.
-        self._tracker.finished(ids, set(ids) if failed is None else failed, time.time())
-        return invocation
 
 
 @dataclass(frozen=True)
@@ -194,16 +173,11 @@ def _pipeline(
     """Send everything while the pollers consume; returns the tracker, first send and last completion."""
     tracker = Tracker()
     sqs = stack.servers.client("sqs", max_pool_connections=50, timeout_s=30.0)
-    environments = [stack.fleet.add() for _ in range(pollers)]
+    group = PollerGroup([stack.poller(tracker.finished) for _ in range(pollers)])
     # Cold starts out of the measurement: each environment initialises on an empty batch first.
-    for environment in environments:
+    for environment in stack.fleet.environments:
         environment.invoke({"Records": []})
-    group = PollerGroup(
-        [
-            Poller(sqs, stack.queue, stack.trigger, TimedRuntime(environment, tracker), on_batch=stack.stats.add)
-            for environment in environments
-        ]
-    ).start()
+    group.start()
     try:
         first_sent = time.time()
         for start in range(0, len(messages), 10):
@@ -251,7 +225,7 @@ def measure(
             say(f"[{accounts} account(s)] pipeline: {args.messages} messages")
             messages = _messages(args.messages, accounts, args.receipts, rng, run)
             sink.clear()
-            outcomes_before = outcome_counts(function_log, METRICS)
+            outcomes_before = outcome_counts(function_log)
             proxy_before = dynamodb.proxy.stats() if dynamodb.proxy else {}
             tracker, first_sent, last_done = _pipeline(stack, messages, args.pollers, args.timeout, say)
             proxy_after = dynamodb.proxy.stats() if dynamodb.proxy else {}
@@ -277,7 +251,7 @@ def measure(
         dead_lettered=dead_lettered,
         webhook_repeats=sum(count - 1 for count in keys.values() if count > 1),
         proxy={name: proxy_after.get(name, 0) - proxy_before.get(name, 0) for name in proxy_after},
-        outcomes=dict(outcome_counts(function_log, METRICS) - outcomes_before),
+        outcomes=dict(outcome_counts(function_log) - outcomes_before),
         wrong_balances=sum(balances.get(account, 0) != total for account, total in expected.items()),
     )
 

@@ -18,11 +18,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
 
 from testkit.aws import REGION
 from testkit.invocation import Invocation, Invoker
 from testkit.lambda_sqs import event_from_messages
+from testkit.processes import Lifecycle
 from testkit.resources import QueueResource, SqsTrigger
 
 _SQS_MAX = 10  # messages per ReceiveMessage, entries per DeleteMessageBatch
@@ -61,8 +62,6 @@ class BatchVerdict(StrEnum):
 
 @dataclass(frozen=True)
 class BatchReport:
-    """What one invocation did to the queue."""
-
     verdict: BatchVerdict
     received: int
     deleted: int
@@ -124,8 +123,6 @@ class PollerStats:
 
 
 class Poller:
-    """One event source mapping poller for one queue and one function."""
-
     def __init__(
         self,
         sqs: Any,
@@ -207,7 +204,7 @@ class Poller:
         return deleted
 
 
-class PollerGroup:
+class PollerGroup(Lifecycle):
     """Pollers in daemon threads until ``stop``; a crash in one batch never stops a poller."""
 
     def __init__(self, pollers: list[Poller]) -> None:
@@ -215,8 +212,9 @@ class PollerGroup:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
 
-    def start(self) -> PollerGroup:
-        for index, poller in enumerate(self._pollers):
+    def start(self) -> Self:
+        # Once only: ``with stack.pollers(n):`` enters a group that is already running.
+        for index, poller in enumerate(self._pollers[len(self._threads) :]):
             thread = threading.Thread(target=self._loop, args=(poller,), name=f"poller-{index}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -236,9 +234,3 @@ class PollerGroup:
         for thread in self._threads:
             thread.join(timeout=timeout_s)
         self._threads.clear()
-
-    def __enter__(self) -> PollerGroup:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()

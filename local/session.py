@@ -6,6 +6,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import asdict
 from typing import Any, TextIO
 
 from local import state
@@ -46,7 +47,7 @@ def running_stack(
         finally:
             stack.stop()
             if publish:
-                state.remove()
+                state.STATE_FILE.unlink(missing_ok=True)
 
 
 def describe(stack: DeployedStack, sink: WebhookSink) -> state.StackState:
@@ -59,6 +60,6 @@ def describe(stack: DeployedStack, sink: WebhookSink) -> state.StackState:
         dead_letter_queue_url=stack.dead_letter_queue.url,
         tables={logical_id: table.name for logical_id, table in stack.resources.tables.items()},
         webhook_url=sink.receipts_url,
-        function=state.StackState.describe(stack.function),
+        function={**asdict(stack.function), "code_dir": str(stack.function.code_dir)},
         function_environment=stack.function_environment,
     )

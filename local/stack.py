@@ -93,7 +93,6 @@ def deploy_stack(
     stack_name: str | None = None,
     parameter_overrides: Mapping[str, Any] | None = None,
     webhook: WebhookSink | None = None,
-    function_logical_id: str | None = None,
     memory_mb: int | None = None,
     log_sink: TextIO | None = None,
 ) -> DeployedStack:
@@ -106,6 +105,6 @@ def deploy_stack(
     if webhook is not None:
         overrides.setdefault("ReceiptWebhookUrl", webhook.receipts_url)
     resources = servers.deploy(template_path, stack_name=stack_name, parameter_overrides=overrides)
-    function = resources.function(function_logical_id)
+    function = resources.function()
     fleet = LambdaFleet(function, servers.function_environment(function), memory_mb=memory_mb, log_sink=log_sink)
     return DeployedStack(servers, resources, fleet)

@@ -39,12 +39,6 @@ class StackState:
         triggers = tuple(SqsTrigger(**trigger) for trigger in fields.pop("triggers"))
         return FunctionSpec(**{**fields, "code_dir": Path(fields["code_dir"])}, triggers=triggers)
 
-    @staticmethod
-    def describe(function: FunctionSpec) -> dict[str, Any]:
-        described = asdict(function)
-        described["code_dir"] = str(function.code_dir)
-        return described
-
 
 def write(state: StackState, path: Path = STATE_FILE) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -60,10 +54,6 @@ def read(path: Path = STATE_FILE) -> StackState | None:
     except (OSError, ValueError, TypeError):
         return None
     if not alive(state.pid):
-        remove(path)
+        path.unlink(missing_ok=True)
         return None
     return state
-
-
-def remove(path: Path = STATE_FILE) -> None:
-    path.unlink(missing_ok=True)

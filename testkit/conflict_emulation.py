@@ -32,8 +32,6 @@ class EmulationSettingError(ValueError):
 
 @dataclass(frozen=True)
 class ConflictEmulation:
-    """How the proxy in front of DynamoDB Local behaves."""
-
     conflicts: bool = True
     hold_ms: float = DEFAULT_HOLD_MS
     latency_ms: float = 0.0
@@ -68,8 +66,6 @@ def _milliseconds(env: Mapping[str, str], name: str, default: float) -> float:
 
 
 class ConflictProxy(LoopbackServer):
-    """``python -m testkit.conflict_proxy`` in front of ``upstream``, on 127.0.0.1."""
-
     name = "dynamodb-conflict-proxy"
 
     def __init__(self, upstream: str, emulation: ConflictEmulation) -> None:

@@ -81,7 +81,6 @@ def item_key(action: Mapping[str, Any], key_names: KeyNames) -> ItemKey | None:
 
 
 def transaction_items(request: Mapping[str, Any], key_names: KeyNames) -> list[ItemKey | None]:
-    """The item of each action of a ``TransactWriteItems`` request, in request order."""
     actions = request.get("TransactItems")
     if not isinstance(actions, list):
         return []
@@ -94,7 +93,6 @@ def transaction_items(request: Mapping[str, Any], key_names: KeyNames) -> list[I
 
 
 def transaction_cancelled(actions: int, conflicting: Collection[int]) -> dict[str, Any]:
-    """The ``TransactionCanceledException`` document for conflicts at ``conflicting``."""
     reasons: list[dict[str, str]] = [
         {"Code": "TransactionConflict", "Message": CONFLICT_MESSAGE} if index in conflicting else {"Code": "None"}
         for index in range(actions)

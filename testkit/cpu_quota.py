@@ -25,14 +25,12 @@ class CpuQuotaUnavailable(RuntimeError):
 
 
 def cpu_share(memory_mb: int) -> float:
-    """The vCPUs Lambda gives a function of ``memory_mb``."""
     if memory_mb <= 0:
         raise ValueError(f"memory size must be positive, got {memory_mb} MB")
     return memory_mb / MB_PER_VCPU
 
 
 def quota_us(memory_mb: int, period_us: int) -> int:
-    """The CPU time per period that is ``cpu_share(memory_mb)`` of one core."""
     return max(1000, round(period_us * cpu_share(memory_mb)))
 
 
@@ -85,7 +83,6 @@ def _own_v2_group(root: Path) -> Path:
 
 
 def create(name: str, memory_mb: int, root: Path = CGROUP_ROOT) -> CpuQuota:
-    """A new cgroup ``name`` limited to Lambda's share for ``memory_mb``."""
     if (root / "cgroup.controllers").exists():
         base = _own_v2_group(root)
         if "cpu" not in (base / "cgroup.controllers").read_text(encoding="ascii").split():
@@ -108,5 +105,4 @@ def create(name: str, memory_mb: int, root: Path = CGROUP_ROOT) -> CpuQuota:
 
 
 def unique_name(label: str) -> str:
-    """A cgroup name no other process of ours uses."""
     return f"{label}-{os.getpid()}-{os.urandom(3).hex()}"

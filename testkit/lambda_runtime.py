@@ -35,7 +35,7 @@ from testkit import cpu_quota
 from testkit.aws import REGION
 from testkit.invocation import FunctionError, Invocation
 from testkit.lambda_venv import LAMBDA_PYTHON_VERSION, venv_python
-from testkit.processes import LOOPBACK, ChildProcess, ServerStartError, free_port, listening
+from testkit.processes import LOOPBACK, ChildProcess, Lifecycle, ServerStartError, free_port, listening
 from testkit.resources import FunctionSpec
 from testkit.template import REPO_ROOT
 
@@ -76,7 +76,6 @@ class EmulatorExited(RuntimeError):
 
 
 def emulator_binary() -> Path:
-    """The Runtime Interface Emulator for this machine's architecture, from SAM CLI's wheel."""
     arch = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine().lower())
     if arch is None:
         raise RuntimeStartError(f"the Lambda runtime emulator has no build for {platform.machine()}")
@@ -91,7 +90,6 @@ def emulator_binary() -> Path:
 
 
 def lambda_variables(function: FunctionSpec, python: Path) -> dict[str, str]:
-    """The variables Lambda's Python runtime sets in every execution environment."""
     stream = f"{time.strftime('%Y/%m/%d', time.gmtime())}/[$LATEST]{uuid.uuid4().hex}"
     return {
         "PATH": f"{python.parent}:/usr/local/bin:/usr/bin:/bin",
@@ -157,7 +155,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-class LambdaEnvironment:
+class LambdaEnvironment(Lifecycle):
     """One execution environment: emulator + runtime, one invocation at a time.
 
     ``emulator_port`` defaults to a free port (another is tried if it is taken meanwhile); given,
@@ -312,15 +310,8 @@ class LambdaEnvironment:
             self.quota.remove()
             self.quota = None
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
 
 def _parse_answer(status: int, body: bytes) -> tuple[Any, BaseException | None]:
-    """The response, or Lambda's error document as a ``FunctionError``."""
     try:
         document = json.loads(body) if body else None
     except ValueError:
@@ -361,7 +352,6 @@ class LambdaFleet:
         self.environments: list[LambdaEnvironment] = []
 
     def add(self) -> LambdaEnvironment:
-        """One more execution environment, started."""
         environment = self._new(name=f"env-{next(self._names)}").start()
         self.environments.append(environment)
         return environment

@@ -48,7 +48,6 @@ def alive(pid: int) -> bool:
 
 
 def listening(port: int) -> bool:
-    """Whether something accepts connections on 127.0.0.1:``port``."""
     try:
         with socket.create_connection((LOOPBACK, port), timeout=0.5):
             return True
@@ -106,7 +105,6 @@ class ChildProcess:
         return self._output(0).decode("utf-8", errors="replace")
 
     def new_output(self) -> str:
-        """What the child has written since the last call."""
         written = self._output(self._read)
         self._read += len(written)
         return written.decode("utf-8", errors="replace")
@@ -143,7 +141,23 @@ class ChildProcess:
         self.log_path.unlink(missing_ok=True)
 
 
-class LoopbackServer(ABC):
+class Lifecycle(ABC):
+    """``start`` on entering a ``with`` block, ``stop`` on leaving it."""
+
+    @abstractmethod
+    def start(self) -> Self: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class LoopbackServer(Lifecycle):
     """A server on 127.0.0.1 in a child process: a free port, ready once it listens, stopped by PID."""
 
     name: str
@@ -187,9 +201,3 @@ class LoopbackServer(ABC):
         if self._child is not None:
             self._child.stop()
         self._child, self.port = None, None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()

@@ -41,7 +41,6 @@ class QueueResource:
 
 @dataclass(frozen=True)
 class TableResource:
-    logical_id: str
     name: str
     arn: str
 
@@ -78,7 +77,6 @@ class LocalResources:
     functions: dict[str, FunctionSpec]
 
     def dead_letter_queue(self, queue: QueueResource) -> QueueResource:
-        """The queue that ``queue``'s redrive policy names."""
         return _queue_by_arn(self.queues, json.loads(queue.attributes["RedrivePolicy"])["deadLetterTargetArn"])
 
     def function(self, logical_id: str | None = None) -> FunctionSpec:
@@ -162,7 +160,7 @@ class _Resolver:
         name = properties.get("TableName") or self._default_name(logical_id)
         create_table(self._dynamodb, name, properties)
         arn = self._arn("dynamodb", f"table/{name}")
-        self.tables[logical_id] = TableResource(logical_id, name, arn)
+        self.tables[logical_id] = TableResource(name, arn)
         return self.tables[logical_id]
 
     def function(self, logical_id: str) -> FunctionSpec:
@@ -198,7 +196,6 @@ def _queue_by_arn(queues: dict[str, QueueResource], arn: str) -> QueueResource:
 
 
 def queue_attributes(properties: dict[str, Any]) -> dict[str, str]:
-    """CloudFormation queue properties as the string attributes ``CreateQueue`` takes."""
     return {key: _string(value) for key, value in properties.items() if key not in _NOT_QUEUE_ATTRIBUTES}
 
 
@@ -212,7 +209,6 @@ def _string(value: Any) -> str:
 
 
 def create_resources(template: Template, sqs: Any, dynamodb: Any) -> LocalResources:
-    """Create every queue and table of ``template`` and describe its functions."""
     resolver = _Resolver(template, sqs, dynamodb)
     for logical_id in template.resources_of_type(QUEUE):
         resolver.queue(logical_id)

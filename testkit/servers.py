@@ -5,16 +5,17 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from testkit.aws import DUMMY_CREDENTIALS_ENV, REGION, client
+from testkit.aws import DUMMY_CREDENTIALS_ENV, client
 from testkit.dynamodb_local import DynamoDBLocal
 from testkit.moto_server import MotoServer
+from testkit.processes import Lifecycle
 from testkit.resources import FunctionSpec, LocalResources, create_resources
 from testkit.template import TEMPLATE_PATH, Template
 
 
-class LocalServers:
+class LocalServers(Lifecycle):
     """DynamoDB Local and moto's SQS on loopback. Pass a running ``dynamodb`` to share it."""
 
     def __init__(self, dynamodb: DynamoDBLocal | None = None) -> None:
@@ -30,7 +31,7 @@ class LocalServers:
     def sqs_endpoint_url(self) -> str:
         return self.sqs.endpoint_url
 
-    def start(self) -> LocalServers:
+    def start(self) -> Self:
         try:
             if self._owns_dynamodb:
                 self.dynamodb.start()
@@ -45,14 +46,7 @@ class LocalServers:
         if self._owns_dynamodb:
             self.dynamodb.stop()
 
-    def __enter__(self) -> LocalServers:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
     def client(self, service: str, **options: Any) -> Any:
-        """A boto3 client for ``dynamodb`` or ``sqs`` on these servers (dummy credentials)."""
         endpoints = {"dynamodb": self.dynamodb_endpoint_url, "sqs": self.sqs_endpoint_url}
         if service not in endpoints:
             raise ValueError(f"the local stack has no {service}")
@@ -69,22 +63,18 @@ class LocalServers:
         template = Template.from_file(
             template_path,
             stack_name=stack_name or f"local-{uuid.uuid4().hex[:8]}",
-            region=REGION,
             parameter_overrides=dict(parameter_overrides or {}),
         )
         return create_resources(template, self.client("sqs"), self.client("dynamodb"))
 
     def function_environment(self, function: FunctionSpec) -> dict[str, str]:
-        """The function's environment as Lambda would set it, its clients pointed at these servers.
+        """The function's own variables, its clients pointed at these servers (Lambda's: ``lambda_variables``).
 
         The endpoints reach the code through boto3's own ``AWS_ENDPOINT_URL_*`` variables:
         the function has no local code path.
         """
         return {
             **DUMMY_CREDENTIALS_ENV,
-            "AWS_LAMBDA_FUNCTION_NAME": function.name,
-            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(function.memory_mb),
-            "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
             **function.environment,
             "AWS_ENDPOINT_URL_DYNAMODB": self.dynamodb_endpoint_url,
             "AWS_ENDPOINT_URL_SQS": self.sqs_endpoint_url,

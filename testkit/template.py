@@ -8,8 +8,8 @@ aws-sam-translator (the one ``sam deploy`` runs), both offline. Neither library 
 intrinsic functions for given parameters, so that part is here: parameters (defaults,
 overrides, allowed values and bounds), ``Rules``, pseudo parameters, conditions, ``Ref``,
 ``Fn::GetAtt``, ``Fn::Sub``, ``Fn::If``, ``Fn::FindInMap``, ``Fn::Join``, ``Fn::Select``,
-``Fn::Split``, ``Fn::Equals``, ``Fn::Not``, ``Fn::And``, ``Fn::Or`` and SAM's
-``Globals.Function``. What a resource is called is supplied by the caller (``PhysicalIds``):
+``Fn::Split``, ``Fn::Equals``, ``Fn::Not``, ``Fn::And`` and ``Fn::Or``; SAM's ``Globals`` are merged
+as the translator merges them. What a resource is called is supplied by the caller (``PhysicalIds``):
 the local stack creates the resource on first reference, the tests keep it symbolic
 (``SYMBOLIC``).
 """
@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import boto3
 from cfnlint.decode import cfn_yaml
+from samtranslator.plugins.globals.globals import Globals
 from samtranslator.public.parser import Parser
 from samtranslator.public.translator import Translator
 
@@ -146,8 +147,8 @@ class Template:
         if resource is None:
             raise TemplateError(f"no resource {logical_id!r} in the template")
         properties = dict(resource.get("Properties") or {})
-        if resource.get("Type") == "AWS::Serverless::Function":
-            properties = _merge_globals((self.document.get("Globals") or {}).get("Function") or {}, properties)
+        if "Globals" in self.document:
+            properties = Globals(self.document).merge(resource.get("Type", ""), properties)
         resolved = self.resolve(properties, ids)
         return resolved if isinstance(resolved, dict) else {}
 
@@ -304,14 +305,3 @@ def _checked_parameter(name: str, spec: Mapping[str, Any], value: Any) -> Any:
     if pattern is not None and re.fullmatch(pattern, value) is None:
         raise TemplateError(f"parameter {name}={value!r} does not match {pattern}")
     return value
-
-
-def _merge_globals(globals_: Mapping[str, Any], properties: Mapping[str, Any]) -> dict[str, Any]:
-    """SAM's rule: the function's own value wins; maps (like Environment.Variables) merge."""
-    merged: dict[str, Any] = dict(globals_)
-    for key, value in properties.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge_globals(merged[key], value)
-        else:
-            merged[key] = value
-    return merged

@@ -58,6 +58,18 @@ def test_short_tags_become_intrinsic_functions(tmp_path: Path) -> None:
         Template.from_file(source, parameter_overrides={"Nope": "1"})
 
 
+def test_sam_globals_reach_a_function_and_its_own_values_win() -> None:
+    function = {"Type": "AWS::Serverless::Function", "Properties": {"Environment": {"Variables": {"B": "own"}}}}
+    template = Template(
+        {
+            "Globals": {"Function": {"Timeout": 9, "Environment": {"Variables": {"A": "global", "B": "global"}}}},
+            "Resources": {"Fn": function, "Queue": {"Type": "AWS::SQS::Queue", "Properties": {}}},
+        }
+    )
+    assert template.properties("Fn") == {"Timeout": 9, "Environment": {"Variables": {"A": "global", "B": "own"}}}
+    assert template.properties("Queue") == {}
+
+
 def test_parameter_bounds_of_the_real_template_are_enforced() -> None:
     with pytest.raises(TemplateError, match="below its MinValue"):
         Template.from_file(TEMPLATE_PATH, parameter_overrides={"MaxReceiveCount": 1})

@@ -9,58 +9,47 @@ from typing import Any
 import pytest
 
 from local.cli import parser
-from local.hot import Figures, TimedRuntime, Tracker
+from local.hot import Figures, Tracker
+from local.poller import BatchReport, BatchVerdict
 from testkit import messages as outgoing
 from testkit.invocation import Invocation
 
 _MESSAGES = [outgoing.payment(f"k{index}", f"p{index}", "acc-1", 100) for index in range(3)]
 
 
-def _event(*ids: str) -> dict[str, Any]:
-    return {"Records": [{"messageId": message_id} for message_id in ids]}
-
-
-class _Runtime:
-    function = object()
-
-    def __init__(self, invocation: Invocation) -> None:
-        self.invocation = invocation
-
-    def invoke(self, event: dict[str, Any]) -> Invocation:
-        del event
-        return self.invocation
-
-
-def _invocation(response: Any = None, error: BaseException | None = None, timed_out: bool = False) -> Invocation:
-    return Invocation(response, error, timed_out, 0.01, "request")
+def _report(ids: list[str], verdict: BatchVerdict = BatchVerdict.PARTIAL, failed: tuple[str, ...] = ()) -> BatchReport:
+    invocation = Invocation(None, None, False, 0.01, "request")
+    deleted = 0 if verdict.deletes_nothing else len(ids) - len(failed)
+    return BatchReport(verdict, len(ids), deleted, failed, invocation, message_ids=tuple(ids))
 
 
 def test_a_message_is_done_at_its_first_completion_and_every_return_is_counted() -> None:
     tracker = Tracker()
     tracker.sent(dict(zip(["a", "b", "c"], _MESSAGES, strict=True)), at=1.0)
-    tracker.finished(["a", "b"], returned={"b"}, at=2.0)
+    tracker.finished(_report(["a", "b"], failed=("b",)))
     assert not tracker.all_done()
-    tracker.finished(["b", "c", "a"], returned=set(), at=3.0)
+    first_done = tracker.done_at["a"]
+    tracker.finished(_report(["b", "c", "a"]))
     assert tracker.all_done()
-    assert tracker.done_at == {"a": 2.0, "b": 3.0, "c": 3.0}
+    assert tracker.done_at["a"] == first_done <= tracker.done_at["b"] == tracker.done_at["c"]
     assert (tracker.deliveries, tracker.returned) == (5, 1)
     assert [message.key for message in tracker.applied()] == ["k0", "k1", "k2"]
 
 
 @pytest.mark.parametrize(
-    ("invocation", "returned"),
+    ("report", "returned"),
     [
-        (_invocation({"batchItemFailures": [{"itemIdentifier": "b"}]}), {"b"}),
-        (_invocation(None), set()),
-        (_invocation(error=RuntimeError("raised")), {"a", "b"}),
-        (_invocation({}, timed_out=True), {"a", "b"}),
-        (_invocation({"batchItemFailures": [{"itemIdentifier": "not-in-batch"}]}), {"a", "b"}),
+        (_report(["a", "b"], failed=("b",)), {"b"}),
+        (_report(["a", "b"]), set()),
+        (_report(["a", "b"], BatchVerdict.RAISED, failed=("a", "b")), {"a", "b"}),
+        (_report(["a", "b"], BatchVerdict.TIMED_OUT, failed=("a", "b")), {"a", "b"}),
+        (_report(["a", "b"], BatchVerdict.INVALID_RESPONSE, failed=("a", "b")), {"a", "b"}),
     ],
 )
-def test_the_runtime_wrapper_reports_what_goes_back_to_sqs(invocation: Invocation, returned: set[str]) -> None:
+def test_what_a_batch_sends_back_to_sqs_is_counted_as_returned(report: BatchReport, returned: set[str]) -> None:
     tracker = Tracker()
     tracker.sent(dict(zip(["a", "b"], _MESSAGES[:2], strict=True)), at=1.0)
-    TimedRuntime(_Runtime(invocation), tracker).invoke(_event("a", "b"))  # type: ignore[arg-type]
+    tracker.finished(report)
     assert tracker.returned == len(returned)
     assert set(tracker.done_at) == {"a", "b"} - returned
 
