@@ -1,10 +1,7 @@
-"""``make rehearse``: the real ``sam build`` + ``sam deploy`` onto ministack, an independent AWS emulator.
-
-The stack is built by SAM CLI and created by the emulator's CloudFormation (with the SAM transform),
-so the template, samconfig.toml's ``rehearse`` environment and the event source mapping are the ones a
-user deploys, not this project's own reading of them. Messages go in with the AWS CLI; the checks read
-the stack's outputs as a deployer would. The emulator's gaps are handled here, never in the template.
-"""
+"""``make rehearse``: the real ``sam build`` + ``sam deploy`` (samconfig.toml's ``rehearse`` environment) onto
+ministack, an independent AWS emulator whose CloudFormation runs the SAM transform: the stack a user deploys, not
+this project's own reading of the template. Messages go in with the AWS CLI; the checks read the stack's outputs
+as a deployer would. The emulator's gaps are handled here, never in the template."""
 
 from __future__ import annotations
 
@@ -14,20 +11,21 @@ import os
 import signal
 import subprocess
 import time
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 from local.demo import Check, show_checks
-from local.smoke import OUTPUTS, POISON_ERROR_TYPE, wait
+from local.smoke import DEFAULT_TIMEOUT_S, OUTPUTS, POISON_ERROR_TYPE, wait
 from testkit import dead_letters, messages
 from testkit.aws import DUMMY_CREDENTIALS_ENV, client
 from testkit.processes import LOOPBACK, LoopbackServer
+from testkit.webhook import Answer, WebhookSink
 
 REPO = Path(__file__).resolve().parent.parent
 MINISTACK_PYTHON = REPO / ".venv-ministack" / "bin" / "python"
 AWS_CLI = REPO / ".venv" / "bin" / "aws"
 STACK = "idempotent-sqs-consumer-rehearsal"  # samconfig.toml: [rehearse.global.parameters]
-TIMEOUT_S = 120.0
 CANNOT_VERIFY = (
     "TTL, point-in-time recovery and SSE on the tables: accepted by the emulator, not applied",
     "metrics and alarms: no EMF or SQS metrics, so the alarms and the dashboard stay without data",
@@ -85,7 +83,7 @@ def _aws(url: str, *command: str) -> list[str]:
     return [str(AWS_CLI), "--endpoint-url", url, *command]
 
 
-def _event_source_checks(lambda_: Any, function: str, parameters: dict[str, str]) -> list[Check]:
+def _event_source_check(lambda_: Any, function: str, parameters: dict[str, str]) -> Check:
     """The mapping read back; and the emulator's gap: its CloudFormation keeps MaximumConcurrency as a string, which
     fails its poller. botocore reads "5" back as 5, so it is set again unconditionally (no such step on AWS)."""
     (mapping,) = lambda_.list_event_source_mappings(FunctionName=function)["EventSourceMappings"]
@@ -93,22 +91,19 @@ def _event_source_checks(lambda_: Any, function: str, parameters: dict[str, str]
     lambda_.update_event_source_mapping(UUID=mapping["UUID"], ScalingConfig={"MaximumConcurrency": wanted})
     print(f"emulator gap: ScalingConfig.MaximumConcurrency set again to {wanted} through the Lambda API", flush=True)
     read = (mapping["State"], mapping["FunctionResponseTypes"], mapping["BatchSize"])
-    return [
-        Check(
-            read == ("Enabled", ["ReportBatchItemFailures"], int(parameters["BatchSize"])),
-            f"the queue's event source mapping (state, response types, batch size): {read}",
-        )
-    ]
+    wanted_read = ("Enabled", ["ReportBatchItemFailures"], int(parameters["BatchSize"]))
+    return Check(read == wanted_read, f"the event source mapping (state, response types, batch size): {read}")
 
 
-def _messages_checks(url: str, env: dict[str, str], outputs: dict[str, str], deadline: float) -> list[Check]:
-    """Payments, a resend and a poison message pushed with the AWS CLI; the ledger and the DLQ read back."""
+def _messages_checks(url: str, env: dict[str, str], outputs: dict[str, str], sink: WebhookSink) -> list[Check]:
+    """Payments, a resend, a poison message and a receipt whose webhook always fails, pushed with the AWS CLI."""
     sqs, dynamodb, run = client("sqs", url), client("dynamodb", url), f"r{int(time.time())}"
+    deadline = time.monotonic() + DEFAULT_TIMEOUT_S
     sent = [messages.payment(f"{run}-{i}", f"{run}-p{i}", f"{run}-acc{i % 2}", 1000 + i) for i in range(4)]
     sent.append(sent[0])  # the producer's resend: same body, same key, a new message
-    poison = messages.poison(1)[0]
+    poison, receipt = messages.poison(1)[0], messages.receipt(f"{run}-r", f"{run}-r", f"{run}-acc0", f"{run}-p0", 1000)
     send = _aws(url, "sqs", "send-message", "--queue-url", outputs["ConsumerQueueUrl"], "--message-body")
-    for message in [*sent, poison]:
+    for message in [*sent, poison, receipt]:
         _run("send-message", [*send, message.body], env)
     expected = messages.expected_balances(sent)
 
@@ -117,42 +112,52 @@ def _messages_checks(url: str, env: dict[str, str], outputs: dict[str, str], dea
         items = {a: dynamodb.get_item(TableName=outputs["LedgerTableName"], Key=k).get("Item") for a, k in keys.items()}
         return {account: int(item["balanceCents"]["N"]) if item else 0 for account, item in items.items()}
 
-    def poison_letter() -> dead_letters.DeadLetter | None:
+    def letter(body: str) -> dead_letters.DeadLetter | None:
         letters = dead_letters.peek(sqs, outputs["DeadLetterQueueUrl"])
-        return next((letter for letter in letters if letter.body == poison.body), None)
+        return next((letter for letter in letters if letter.body == body), None)
 
     exact = wait(lambda: balances() == expected, deadline)
     idle = wait(lambda: sum(messages.queue_counts(sqs, outputs["ConsumerQueueUrl"])) == 0, deadline)
-    letter = poison_letter() if wait(lambda: poison_letter() is not None, deadline) else None
-    found = letter.error_type if letter else None
+
+    def parked(body: str) -> dead_letters.DeadLetter | None:
+        return letter(body) if wait(lambda: letter(body) is not None, deadline) else None
+
+    poisoned, redriven = parked(poison.body), parked(receipt.body)
+    found = poisoned.error_type if poisoned else None
+    posts = sum(f"{run}-r" in request.body for request in sink.received())
     return [
         Check(exact, f"ledger exact, the resend applied once: {balances()} == {expected} (4 payments + 1 resend)"),
         Check(idle, "the queue drained: every message handled or dead-lettered"),
         Check(found == POISON_ERROR_TYPE, f"the poison message in the DLQ, ErrorType {POISON_ERROR_TYPE} ({found})"),
+        Check(
+            redriven is not None and redriven.error_type is None and posts >= 2,
+            f"the receipt whose webhook always answers 503 moved to the DLQ by SQS's redrive after {posts} POSTs",
+        ),
     ]
 
 
-def rehearse(server: Ministack, pid: int) -> list[Check]:
+def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
     url = server.endpoint_url
     # Dummy credentials only, and no AWS config that could name a real account.
     env = {**os.environ, **DUMMY_CREDENTIALS_ENV, "AWS_ENDPOINT_URL": url, "SAM_CLI_TELEMETRY": "0"}
     env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
-    started = time.monotonic()
-    _run("make deploy", ["make", "deploy", "ARCH=x86_64", "CONFIG_ENV=rehearse"], env)
-    print(f"sam build + sam deploy: {time.monotonic() - started:.0f}s", flush=True)
-    stack = json.loads(
-        _run("describe-stacks", _aws(url, "cloudformation", "describe-stacks", "--stack-name", STACK), env)
-    )["Stacks"][0]
+    # The parameters samconfig.toml cannot know: this run's webhook (ARGS replaces its parameter_overrides).
+    overrides = f"ARGS=--parameter-overrides Architecture=x86_64 ReceiptWebhookUrl={sink.receipts_url}"
+    _run("make deploy", ["make", "deploy", "ARCH=x86_64", "CONFIG_ENV=rehearse", overrides], env)
+    described = _run("describe-stacks", _aws(url, "cloudformation", "describe-stacks", "--stack-name", STACK), env)
+    stack = json.loads(described)["Stacks"][0]
     outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
-    parameters = {p["ParameterKey"]: p["ParameterValue"] for p in stack.get("Parameters", [])}
-    checks = [Check(stack["StackStatus"] == "CREATE_COMPLETE", f"stack {STACK}: {stack['StackStatus']}")]
-    checks.append(Check({*OUTPUTS.values(), "ConsumerFunctionName"} <= outputs.keys(), f"outputs {sorted(outputs)}"))
+    parameters = {p["ParameterKey"]: p["ParameterValue"] for p in stack["Parameters"]}
     function = outputs["ConsumerFunctionName"]
     configuration = client("lambda", url).get_function_configuration(FunctionName=function)
     runs_on = (configuration["Runtime"], configuration["Architectures"])
-    checks.append(Check(runs_on == ("python3.12", ["x86_64"]), f"the function's runtime and architecture: {runs_on}"))
-    checks += _event_source_checks(client("lambda", url), function, parameters)
-    checks += _messages_checks(url, env, outputs, time.monotonic() + TIMEOUT_S)
+    checks = [
+        Check(stack["StackStatus"] == "CREATE_COMPLETE", f"stack {STACK}: {stack['StackStatus']}"),
+        Check({*OUTPUTS.values(), "ConsumerFunctionName"} <= outputs.keys(), f"outputs {sorted(outputs)}"),
+        Check(runs_on == ("python3.12", ["x86_64"]), f"the function's runtime and architecture: {runs_on}"),
+        _event_source_check(client("lambda", url), function, parameters),
+        *_messages_checks(url, env, outputs, sink),
+    ]
     smoke = subprocess.run(["make", "smoke", f"STACK={STACK}"], cwd=REPO, env=env, check=False)
     checks.append(Check(smoke.returncode == 0, f"make smoke STACK={STACK} against the emulator"))
     _run("sam delete", [str(REPO / ".venv-sam/bin/sam"), "delete", "--config-env", "rehearse", "--no-prompts"], env)
@@ -171,10 +176,10 @@ def rehearse(server: Ministack, pid: int) -> list[Check]:
 def main(args: argparse.Namespace) -> int:
     started, workers, checks = time.monotonic(), [], []
     try:
-        with Ministack() as server:
+        with Ministack() as server, WebhookSink(Answer(HTTPStatus.SERVICE_UNAVAILABLE)) as sink:
             assert server.pid is not None
             try:
-                checks = rehearse(server, server.pid)
+                checks = rehearse(server, server.pid, sink)
             finally:
                 workers = _children(server.pid)
     except RehearsalError as error:
@@ -192,5 +197,4 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add_parser(commands: Any) -> None:
-    help_text = "sam build + sam deploy onto ministack, messages, checks, sam delete"
-    commands.add_parser("rehearse", help=help_text).set_defaults(handler=main)
+    commands.add_parser("rehearse", help="sam build + deploy onto ministack, checked").set_defaults(handler=main)
