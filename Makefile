@@ -18,7 +18,7 @@ BUILD_PATH := $(if $(LAMBDA_PYTHON),$(LAMBDA_PYTHON)/bin:,)$(PATH)
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: requirements-dev.txt src/requirements.txt
+$(VENV)/.installed: requirements-dev.txt src/requirements.in
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt
@@ -35,6 +35,14 @@ $(SAM_VENV)/.installed:
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --ignore-scripts --engine-strict=false --loglevel=error
 	touch $@
+
+# The artifact's dependencies, resolved and hashed by pip-compile: every wheel of every platform is
+# listed, so an arm64 build checks its own wheels. `sam build` and the local function venv install
+# with hash checking (a hashed requirements file makes pip refuse anything else).
+.PHONY: lock
+lock: venv ## resolve src/requirements.in into the hash-locked src/requirements.txt (after editing the .in)
+	cd src && ../$(VENV)/bin/pip-compile --quiet --generate-hashes --strip-extras --no-emit-index-url \
+		--no-emit-find-links --allow-unsafe --output-file requirements.txt requirements.in
 
 .PHONY: venv
 venv: $(VENV)/.installed ## create the virtual environment with every tool
@@ -62,7 +70,8 @@ validate: venv $(SAM_VENV)/.installed ## cfn-lint (with the serverless rules) on
 
 .PHONY: test
 test: lint validate node_modules/.installed $(LAMBDA_RUNTIME) ## everything CI runs: lint, template checks, unit, infrastructure and integration tests
-	$(PY) -m pytest
+	@# Two workers: the suite waits on servers and runtimes as much as it computes; each worker starts its own.
+	$(PY) -m pytest -n 2
 
 .PHONY: fuzz
 fuzz: venv ## the whole handler fuzzed with hostile batches for about 20 minutes (make test runs a bounded sample)
@@ -95,6 +104,7 @@ send: venv ## push messages to the running stack: ARGS="--count 100 --duplicates
 
 .PHONY: invoke
 invoke: venv node_modules/.installed $(LAMBDA_RUNTIME) ## run the handler once on EVENT=events/<file>.json (on the running stack, or a new one)
+	@test -n "$(EVENT)" || { echo "make invoke needs EVENT=<file>, e.g. make invoke EVENT=events/payment-single.json" >&2; exit 2; }
 	@$(LOCAL) invoke $(EVENT) $(ARGS)
 
 .PHONY: sam-invoke
@@ -149,7 +159,7 @@ build-ConsumerFunction:
 	test -n "$(ARTIFACTS_DIR)"
 	python3.12 -m pip install --quiet --disable-pip-version-check --no-compile --target "$(ARTIFACTS_DIR)" \
 		--platform manylinux2014_$(subst arm64,aarch64,$(FUNCTION_ARCH)) --implementation cp --python-version 3.12 \
-		--only-binary=:all: -r requirements.txt
+		--only-binary=:all: --require-hashes -r requirements.txt
 	cp -R consumer "$(ARTIFACTS_DIR)/"
 	find "$(ARTIFACTS_DIR)/consumer" -name __pycache__ -prune -exec rm -rf {} +
 	python3.12 -m compileall -q -f -j 0 --invalidation-mode checked-hash "$(ARTIFACTS_DIR)"
