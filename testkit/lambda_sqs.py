@@ -18,6 +18,7 @@ from typing import Any
 
 REGION = "us-east-1"
 QUEUE_ARN = f"arn:aws:sqs:{REGION}:123456789012:consumer-queue"
+FIFO_QUEUE_ARN = f"{QUEUE_ARN}.fifo"
 
 
 def _message_attribute(value: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +66,8 @@ def sqs_record(
     message_attributes: dict[str, Any] | None = None,
     queue_arn: str = QUEUE_ARN,
 ) -> dict[str, Any]:
-    """A record as Lambda delivers it, sent now; ``group_id`` makes it a FIFO queue's."""
+    """A record as Lambda delivers it, sent now; ``group_id`` with ``FIFO_QUEUE_ARN`` makes it a FIFO queue's,
+    with the standard ``QUEUE_ARN`` a fair queue's tenant."""
     sent_ms = str(int(time.time() * 1000))
     attributes = {
         "ApproximateReceiveCount": str(receive_count),

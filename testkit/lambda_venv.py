@@ -78,8 +78,8 @@ def venv_python() -> Path:
     """The venv's interpreter, building the venv first when its requirements changed."""
     python = find_python()
     wanted = requirements()
-    lock = ARTIFACT_REQUIREMENTS.read_text(encoding="utf-8")
-    digest = hashlib.sha256("\n".join([_interpreter_version(python), lock, *wanted]).encode()).hexdigest()[:12]
+    locked = ARTIFACT_REQUIREMENTS.read_text(encoding="utf-8")
+    digest = hashlib.sha256("\n".join([_interpreter_version(python), locked, *wanted]).encode()).hexdigest()[:12]
     venv = CACHE_DIR / f"venv-{digest}"
     interpreter = venv / "bin" / "python"
     CACHE_DIR.mkdir(parents=True, exist_ok=True)

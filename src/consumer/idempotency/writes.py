@@ -35,10 +35,6 @@ class Put:
     condition: str | None = None
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
-    # This item is unique to the message (its condition holds only for a new item): the
-    # idempotency record rides on it instead of taking an item of its own, so the
-    # transaction writes one item fewer. Duplicates are then answered from this item.
-    carries_record: bool = False
 
     def to_transact_item(self) -> dict[str, Any]:
         return {
