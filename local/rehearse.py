@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from http import HTTPStatus
 from pathlib import Path
@@ -24,7 +25,8 @@ from testkit.webhook import Answer, WebhookSink
 
 REPO = Path(__file__).resolve().parent.parent
 MINISTACK_PYTHON = REPO / ".venv-ministack" / "bin" / "python"
-AWS_CLI = REPO / ".venv" / "bin" / "aws"
+# AWS CLI v1 ignores AWS_ENDPOINT_URL for some services: the endpoint goes on its command line.
+AWS_CLI = str(REPO / ".venv" / "bin" / "aws")
 STACK = "idempotent-sqs-consumer-rehearsal"  # samconfig.toml: [rehearse.global.parameters]
 CANNOT_VERIFY = (
     "TTL, point-in-time recovery and SSE on the tables: accepted by the emulator, not applied",
@@ -35,18 +37,19 @@ CANNOT_VERIFY = (
 )
 
 
-class RehearsalError(Exception):
-    """A step failed: one line saying which."""
-
-
 class Ministack(LoopbackServer):
     """ministack (pinned in the Makefile) on 127.0.0.1 only: no IoT mTLS or SFTP listeners beside it."""
 
     name = "ministack"
 
+    def __init__(self, scratch: str) -> None:
+        super().__init__()
+        self.scratch = scratch  # its TMPDIR: the functions' code and workers, removed with it
+
     def _command(self, port: int) -> list[str]:
         # ``env`` execs the server, so the PID we hold is the emulator's own.
         settings = [f"GATEWAY_PORT={port}", f"BIND_HOST={LOOPBACK}", "IOT_MTLS_ENABLED=0", "SFTP_ENABLED=0"]
+        settings.append(f"TMPDIR={self.scratch}")
         return ["env", *settings, str(MINISTACK_PYTHON), "-m", "ministack"]
 
 
@@ -70,17 +73,9 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _run(what: str, command: list[str], env: dict[str, str]) -> str:
+def _run(command: list[str], env: dict[str, str]) -> str:
     print(f"$ {' '.join(command)}", flush=True)
-    answer = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
-    if answer.returncode != 0:
-        raise RehearsalError(f"{what} failed ({answer.returncode}): {(answer.stderr or answer.stdout)[-3000:]}")
-    return answer.stdout
-
-
-def _aws(url: str, *command: str) -> list[str]:
-    """The AWS CLI (v1, which ignores AWS_ENDPOINT_URL for some services: the endpoint goes on the command line)."""
-    return [str(AWS_CLI), "--endpoint-url", url, *command]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout
 
 
 def _event_source_check(lambda_: Any, function: str, parameters: dict[str, str]) -> Check:
@@ -102,9 +97,9 @@ def _messages_checks(url: str, env: dict[str, str], outputs: dict[str, str], sin
     sent = [messages.payment(f"{run}-{i}", f"{run}-p{i}", f"{run}-acc{i % 2}", 1000 + i) for i in range(4)]
     sent.append(sent[0])  # the producer's resend: same body, same key, a new message
     poison, receipt = messages.poison(1)[0], messages.receipt(f"{run}-r", f"{run}-r", f"{run}-acc0", f"{run}-p0", 1000)
-    send = _aws(url, "sqs", "send-message", "--queue-url", outputs["ConsumerQueueUrl"], "--message-body")
+    send = [AWS_CLI, "--endpoint-url", url, "sqs", "send-message", "--queue-url", outputs["ConsumerQueueUrl"]]
     for message in [*sent, poison, receipt]:
-        _run("send-message", [*send, message.body], env)
+        _run([*send, "--message-body", message.body], env)
     expected = messages.expected_balances(sent)
 
     def balances() -> dict[str, int]:
@@ -143,8 +138,8 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
     env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
     # The parameters samconfig.toml cannot know: this run's webhook (ARGS replaces its parameter_overrides).
     overrides = f"ARGS=--parameter-overrides Architecture=x86_64 ReceiptWebhookUrl={sink.receipts_url}"
-    _run("make deploy", ["make", "deploy", "ARCH=x86_64", "CONFIG_ENV=rehearse", overrides], env)
-    described = _run("describe-stacks", _aws(url, "cloudformation", "describe-stacks", "--stack-name", STACK), env)
+    _run(["make", "deploy", "ARCH=x86_64", "CONFIG_ENV=rehearse", overrides], env)
+    described = _run([AWS_CLI, "--endpoint-url", url, "cloudformation", "describe-stacks", "--stack-name", STACK], env)
     stack = json.loads(described)["Stacks"][0]
     outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
     parameters = {p["ParameterKey"]: p["ParameterValue"] for p in stack["Parameters"]}
@@ -160,7 +155,7 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
     ]
     smoke = subprocess.run(["make", "smoke", f"STACK={STACK}"], cwd=REPO, env=env, check=False)
     checks.append(Check(smoke.returncode == 0, f"make smoke STACK={STACK} against the emulator"))
-    _run("sam delete", [str(REPO / ".venv-sam/bin/sam"), "delete", "--config-env", "rehearse", "--no-prompts"], env)
+    _run([str(REPO / ".venv-sam/bin/sam"), "delete", "--config-env", "rehearse", "--no-prompts"], env)
     tables = client("dynamodb", url).list_tables()["TableNames"]
     groups = [group["logGroupName"] for group in client("logs", url).describe_log_groups()["logGroups"]]
     listeners = _listeners([pid, *_children(pid)])
@@ -176,14 +171,18 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
 def main(args: argparse.Namespace) -> int:
     started, workers, checks = time.monotonic(), [], []
     try:
-        with Ministack() as server, WebhookSink(Answer(HTTPStatus.SERVICE_UNAVAILABLE)) as sink:
+        with (
+            tempfile.TemporaryDirectory(prefix="rehearse-") as scratch,
+            Ministack(scratch) as server,
+            WebhookSink(Answer(HTTPStatus.SERVICE_UNAVAILABLE)) as sink,
+        ):
             assert server.pid is not None
             try:
                 checks = rehearse(server, server.pid, sink)
             finally:
                 workers = _children(server.pid)
-    except RehearsalError as error:
-        print(f"error: {error}", flush=True)
+    except subprocess.CalledProcessError as error:
+        print(f"error: {' '.join(error.cmd)} exited with {error.returncode}:\n{(error.stderr or error.stdout)[-3000:]}")
     finally:
         wait(lambda: not any(map(_running, workers)), time.monotonic() + 10)
         left = [worker for worker in workers if _running(worker)]
