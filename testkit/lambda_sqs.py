@@ -67,7 +67,7 @@ def sqs_record(
     queue_arn: str = QUEUE_ARN,
 ) -> dict[str, Any]:
     """A record as Lambda delivers it, sent now; ``group_id`` with ``FIFO_QUEUE_ARN`` makes it a FIFO queue's,
-    with the standard ``QUEUE_ARN`` a fair queue's tenant."""
+    with the standard ``QUEUE_ARN`` a fair queue's tenant. ``message_attributes`` are in the record's shape."""
     sent_ms = str(int(time.time() * 1000))
     attributes = {
         "ApproximateReceiveCount": str(receive_count),
@@ -78,18 +78,17 @@ def sqs_record(
     if group_id is not None:
         attributes["MessageGroupId"] = group_id
         attributes["MessageDeduplicationId"] = message_id
-    return {
-        "messageId": message_id,
-        "receiptHandle": f"handle-{message_id}",
-        "body": body,
-        "attributes": attributes,
-        "messageAttributes": message_attributes or {},
+    message = {
+        "MessageId": message_id,
+        "ReceiptHandle": f"handle-{message_id}",
+        "Body": body,
+        "Attributes": attributes,
         # surrogatepass: tests hand over bodies SQS would refuse (lone surrogates) to see the consumer refuse them.
-        "md5OfBody": hashlib.md5(body.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest(),
-        "eventSource": "aws:sqs",
-        "eventSourceARN": queue_arn,
-        "awsRegion": REGION,
+        "MD5OfBody": hashlib.md5(body.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest(),
     }
+    record = record_from_message(message, queue_arn=queue_arn)
+    record["messageAttributes"] = message_attributes or {}
+    return record
 
 
 def sqs_event(bodies: Sequence[str]) -> dict[str, Any]:

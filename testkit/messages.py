@@ -99,9 +99,7 @@ class Outgoing:
 
 
 def payment(key: str, payment_id: str, account_id: str, amount_cents: int) -> Outgoing:
-    return Outgoing(
-        envelope("PaymentReceived", key, payment_payload(payment_id, account_id, amount_cents)), "payment", key
-    )
+    return Outgoing(payment_body(payment_id, account_id, amount_cents, key), "payment", key)
 
 
 def receipt(key: str, receipt_id: str, account_id: str, payment_id: str, amount_cents: int) -> Outgoing:
@@ -109,28 +107,27 @@ def receipt(key: str, receipt_id: str, account_id: str, payment_id: str, amount_
     return Outgoing(envelope("ReceiptRequested", key, payload), "receipt", key)
 
 
+def _account(rng: random.Random, accounts: int) -> str:
+    return f"acc-{rng.randrange(accounts):03d}"
+
+
 def payments(count: int, accounts: int, rng: random.Random, prefix: str = "pay") -> list[Outgoing]:
     return [
-        payment(
-            key=f"{prefix}-{index:06d}",
-            payment_id=f"{prefix}-p{index:06d}",
-            account_id=f"acc-{rng.randrange(accounts):03d}",
-            amount_cents=rng.randrange(100, 100_000),
-        )
-        for index in range(count)
+        payment(f"{prefix}-{i:06d}", f"{prefix}-p{i:06d}", _account(rng, accounts), rng.randrange(100, 100_000))
+        for i in range(count)
     ]
 
 
 def receipts(count: int, accounts: int, rng: random.Random, prefix: str = "rcpt") -> list[Outgoing]:
     return [
         receipt(
-            key=f"{prefix}-{index:06d}",
-            receipt_id=f"{prefix}-r{index:06d}",
-            account_id=f"acc-{rng.randrange(accounts):03d}",
-            payment_id=f"{prefix}-p{index:06d}",
-            amount_cents=rng.randrange(100, 100_000),
+            f"{prefix}-{i:06d}",
+            f"{prefix}-r{i:06d}",
+            _account(rng, accounts),
+            f"{prefix}-p{i:06d}",
+            rng.randrange(100, 100_000),
         )
-        for index in range(count)
+        for i in range(count)
     ]
 
 
