@@ -144,16 +144,23 @@ bench: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [proof] this consumer a
 chaos: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [proof] fault injection on the local stack, invariants checked (ARGS="--messages 5000 --pollers 4 --seed 7")
 	PYTHONPATH=src $(PY) -m chaos $(ARGS)
 
+# The function's architecture: the template's Architecture parameter, its Default (arm64) unless ARCH=x86_64.
+# sam build hands a makefile build nothing but ARTIFACTS_DIR, so build-ConsumerFunction reads it as FUNCTION_ARCH.
+ARCH ?= $(shell sed -n '/^  Architecture:/,/Default:/s/^ *Default: *//p' $(dir $(abspath $(firstword $(MAKEFILE_LIST))))template.yaml)
+# A samconfig.toml environment: CONFIG_ENV=rehearse is the one make rehearse deploys to the emulator.
+CONFIG_ENV ?= default
+
 .PHONY: build
-build: $(SAM_VENV)/.installed ## [product] sam build (the deployable artifact in .aws-sam/)
-	PATH="$(BUILD_PATH)" SAM_CLI_TELEMETRY=0 $(SAM) build --template-file template.yaml
+build: $(SAM_VENV)/.installed ## [product] sam build (the deployable artifact in .aws-sam/; ARCH=x86_64 for that architecture)
+	PATH="$(BUILD_PATH)" FUNCTION_ARCH=$(ARCH) SAM_CLI_TELEMETRY=0 $(SAM) build --config-env $(CONFIG_ENV) \
+		--template-file template.yaml --parameter-overrides Architecture=$(ARCH)
 
 # sam build runs this for ConsumerFunction (its Metadata: BuildMethod: makefile), in a copy of src/, with
 # ARTIFACTS_DIR: the dependencies as SAM's pip builder installs them (src/requirements.txt, hashes checked when
 # it has them, binary wheels for the template's architecture), the code, then bytecode for all of it. Lambda's
 # /var/task is read-only, so without bytecode every cold start compiles what it imports; checked-hash bytecode
 # is valid whatever mtimes the zip keeps, and a source edited after the build is compiled, never shadowed.
-FUNCTION_ARCH ?= $(shell sed -n 's/^ *Architectures: \[\(.*\)\]/\1/p' $(dir $(abspath $(firstword $(MAKEFILE_LIST))))template.yaml)
+FUNCTION_ARCH ?= $(ARCH)
 .PHONY: build-ConsumerFunction
 build-ConsumerFunction:
 	test -n "$(ARTIFACTS_DIR)"
@@ -164,6 +171,20 @@ build-ConsumerFunction:
 	find "$(ARTIFACTS_DIR)/consumer" -name __pycache__ -prune -exec rm -rf {} +
 	python3.12 -m compileall -q -f -j 0 --invalidation-mode checked-hash "$(ARTIFACTS_DIR)"
 
+# An independent AWS emulator (CloudFormation with the SAM transform, Lambda, SQS, DynamoDB) for make rehearse,
+# on Python 3.12 in a venv of its own: it runs the function on its own interpreter.
+MINISTACK_VENV := .venv-ministack
+$(MINISTACK_VENV)/.installed:
+	test -n "$(LAMBDA_PYTHON)" || { echo "make rehearse needs Python 3.12 (pyenv install 3.12)" >&2; exit 1; }
+	$(LAMBDA_PYTHON)/bin/python -m venv $(MINISTACK_VENV)
+	$(MINISTACK_VENV)/bin/pip install --quiet --upgrade pip
+	$(MINISTACK_VENV)/bin/pip install --quiet ministack==1.5.33 aws-sam-translator==1.115.0
+	touch $@
+
+.PHONY: rehearse
+rehearse: venv $(SAM_VENV)/.installed $(MINISTACK_VENV)/.installed ## [product] sam build + sam deploy onto a local AWS emulator, messages pushed, checked, sam delete
+	@$(LOCAL) rehearse
+
 .PHONY: deploy
 deploy: build ## [product] sam deploy (uses samconfig.toml; add --guided the first time: make deploy ARGS=--guided)
-	$(SAM) deploy $(ARGS)
+	$(SAM) deploy --config-env $(CONFIG_ENV) $(ARGS)

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from local import hot, smoke, state
+from local import hot, rehearse, smoke, state
 from local.demo import run_demo
 from local.event_files import EventFileError, load_event, messages_from_event
 from local.function_output import command_output
@@ -292,6 +292,7 @@ def parser() -> argparse.ArgumentParser:
 
     smoke.add_parser(commands)
     hot.add_parser(commands)
+    rehearse.add_parser(commands)
     return root
 
 

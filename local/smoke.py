@@ -120,7 +120,7 @@ def _our_dead_letter(target: Target, run: SmokeRun) -> dead_letters.DeadLetter |
     return next((letter for letter in parked if letter.body == run.poison_body), None)
 
 
-def _wait(condition: Callable[[], bool], deadline: float) -> bool:
+def wait(condition: Callable[[], bool], deadline: float) -> bool:
     while not condition():
         if time.monotonic() >= deadline:
             return False
@@ -138,10 +138,10 @@ def run_smoke(target: Target, *, run_id: str | None = None, timeout_s: float = D
         # The producer's resend: the same body, so the same idempotency key, as a new message.
         _send(target, run.payment.body, run.account_id)
         _send(target, run.poison_body, run.account_id)
-        applied = _wait(lambda: _ledger_item(target, run, payment_entry) is not None, deadline)
-        parked = _wait(lambda: _our_dead_letter(target, run) is not None, deadline)
+        applied = wait(lambda: _ledger_item(target, run, payment_entry) is not None, deadline)
+        parked = wait(lambda: _our_dead_letter(target, run) is not None, deadline)
         # The resend's outcome leaves no trace of its own: wait until the queue has handled everything.
-        idle = _wait(lambda: sum(messages.queue_counts(target.sqs, target.queue_url)) == 0, deadline)
+        idle = wait(lambda: sum(messages.queue_counts(target.sqs, target.queue_url)) == 0, deadline)
         balance = _ledger_item(target, run, "BALANCE")
         balance_cents = int(balance["balanceCents"]["N"]) if balance else None
         entries = _count_payment_entries(target, run)

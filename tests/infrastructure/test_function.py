@@ -54,7 +54,10 @@ def test_function_runs_the_handler_on_python_3_12_arm64(
 ) -> None:
     function = properties(transformed_template, "ConsumerFunction")
     assert function["Runtime"] == "python3.12"
-    assert function["Architectures"] == ["arm64"]
+    # arm64 unless the stack is deployed with Architecture=x86_64 (the build step reads the same parameter).
+    assert function["Architectures"] == [{"Ref": "Architecture"}]
+    architecture = source_template["Parameters"]["Architecture"]
+    assert (architecture["Default"], architecture["AllowedValues"]) == ("arm64", ["arm64", "x86_64"])
     assert function["Role"] == {"Fn::GetAtt": ["ConsumerFunctionRole", "Arn"]}
 
     code_uri = properties(source_template, "ConsumerFunction")["CodeUri"]
