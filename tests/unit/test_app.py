@@ -15,15 +15,21 @@ from consumer.outcome import Outcome
 from testkit.lambda_sqs import LambdaContext, sqs_record
 from testkit.messages import payment_body
 from tests.unit.conftest import IDEMPOTENCY_TABLE, LEDGER_TABLE, balance
+from tests.utils import make_env
 
 
 @pytest.fixture
 def function_env(dynamodb: Any, sqs: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     dlq_url = sqs.create_queue(QueueName="consumer-dlq")["QueueUrl"]
-    monkeypatch.setenv("IDEMPOTENCY_TABLE_NAME", IDEMPOTENCY_TABLE)
-    monkeypatch.setenv("LEDGER_TABLE_NAME", LEDGER_TABLE)
-    monkeypatch.setenv("DEAD_LETTER_QUEUE_URL", dlq_url)
-    monkeypatch.setenv("MAX_WORKERS", "1")  # moto in process is not thread-safe
+    # moto in process is not thread-safe
+    env = make_env(
+        idempotency_table_name=IDEMPOTENCY_TABLE,
+        ledger_table_name=LEDGER_TABLE,
+        dead_letter_queue_url=dlq_url,
+        max_workers="1",
+    )
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     app.build_consumer.cache_clear()
     yield dlq_url
     app.build_consumer.cache_clear()

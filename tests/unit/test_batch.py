@@ -38,7 +38,7 @@ def test_a_mixed_batch_reports_exactly_the_records_to_retry(consumer: Consumer, 
         sqs_record("redelivered", payment_body("p-0", amount=100)),
         sqs_record("in-flight", receipt_body("9")),
         sqs_record("bad-json", "{oops"),
-        sqs_record("unknown", json.dumps({"eventType": "RefundIssued", "payload": {}})),
+        sqs_record("unknown", json.dumps({"eventType": "NoSuchEventType", "payload": {}})),
         sqs_record("schema", json.dumps({"eventType": "PaymentReceived", "payload": {"paymentId": "x"}})),
         sqs_record("new-2", payment_body("p-2", account_id="acc-2", amount=99)),
     ]

@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 from moto import mock_aws
 
 from consumer import app
-from consumer.config import Settings
 from consumer.envelope import MAX_BODY_BYTES, parse_message
 from consumer.errors import ErrorType, PoisonMessage
 from consumer.handlers import build_handlers
@@ -36,6 +35,7 @@ from testkit.tables import LEDGER_TABLE as LEDGER
 from testkit.tables import create_template_tables
 from testkit.webhook import WebhookSink
 from tests.unit.conftest import IDEMPOTENCY_TABLE, LEDGER_TABLE, balance
+from tests.utils import make_env, make_settings
 
 settings.register_profile(
     "bounded", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -170,7 +170,7 @@ def batches(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 def is_valid(record: dict[str, Any]) -> bool:
     """Whether the record passes the contract and its handler's schema (what may be applied)."""
-    handlers = build_handlers(Settings(idempotency_table_name="i", ledger_table_name="l", dead_letter_queue_url="q"))
+    handlers = build_handlers(make_settings())
     try:
         message = parse_message(record)
     except PoisonMessage:
@@ -193,13 +193,13 @@ class Function:
         self.sqs = boto3.client("sqs", region_name=REGION)
         create_template_tables(self.dynamodb, {IDEMPOTENCY: IDEMPOTENCY_TABLE, LEDGER: LEDGER_TABLE})
         self.dlq_url = self.sqs.create_queue(QueueName="fuzz-dlq")["QueueUrl"]
-        self.env = {
-            "IDEMPOTENCY_TABLE_NAME": IDEMPOTENCY_TABLE,
-            "LEDGER_TABLE_NAME": LEDGER_TABLE,
-            "DEAD_LETTER_QUEUE_URL": self.dlq_url,
-            "RECEIPT_WEBHOOK_URL": webhook.receipts_url,
-            "MAX_WORKERS": "1",  # moto in process is not thread-safe
-        }
+        self.env = make_env(
+            idempotency_table_name=IDEMPOTENCY_TABLE,
+            ledger_table_name=LEDGER_TABLE,
+            dead_letter_queue_url=self.dlq_url,
+            receipt_webhook_url=webhook.receipts_url,
+            max_workers="1",  # moto in process is not thread-safe
+        )
 
     def empty_tables(self) -> None:
         """Fresh tables for each batch: moto copies every table on every transaction, so a
