@@ -40,6 +40,7 @@ class RefundIssuedHandler(MessageHandler[RefundIssued]):
             # Refuse a refund larger than the balance: the message goes to the DLQ.
             condition="balanceCents >= :refund",
             values={":amount": -payload.amountCents, ":refund": payload.amountCents},
+            reason=f"balance of account {payload.accountId} below the refund of {payload.amountCents} cents",
         )
         entry = Put(
             table=self._table,
@@ -47,3 +48,8 @@ class RefundIssuedHandler(MessageHandler[RefundIssued]):
             condition="attribute_not_exists(entryId)",
         )
         return Effect(result={"refundedCents": payload.amountCents}, writes=(debit, entry))
+
+    def contention_key(self, payload: RefundIssued) -> str:
+        # Refunds and payments of an account update its one BALANCE item: run them one after another
+        # within a batch rather than as parallel transactions DynamoDB would cancel as conflicts.
+        return f"{self._table}/{payload.accountId}"  # the same key PaymentReceived uses for this item

@@ -35,6 +35,8 @@ class Put:
     condition: str | None = None
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
+    # Said in the dead letter when the condition fails (each kind has it), e.g. "stock of SKU x below 3".
+    reason: str = ""
     # This item is unique to the message (its condition holds only for a new item): the
     # idempotency record rides on it instead of taking an item of its own, so the
     # transaction writes one item fewer. Duplicates are then answered from this item.
@@ -58,6 +60,7 @@ class Update:
     condition: str | None = None
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
+    reason: str = ""
 
     def to_transact_item(self) -> dict[str, Any]:
         return {
@@ -77,6 +80,7 @@ class Delete:
     condition: str | None = None
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
+    reason: str = ""
 
     def to_transact_item(self) -> dict[str, Any]:
         return {
@@ -95,6 +99,7 @@ class ConditionCheck:
     condition: str
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
+    reason: str = ""
 
     def to_transact_item(self) -> dict[str, Any]:
         return {
