@@ -32,7 +32,7 @@ NOT_RUNNING = "no local stack is running: start one with `make run` (in another 
 FIFO_HELP = "deploy with QueueType=fifo (a FIFO queue and DLQ, one message group per account)"
 MEMORY_HELP = "the function's MemorySize instead of the template's (its CPU share follows: 1769 MB = 1 vCPU)"
 # A runtime that cannot start says why in one line; nothing it started is left running.
-RUNTIME_ERRORS = (RuntimeStartError, EmulatorExited, LambdaPythonMissing, LambdaVenvError)
+RUNTIME_ERRORS = (RuntimeStartError, EmulatorExited, LambdaPythonMissing, LambdaVenvError, FileNotFoundError)
 EXAMPLE_BODY = messages.payment("pay-2024-000017", "p-17", "acc-1", 1250).body
 
 
@@ -260,7 +260,7 @@ def parser() -> argparse.ArgumentParser:
     send.set_defaults(handler=cmd_send)
 
     invoke = commands.add_parser("invoke", help="run the handler once on an event file")
-    invoke.add_argument("event")
+    invoke.add_argument("event", metavar="EVENT", help="make invoke EVENT=events/<file>.json")
     invoke.add_argument("--stack-name", default="invoke")
     invoke.add_argument("--memory", type=int, default=None, metavar="MB", help=MEMORY_HELP)
     invoke.set_defaults(handler=cmd_invoke)

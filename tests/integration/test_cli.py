@@ -119,3 +119,11 @@ def test_demo_passes_its_checks_on_a_small_workload(tmp_path: Path) -> None:
     assert "all checks passed" in answer.stdout
     assert "FAIL" not in answer.stdout
     assert "dead-lettered          9:" in answer.stdout
+
+
+def test_invoke_names_what_is_missing_without_a_traceback(tmp_path: Path) -> None:
+    no_event = _local(tmp_path, "invoke")
+    assert no_event.returncode != 0 and "EVENT" in no_event.stderr
+    missing = _local(tmp_path, "invoke", "events/no-such-file.json")
+    assert missing.returncode == 1
+    assert "events/no-such-file.json" in missing.stderr and "Traceback" not in missing.stderr
