@@ -15,10 +15,17 @@ LAMBDA_PYTHON := $(shell command -v pyenv >/dev/null 2>&1 && pyenv prefix 3.12.1
 BUILD_PATH := $(if $(LAMBDA_PYTHON),$(LAMBDA_PYTHON)/bin:,)$(PATH)
 
 .PHONY: help
-help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+# Each target's "## [group]" puts it under its role in the README's map: product (what is deployed), local stack
+# (what runs it on this machine), proof (what checks the guarantees); an untagged target is listed last.
+help:
+	@for group in product 'local stack' proof; do \
+	  echo "$$group:"; \
+	  grep -E "^[a-z-]+:.*## \[$$group\] " $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## \[[^]]*\] /\1\t/' \
+	    | awk -F'\t' '{printf "  make %-16s %s\n", $$1, $$2}'; \
+	done
+	@grep -E '^[a-z-]+:.*## [^[]' $(MAKEFILE_LIST) | awk -F':.*## ' 'NR == 1 {print "other:"} {printf "  make %-16s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: requirements-dev.txt src/requirements.txt
+$(VENV)/.installed: requirements-dev.txt src/requirements.in
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt
@@ -36,36 +43,45 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --ignore-scripts --engine-strict=false --loglevel=error
 	touch $@
 
+# The artifact's dependencies, resolved and hashed by pip-compile: every wheel of every platform is
+# listed, so an arm64 build checks its own wheels. `sam build` and the local function venv install
+# with hash checking (a hashed requirements file makes pip refuse anything else).
+.PHONY: lock
+lock: venv ## [product] resolve src/requirements.in into the hash-locked src/requirements.txt (after editing the .in)
+	cd src && ../$(VENV)/bin/pip-compile --quiet --generate-hashes --strip-extras --no-emit-index-url \
+		--no-emit-find-links --allow-unsafe --output-file requirements.txt requirements.in
+
 .PHONY: venv
-venv: $(VENV)/.installed ## create the virtual environment with every tool
+venv: $(VENV)/.installed ## [local stack] create the virtual environment with every tool
 
 # The function's own runtime for the local stack: Python 3.12 (pyenv's), the artifact's requirements,
 # boto3 as Lambda provides it and awslambdaric; cached in .lambda-runtime/, rebuilt when they change.
 .PHONY: lambda-venv
-lambda-venv: venv ## build the function's Python 3.12 venv for Lambda's runtime (local stack, tests)
+lambda-venv: venv ## [local stack] build the function's Python 3.12 venv for Lambda's runtime (local stack, tests)
 	@$(PY) -m testkit.lambda_venv >/dev/null
 
 # The Runtime Interface Emulator comes with SAM CLI's wheel: the local stack needs .venv-sam too.
 LAMBDA_RUNTIME := lambda-venv $(SAM_VENV)/.installed
 
 .PHONY: lint
-lint: venv ## ruff (lint and format check), mypy --strict on the deployed code, mypy on the tooling
+lint: venv ## [proof] ruff (lint and format check), mypy --strict on the deployed code, mypy on the tooling
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --strict src
 	$(VENV)/bin/mypy testkit local chaos bench tests
 
 .PHONY: validate
-validate: venv $(SAM_VENV)/.installed ## cfn-lint (with the serverless rules) on template.yaml, sam validate --lint
+validate: venv $(SAM_VENV)/.installed ## [proof] cfn-lint (with the serverless rules) on template.yaml, sam validate --lint
 	$(VENV)/bin/cfn-lint --append-rules cfn_lint_serverless.rules -- template.yaml
 	SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --region $(REGION) --template-file template.yaml
 
 .PHONY: test
-test: lint validate node_modules/.installed $(LAMBDA_RUNTIME) ## everything CI runs: lint, template checks, unit, infrastructure and integration tests
-	$(PY) -m pytest
+test: lint validate node_modules/.installed $(LAMBDA_RUNTIME) ## [proof] everything CI runs: lint, template checks, unit, infrastructure and integration tests
+	@# Two workers: the suite waits on servers and runtimes as much as it computes; each worker starts its own.
+	$(PY) -m pytest -n 2
 
 .PHONY: fuzz
-fuzz: venv ## the whole handler fuzzed with hostile batches for about 20 minutes (make test runs a bounded sample)
+fuzz: venv ## [proof] the whole handler fuzzed with hostile batches for about 20 minutes (make test runs a bounded sample)
 	@# Ten processes of 700 batches each, seeded apart, so that no run leans on one process's memory for 20 minutes.
 	for seed in 1 2 3 4 5 6 7 8 9 10; do \
 		FUZZ_PROFILE=fuzz FUZZ_EXAMPLES=700 $(PY) -m pytest -p no:cacheprovider -o addopts= -q \
@@ -77,28 +93,29 @@ fuzz: venv ## the whole handler fuzzed with hostile batches for about 20 minutes
 LOCAL := PYTHONPATH=src $(PY) -m local
 
 .PHONY: demo
-demo: venv node_modules/.installed $(LAMBDA_RUNTIME) ## the whole pipeline on a realistic workload, checked (exit 1 if a check fails)
+demo: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [local stack] the whole pipeline on a realistic workload, checked (exit 1 if a check fails)
 	@$(LOCAL) demo $(ARGS)
 
 # With STACK, a deployed stack (the caller's AWS credentials); without, the local stack, started for it.
 .PHONY: smoke
-smoke: venv $(if $(STACK),,node_modules/.installed $(LAMBDA_RUNTIME)) ## a payment, its resend and a poison message through STACK=<name> (or the local stack), checked and removed
+smoke: venv $(if $(STACK),,node_modules/.installed $(LAMBDA_RUNTIME)) ## [local stack] a payment, its resend and a poison message through STACK=<name> (or the local stack), checked and removed
 	@$(LOCAL) smoke $(if $(STACK),--stack $(STACK) --region $(REGION)) $(ARGS)
 
 .PHONY: run
-run: venv node_modules/.installed $(LAMBDA_RUNTIME) ## start the local stack and its pollers in the foreground (Ctrl-C stops it)
+run: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [local stack] start the local stack and its pollers in the foreground (Ctrl-C stops it)
 	@$(LOCAL) run $(ARGS)
 
 .PHONY: send
-send: venv ## push messages to the running stack: ARGS="--count 100 --duplicates 0.2" or ARGS="--file events/x.json"
+send: venv ## [local stack] push messages to the running stack: ARGS="--count 100 --duplicates 0.2" or ARGS="--file events/x.json"
 	@$(LOCAL) send $(ARGS)
 
 .PHONY: invoke
-invoke: venv node_modules/.installed $(LAMBDA_RUNTIME) ## run the handler once on EVENT=events/<file>.json (on the running stack, or a new one)
+invoke: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [local stack] run the handler once on EVENT=events/<file>.json (on the running stack, or a new one)
+	@test -n "$(EVENT)" || { echo "make invoke needs EVENT=<file>, e.g. make invoke EVENT=events/payment-single.json" >&2; exit 2; }
 	@$(LOCAL) invoke $(EVENT) $(ARGS)
 
 .PHONY: sam-invoke
-sam-invoke: $(SAM_VENV)/.installed ## the real `sam local invoke` on EVENT=events/<file>.json where a Docker daemon answers
+sam-invoke: $(SAM_VENV)/.installed ## [product] the real `sam local invoke` on EVENT=events/<file>.json where a Docker daemon answers
 	@if docker info >/dev/null 2>&1; then \
 		PATH="$(BUILD_PATH)" SAM_CLI_TELEMETRY=0 $(SAM) local invoke ConsumerFunction -e $(EVENT) $(ARGS); \
 	else \
@@ -107,33 +124,46 @@ sam-invoke: $(SAM_VENV)/.installed ## the real `sam local invoke` on EVENT=event
 	fi
 
 .PHONY: dlq
-dlq: venv ## list the running stack's dead-lettered messages with ErrorType and ErrorMessage
+dlq: venv ## [local stack] list the running stack's dead-lettered messages with ErrorType and ErrorMessage
 	@$(LOCAL) dlq
 
 .PHONY: redrive
-redrive: venv ## move the running stack's dead-lettered messages back to its queue
+redrive: venv ## [local stack] move the running stack's dead-lettered messages back to its queue
 	@$(LOCAL) redrive
 
 .PHONY: hot
-hot: venv node_modules/.installed $(LAMBDA_RUNTIME) ## hot-account figures through the conflict emulation (ARGS="--messages 800 --accounts 1")
+hot: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [local stack] hot-account figures through the conflict emulation (ARGS="--messages 800 --accounts 1")
 	@$(LOCAL) hot $(ARGS)
 
+# ARGS="--only cold-start --cold-starts 9": the cold starts alone (sam build, then fresh processes), printed.
 .PHONY: bench
-bench: venv node_modules/.installed $(LAMBDA_RUNTIME) ## this consumer against Powertools and the seed pattern at Lambda's CPU share: writes BENCHMARKS.md and its two charts
+bench: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [proof] this consumer against Powertools and the seed pattern at Lambda's CPU share, and cold starts: writes BENCHMARKS.md and its two charts
 	PYTHONPATH=src $(PY) -m bench $(ARGS)
 
-.PHONY: runtime-overhead
-runtime-overhead: venv $(LAMBDA_RUNTIME) ## cold start and per-invocation time: Lambda's runtime against the in-process call
-	PYTHONPATH=src $(PY) -m bench.runtime_overhead $(ARGS)
-
 .PHONY: chaos
-chaos: venv node_modules/.installed $(LAMBDA_RUNTIME) ## fault injection on the local stack, invariants checked (ARGS="--messages 5000 --pollers 4 --seed 7")
+chaos: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [proof] fault injection on the local stack, invariants checked (ARGS="--messages 5000 --pollers 4 --seed 7")
 	PYTHONPATH=src $(PY) -m chaos $(ARGS)
 
 .PHONY: build
-build: $(SAM_VENV)/.installed ## sam build (the deployable artifact in .aws-sam/)
+build: $(SAM_VENV)/.installed ## [product] sam build (the deployable artifact in .aws-sam/)
 	PATH="$(BUILD_PATH)" SAM_CLI_TELEMETRY=0 $(SAM) build --template-file template.yaml
 
+# sam build runs this for ConsumerFunction (its Metadata: BuildMethod: makefile), in a copy of src/, with
+# ARTIFACTS_DIR: the dependencies as SAM's pip builder installs them (src/requirements.txt, hashes checked when
+# it has them, binary wheels for the template's architecture), the code, then bytecode for all of it. Lambda's
+# /var/task is read-only, so without bytecode every cold start compiles what it imports; checked-hash bytecode
+# is valid whatever mtimes the zip keeps, and a source edited after the build is compiled, never shadowed.
+FUNCTION_ARCH ?= $(shell sed -n 's/^ *Architectures: \[\(.*\)\]/\1/p' $(dir $(abspath $(firstword $(MAKEFILE_LIST))))template.yaml)
+.PHONY: build-ConsumerFunction
+build-ConsumerFunction:
+	test -n "$(ARTIFACTS_DIR)"
+	python3.12 -m pip install --quiet --disable-pip-version-check --no-compile --target "$(ARTIFACTS_DIR)" \
+		--platform manylinux2014_$(subst arm64,aarch64,$(FUNCTION_ARCH)) --implementation cp --python-version 3.12 \
+		--only-binary=:all: --require-hashes -r requirements.txt
+	cp -R consumer "$(ARTIFACTS_DIR)/"
+	find "$(ARTIFACTS_DIR)/consumer" -name __pycache__ -prune -exec rm -rf {} +
+	python3.12 -m compileall -q -f -j 0 --invalidation-mode checked-hash "$(ARTIFACTS_DIR)"
+
 .PHONY: deploy
-deploy: build ## sam deploy (uses samconfig.toml; add --guided the first time: make deploy ARGS=--guided)
+deploy: build ## [product] sam deploy (uses samconfig.toml; add --guided the first time: make deploy ARGS=--guided)
 	$(SAM) deploy $(ARGS)

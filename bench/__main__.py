@@ -2,7 +2,7 @@
 
 Calls and capacity units per message on moto in process; then each system as a Lambda function of
 its own on DynamoDB Local at each memory size's CPU share, and this consumer profiled; then cold
-starts. Progress goes to stderr.
+starts from the built artifact (``--only cold-start``: those alone, printed). Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from pathlib import Path
 
 from bench.capacity import CapacityMeter
 from bench.chart import draw_batch_latency_chart, draw_cost_chart
+from bench.coldstart import measure_cold_starts
 from bench.costs import Backend, message_costs, moto_backend
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.report import (
-    DIRECT,
-    LATENCY_AT_PROXY,
     NO_QUOTA,
     TARGET_BATCH,
     TARGET_LATENCY_MS,
@@ -31,12 +30,13 @@ from bench.report import (
     BenchResults,
     TimingKey,
     benchmarks_markdown,
+    cold_start_section,
+    cold_start_targets,
     stdout_report,
 )
-from bench.systems import INITIALISATION, SYSTEM_ENV, SYSTEMS, ThisConsumer, settings_environment
-from bench.timing import POWERTOOLS_ENV, REPO_ROOT, invoke, measure_cold_starts, system_functions, time_batches
+from bench.systems import SYSTEM_ENV, SYSTEMS, ThisConsumer, settings_environment
+from bench.timing import POWERTOOLS_ENV, REPO_ROOT, invoke, system_functions, time_batches
 from testkit.aws import DUMMY_CREDENTIALS_ENV
-from testkit.conflict_emulation import ConflictEmulation, ConflictProxy
 from testkit.dynamodb_local import DynamoDBLocal, JavaNotFound, jar_directory, java_runtime
 from testkit.lambda_runtime import LambdaEnvironment
 from testkit.lambda_sqs import REGION
@@ -64,7 +64,8 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--precision", type=float, default=0.10, help="the CI's half-width the run aims at")
     parser.add_argument("--warm-up-batches", type=int, default=20, help="per system, before timing (JVM)")
     parser.add_argument("--cost-messages", type=int, default=10, help="messages per case for calls and units")
-    parser.add_argument("--cold-starts", type=int, default=20, help="fresh processes per system")
+    parser.add_argument("--cold-starts", type=int, default=9, help="fresh processes per system and CPU share")
+    parser.add_argument("--only", choices=["cold-start"], help="run one section, print it, write nothing")
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--chart", type=Path, default=REPO_ROOT / "bench" / "batch-latency.png")
     parser.add_argument("--cost-chart", type=Path, default=REPO_ROOT / "bench" / "cost-per-million.png")
@@ -111,7 +112,6 @@ class _Run:
     def measure_on_dynamodb_local(self) -> None:
         _progress("DynamoDB Local behind the conflict emulation: starting")
         with DynamoDBLocal() as server:
-            assert server.proxy is not None
             backend = Backend(server.client(), _UNUSED_QUEUE_URL)
             variables = {
                 system.name: {
@@ -130,58 +130,44 @@ class _Run:
                     if index == 0:
                         self.warm_up(functions)
                     if memory_mb == TARGET_MEMORY_MB:
-                        self.time_target_share(functions, server.proxy)
+                        self.time_target_share(functions)
                     else:  # the cost chart's point and the earlier run's setting: batches of 10 only
                         self.time(functions, TimingKey(memory_mb, TARGET_LATENCY_MS, TARGET_BATCH))
-            self.time_controls(server.direct_endpoint_url, variables)
 
     def warm_up(self, functions: dict[str, LambdaEnvironment]) -> None:
         """DynamoDB Local's JVM compiles its hot paths during the first thousands of requests: pay that untimed."""
         batches = self.arguments.warm_up_batches
         _progress(f"warming DynamoDB Local's JVM: {batches} batches of {TARGET_BATCH} per system")
         for _ in range(batches):
-            for name, function in functions.items():
-                answer = invoke(function, self.messages.payments(TARGET_BATCH), 0)
-                self.results.warm_up_s.setdefault(name, []).append(answer["wall_s"])
+            for function in functions.values():
+                invoke(function, self.messages.payments(TARGET_BATCH), 0)
 
     def time(self, functions: dict[str, LambdaEnvironment], key: TimingKey) -> None:
         share = "no quota" if key.memory_mb == NO_QUOTA else f"{key.memory_mb} MB"
         hot = ", one account" if key.hot else ""
-        where = f" ({key.route})" if key.route else ""
-        _progress(f"{share}: batches of {key.batch_size}{hot} at {key.latency_ms} ms{where}")
+        _progress(f"{share}: batches of {key.batch_size}{hot} at {key.latency_ms} ms")
         batch = self.messages.payments_on_one_account if key.hot else self.messages.payments
         self.results.timings[key] = time_batches(
             functions,
             lambda: batch(key.batch_size),
-            latency_ms=0 if key.route == LATENCY_AT_PROXY else key.latency_ms,
+            latency_ms=key.latency_ms,
             min_repetitions=self.arguments.min_repetitions,
             max_repetitions=self.arguments.max_repetitions,
             precision=self.arguments.precision,
         )
 
-    def time_target_share(self, functions: dict[str, LambdaEnvironment], proxy: ConflictProxy) -> None:
-        """Every latency and batch size, the hot account with the proxy's counts over it, and the profile."""
+    def time_target_share(self, functions: dict[str, LambdaEnvironment]) -> None:
+        """Every latency and batch size, the hot account, and the profile."""
         for latency in self.arguments.latencies_ms:
             for size in (1, TARGET_BATCH):
                 self.time(functions, TimingKey(TARGET_MEMORY_MB, latency, size))
-        before = proxy.stats()
         self.time(functions, TimingKey(TARGET_MEMORY_MB, TARGET_LATENCY_MS, TARGET_BATCH, hot=True))
-        after = proxy.stats()
-        self.results.hot_proxy_stats = {name: after[name] - before.get(name, 0) for name in after}
         # cProfile sees one thread: records on one account share one lane, which runs in the handler's
         # thread. Each record still costs what a new payment costs (its own transaction), the lane pool aside.
         _progress(f"{TARGET_MEMORY_MB} MB: this consumer under cProfile, {_PROFILE_RECORDS} records in one lane")
         bodies = self.messages.payments_on_one_account(_PROFILE_RECORDS)
         answer = invoke(functions[ThisConsumer.name], bodies, TARGET_LATENCY_MS, profile=True)
         self.results.profile, self.results.profile_records = answer["profile"], _PROFILE_RECORDS
-
-    def time_controls(self, upstream_url: str, variables: dict[str, dict[str, str]]) -> None:
-        """The same tables and 512 MB functions, reached another way: latency at a proxy, or no proxy at all."""
-        with ConflictProxy(upstream_url, ConflictEmulation(latency_ms=TARGET_LATENCY_MS)) as proxy:
-            for route, endpoint in ((LATENCY_AT_PROXY, proxy.endpoint_url), (DIRECT, upstream_url)):
-                routed = {name: {**values, "AWS_ENDPOINT_URL_DYNAMODB": endpoint} for name, values in variables.items()}
-                with system_functions(routed, TARGET_MEMORY_MB) as functions:
-                    self.time(functions, TimingKey(TARGET_MEMORY_MB, TARGET_LATENCY_MS, TARGET_BATCH, route=route))
 
 
 def _cpu_model() -> str:
@@ -216,12 +202,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"make bench needs DynamoDB Local: {error}", file=sys.stderr)
         return 2
     run = _Run(arguments)
-    with WebhookSink() as webhook, _function_output_discarded():
-        run.measure_costs(webhook.receipts_url)
-    run.measure_on_dynamodb_local()
-    _progress(f"cold starts: {arguments.cold_starts} fresh processes per system at {TARGET_MEMORY_MB} MB")
+    if arguments.only is None:
+        with WebhookSink() as webhook, _function_output_discarded():
+            run.measure_costs(webhook.receipts_url)
+        run.measure_on_dynamodb_local()
+    _progress(f"cold starts: sam build, then {arguments.cold_starts} fresh processes per system at each CPU share")
     results = run.results
-    results.cold_starts = measure_cold_starts(INITIALISATION, arguments.cold_starts, TARGET_MEMORY_MB)
+    results.cold_starts = measure_cold_starts(arguments.cold_starts, TARGET_MEMORY_MB)
+    if arguments.only is not None:
+        print("\n".join([*cold_start_section(results.cold_starts), "", *cold_start_targets(results.cold_starts)]))
+        return 0
     results.machine = _describe_machine(dynamodb_local_version, load_at_start)
 
     draw_batch_latency_chart(results, arguments.chart)

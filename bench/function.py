@@ -8,7 +8,6 @@ duration), the records reported failed, and with ``profile`` a cProfile of it (C
 from __future__ import annotations
 
 import cProfile
-import io
 import os
 import pstats
 import sys
@@ -25,7 +24,6 @@ from bench.probe import RoundTripProbe, on_new_clients
 from bench.systems import SYSTEM_ENV, SYSTEMS
 from consumer.config import Settings
 
-_PROFILE_ENTRIES = 25
 # Where a function's own time lands, by the first of these found in its file's path.
 _PACKAGES = ("botocore", "urllib3", "consumer", "pydantic", "aws_lambda_powertools", "jmespath", "concurrent", "json")
 _BUILTIN = "~"  # pstats' file name for C functions: their time goes to whoever called them
@@ -42,12 +40,8 @@ def _package(filename: str) -> str:
 
 
 def _profile_summary(profiler: cProfile.Profile) -> dict[str, Any]:
-    """The top entries by own and by cumulative time (pstats' text) and own time per package, in CPU seconds."""
-    text, cumulative = io.StringIO(), io.StringIO()
-    stats = pstats.Stats(profiler, stream=text)
-    stats.sort_stats("tottime").print_stats(_PROFILE_ENTRIES)
-    stats.stream = cumulative  # type: ignore[attr-defined]
-    stats.sort_stats("cumulative").print_stats(_PROFILE_ENTRIES)
+    """Own time per package, in CPU seconds."""
+    stats = pstats.Stats(profiler)
     by_package: defaultdict[str, float] = defaultdict(float)
     raw: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
     for (filename, _, _), (_, _, own_s, _, callers) in raw.items():
@@ -57,7 +51,7 @@ def _profile_summary(profiler: cProfile.Profile) -> dict[str, Any]:
             shares = [(caller[0], caller_stats[2]) for caller, caller_stats in callers.items()] or [(filename, own_s)]
         for source, seconds in shares:
             by_package[_package(source)] += seconds
-    return {"top": text.getvalue(), "cumulative": cumulative.getvalue(), "by_package_s": dict(by_package)}
+    return {"by_package_s": dict(by_package)}
 
 
 def handler(request: dict[str, Any], context: Any) -> dict[str, Any]:

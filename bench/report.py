@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime
-import re
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.coldstart import CONSUMER as COLD_CONSUMER
+from bench.coldstart import FLOOR, FULL_CPU, LAMBDA_SHARES, ColdStarts
 from bench.costs import (
     CASES,
     NEW_OPTIMISTIC,
@@ -20,8 +21,8 @@ from bench.costs import (
     cost_per_million,
     sqs_requests,
 )
-from bench.systems import BOTOCORE_FLOOR, NAMES, PowertoolsBaseline
-from bench.timing import REPO_ROOT, Samples, median_ci
+from bench.systems import NAMES, PowertoolsBaseline
+from bench.timing import Samples, median_ci
 
 # The CPU share the targets are read at, and the configuration every system's function had
 # in the run that reported 15.7x: no quota at all (the harness's two cores).
@@ -29,10 +30,6 @@ TARGET_MEMORY_MB = 512
 TARGET_LATENCY_MS = 10
 TARGET_BATCH = 10
 NO_QUOTA = 0
-# Controls for what changed since the earlier benchmark: where the latency is slept, and the
-# conflict proxy's own hop (the earlier run went to DynamoDB Local directly).
-LATENCY_AT_PROXY = "latency slept by the proxy"
-DIRECT = "direct, no conflict proxy"
 
 TIMES = "\u00d7"
 CONSUMER, BASELINES, POWERTOOLS = NAMES[0], NAMES[1:], PowertoolsBaseline.name
@@ -48,8 +45,6 @@ class TimingKey:
     latency_ms: int
     batch_size: int
     hot: bool = False  # all records on one account, through the conflict emulation
-    # How the calls reach DynamoDB Local: "" through the conflict proxy as everywhere, or one of the controls.
-    route: str = ""
 
 
 @dataclass
@@ -60,14 +55,10 @@ class BenchResults:
     # system -> case -> cost per message (moto in-process, no latency).
     costs: dict[str, dict[str, Cost]] = field(default_factory=dict)
     timings: dict[TimingKey, dict[str, Samples]] = field(default_factory=dict)
-    # Batches of 10 at 0 ms run while DynamoDB Local's JVM warms up, per system, in order.
-    warm_up_s: dict[str, list[float]] = field(default_factory=dict)
-    cold_starts: dict[str, Samples] = field(default_factory=dict)
+    cold_starts: ColdStarts | None = None
     # This consumer under cProfile at the target share: records profiled and the summary.
     profile_records: int = 0
     profile: dict[str, Any] | None = None
-    # The conflict proxy's counts over the hot-account batches.
-    hot_proxy_stats: dict[str, int] = field(default_factory=dict)
 
     def samples(self, memory_mb: int, latency_ms: int, batch_size: int, *, hot: bool = False) -> dict[str, Samples]:
         return self.timings.get(TimingKey(memory_mb, latency_ms, batch_size, hot), {})
@@ -106,13 +97,12 @@ def _timing_table(results: BenchResults) -> list[str]:
     header = ["CPU share", "latency", "batch", *NAMES, *(f"{name} ÷ this" for name in BASELINES)]
     rows = []
     for key, samples in sorted(results.timings.items()):
-        route = f", {key.route}" if key.route else ""
         hot = ", one account" if key.hot else ""
         walls = [
             f"{_interval(samples[name].median_s, samples[name].ci_s)} (n={len(samples[name].wall_s)})" for name in NAMES
         ]
         ratios = [f"{samples[name].median_s / samples[CONSUMER].median_s:.1f}{TIMES}" for name in BASELINES]
-        rows.append([_share(key.memory_mb), f"{key.latency_ms} ms{route}", f"{key.batch_size}{hot}", *walls, *ratios])
+        rows.append([_share(key.memory_mb), f"{key.latency_ms} ms", f"{key.batch_size}{hot}", *walls, *ratios])
     return _table(header, rows)
 
 
@@ -151,15 +141,55 @@ def _cost_table(results: BenchResults) -> list[str]:
     return _table(header, rows)
 
 
-def _cold_start_table(results: BenchResults) -> list[str]:
-    if not results.cold_starts:
-        return []
-    floor = results.cold_starts[BOTOCORE_FLOOR].median_s
-    rows = [
-        [name, _interval(starts.median_s, starts.ci_s), f"{starts.median_s / floor:.2f}{TIMES}"]
-        for name, starts in results.cold_starts.items()
-    ]
-    return _table(["init (import + clients)", "median ms [95% CI]", "÷ botocore floor"], rows)
+def _cold_share(share: int) -> str:
+    if share == LAMBDA_SHARES:
+        return f"as Lambda: init at full CPU, invocation at {TARGET_MEMORY_MB} MB"
+    return "full CPU (no quota)" if share == FULL_CPU else _share(share)
+
+
+def cold_start_section(starts: ColdStarts) -> list[str]:
+    """Init, first invocation and their sum per system and share, the ratios, where the init's imports go."""
+    rows = []
+    for share, system in starts.init_s:
+        series = (starts.init_s[share, system], starts.first_s[share, system], starts.total_s(share, system))
+        spread = [_interval(statistics.median(values), median_ci(values)) for values in series]
+        floor, theirs = (statistics.median(starts.total_s(share, name)) for name in (FLOOR, POWERTOOLS))
+        median = statistics.median(series[2])
+        rows.append(
+            [_cold_share(share), system, *spread, f"{median / floor:.2f}{TIMES}", f"{median / theirs:.2f}{TIMES}"]
+        )
+    header = ["CPU", "system", "init ms [95% CI]", "first invocation", "init + first", "÷ floor", "÷ Powertools"]
+    lines = [*_table(header, rows), "", f"n = {len(next(iter(starts.init_s.values())))} fresh processes per row."]
+    if systems := list(starts.import_ms):
+        groups = sorted(set().union(*starts.import_ms.values()), key=lambda g: -starts.import_ms[systems[0]].get(g, 0))
+        lines += [
+            "",
+            "`python -X importtime` of each init at full CPU: each module's own time summed by top-level "
+            "package, median over the profiled processes (importtime's overhead included), ms:",
+            "",
+            *_table(
+                ["package", *systems],
+                ([g, *(f"{starts.import_ms[s].get(g, 0.0):.1f}" for s in systems)] for g in groups),
+            ),
+        ]
+    return lines
+
+
+def cold_start_targets(starts: ColdStarts) -> list[str]:
+    """Init + first invocation: at or below Powertools' at every share, within the target of the floor at full CPU."""
+    verdicts = []
+    for share in dict.fromkeys(share for share, _ in starts.init_s):
+        ours, theirs, floor = (
+            statistics.median(starts.total_s(share, name)) for name in (COLD_CONSUMER, POWERTOOLS, FLOOR)
+        )
+        verdict, clause = _against(ours / theirs, 1.0)
+        line = f"- {verdict}: cold start, {_cold_share(share)}: {_ms(ours)} ms"
+        line += f" against Powertools' {_ms(theirs)} ms ({clause})"
+        if share == FULL_CPU:
+            verdict, clause = _against(ours / floor, COLD_START_TARGET)
+            line += f"; {verdict}: {ours / floor:.2f}{TIMES} the botocore floor's {_ms(floor)} ms ({clause})"
+        verdicts.append(line + ".")
+    return verdicts
 
 
 def _against(value: float, target: float, *, at_least: bool = False) -> tuple[str, str]:
@@ -197,12 +227,7 @@ def targets(results: BenchResults) -> list[str]:
             f"Powertools' {_ms(batch[theirs].cpu_per_record_s)} ms, {cpu:.2f} of it (target ≤ {CPU_TARGET:g})."
         )
     if results.cold_starts:
-        ours_s, floor_s = results.cold_starts[ours].median_s, results.cold_starts[BOTOCORE_FLOOR].median_s
-        verdict, clause = _against(ours_s / floor_s, COLD_START_TARGET)
-        verdicts.append(
-            f"- {verdict}: cold start {_ms(ours_s)} ms, {ours_s / floor_s:.2f}{TIMES} "
-            f"the botocore floor's {_ms(floor_s)} ms ({clause})."
-        )
+        verdicts += cold_start_targets(results.cold_starts)
     ours_cost, their_cost = results.cost(ours, TARGET_MEMORY_MB), results.cost(theirs, TARGET_MEMORY_MB)
     if ours_cost and their_cost:
         verdict, _ = _against(ours_cost.total_usd, their_cost.total_usd)
@@ -214,61 +239,12 @@ def targets(results: BenchResults) -> list[str]:
             f"{results.costs[theirs][NEW_OPTIMISTIC].write_units:g})."
         )
     if hot := results.samples(TARGET_MEMORY_MB, TARGET_LATENCY_MS, TARGET_BATCH, hot=True):
-        stats = ", ".join(f"{name} {count}" for name, count in results.hot_proxy_stats.items())
         verdicts.append(
             f"- beside them, the hot account (10 payments on one account, conflict emulation on): "
             f"{_ms(hot[ours].median_s)} ms against Powertools' {_ms(hot[theirs].median_s)} ms "
-            f"({hot[theirs].median_s / hot[ours].median_s:.1f}{TIMES}); the proxy counted {stats}."
+            f"({hot[theirs].median_s / hot[ours].median_s:.1f}{TIMES})."
         )
     return verdicts
-
-
-def _difference(results: BenchResults) -> list[str]:
-    """Why the previous run said 15.7x: each factor as this run measured it."""
-    lines = []
-    open_ = results.samples(NO_QUOTA, TARGET_LATENCY_MS, TARGET_BATCH)
-    quota = results.samples(TARGET_MEMORY_MB, TARGET_LATENCY_MS, TARGET_BATCH)
-    ours, theirs = CONSUMER, POWERTOOLS
-    if open_ and quota:
-        lines.append(
-            f"- **CPU share.** Without a quota (the previous run's setting: the function had both cores) the batch "
-            f"of 10 at 10 ms is {_ms(open_[ours].median_s)} ms for this consumer and {_ms(open_[theirs].median_s)} ms "
-            f"for Powertools, {open_[theirs].median_s / open_[ours].median_s:.1f}{TIMES}; at 512 MB's share "
-            f"{_ms(quota[ours].median_s)} ms and {_ms(quota[theirs].median_s)} ms, "
-            f"{quota[theirs].median_s / quota[ours].median_s:.1f}{TIMES}. The ten records' CPU "
-            f"({_ms(quota[ours].cpu_per_record_s * 10)} ms of CPU for this consumer) is spent at 0.29 of a core "
-            "only once the quota of the current CFS period (0.29 x the period: 29 ms of every 100 ms by default) "
-            f"is used up: the cgroup throttled this consumer {_ms(quota[ours].throttled_per_batch_s)} ms per batch "
-            f"and Powertools {_ms(quota[theirs].throttled_per_batch_s)} ms. A batch whose CPU fits in one period's "
-            "quota, after an idle gap, runs at full speed: the share slows long or back-to-back invocations, "
-            "not a short batch."
-        )
-    for name, walls in results.warm_up_s.items():
-        if len(walls) >= 4:
-            quarter = max(1, len(walls) // 4)
-            lines.append(
-                f"- **JVM warm-up** ({name}): batches of 10 at 0 ms while DynamoDB Local warmed, first "
-                f"{quarter}: median {_ms(statistics.median(walls[:quarter]))} ms, last {quarter}: "
-                f"{_ms(statistics.median(walls[-quarter:]))} ms (untimed in the tables)."
-            )
-    for route, what in (
-        (LATENCY_AT_PROXY, "the latency slept by a second conflict proxy instead of in the function"),
-        (DIRECT, "DynamoDB Local reached directly, without the conflict proxy's hop (as the earlier run did)"),
-    ):
-        control = results.timings.get(TimingKey(TARGET_MEMORY_MB, TARGET_LATENCY_MS, TARGET_BATCH, route=route))
-        if control and quota:
-            lines.append(
-                f"- **{route.capitalize()}.** With {what}, same tables, same 512 MB functions: batch of 10 "
-                f"{_ms(control[ours].median_s)} ms against Powertools' {_ms(control[theirs].median_s)} ms, "
-                f"{control[theirs].median_s / control[ours].median_s:.1f}{TIMES} (the standard route: "
-                f"{quota[theirs].median_s / quota[ours].median_s:.1f}{TIMES})."
-            )
-    return lines
-
-
-def _short_paths(text: str) -> str:
-    """site-packages/botocore/x.py rather than the venv's absolute path: the same on every machine."""
-    return re.sub(r"/\S*?/(site-packages|python3\.\d+)/", "", text).replace(f"{REPO_ROOT}/", "")
 
 
 def _profile(results: BenchResults) -> list[str]:
@@ -290,8 +266,6 @@ def _profile(results: BenchResults) -> list[str]:
             ),
         ),
     ]
-    for title, key in (("Top entries by own time", "top"), ("Top entries by cumulative time", "cumulative")):
-        lines += ["", f"{title}:", "", "```", _short_paths(results.profile[key]).strip(), "```"]
     return lines
 
 
@@ -308,7 +282,9 @@ def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str
             f"![Batch wall time against injected DynamoDB latency]({charts[0]})",
         ],
         "## CPU per record (batch of 10, 10 ms), ms [95% CI]": _cpu_table(results),
-        "## Cold start under the 512 MB share (fresh processes, import + init)": _cold_start_table(results),
+        "## Cold start (fresh processes from the built artifact: init, then one new payment)": (
+            cold_start_section(results.cold_starts) if results.cold_starts else []
+        ),
         "## Cost per million messages (new payments, batches of 10, 10 ms latency)": [
             *_cost_table(results),
             "",
@@ -325,7 +301,6 @@ def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str
         "### DynamoDB calls and request units per message (moto in-process, item sizes read around each write)": (
             _unit_table(results)
         ),
-        "## Why this run and the previous 15.7x differ": _difference(results),
         "## Where this consumer's CPU goes": _profile(results),
     }
     lines = [
@@ -349,4 +324,5 @@ def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str
 
 
 def stdout_report(results: BenchResults) -> str:
-    return "\n".join([*_timing_table(results), "", *_cpu_table(results), "", *targets(results)])
+    cold = cold_start_section(results.cold_starts) if results.cold_starts else []
+    return "\n".join([*_timing_table(results), "", *_cpu_table(results), "", *cold, "", *targets(results)])

@@ -11,10 +11,11 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-from unittest import mock
+from typing import TYPE_CHECKING, Any
 
 import boto3
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.idempotency import (
@@ -24,11 +25,12 @@ from aws_lambda_powertools.utilities.idempotency import (
 )
 from botocore.exceptions import ClientError
 
-from consumer import app
 from consumer.config import Settings
 from consumer.envelope import Message, parse_message
 from consumer.handlers import MessageContext, MessageHandler, build_handlers
-from testkit.lambda_sqs import LambdaContext
+
+if TYPE_CHECKING:
+    from testkit.lambda_sqs import LambdaContext
 
 # Which system a benchmark function runs (bench.function reads it at init).
 SYSTEM_ENV = "BENCH_SYSTEM"
@@ -45,14 +47,20 @@ class ThisConsumer:
     name = "this consumer"
 
     def __init__(self, settings: Settings) -> None:
+        # Imported here, not by the Powertools function's cold start (bench.coldstart), which imports this module.
+        from unittest import mock  # noqa: PLC0415
+
+        from consumer import app  # noqa: PLC0415
+
         # build_consumer() reads the environment once and is cached for the container's
         # life; one ThisConsumer at a time, so the cache is rebuilt for these tables.
         with mock.patch.dict(os.environ, settings_environment(settings)):
             app.build_consumer.cache_clear()
             app.build_consumer()
+        self._handler = app.handler
 
     def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-        return app.handler(event, context)
+        return self._handler(event, context)
 
 
 @dataclass(frozen=True)
@@ -116,20 +124,28 @@ class PowertoolsBaseline:
             assert self._context is not None
             return business.apply(business.parse(record.raw_event), self._context.get_remaining_time_in_millis)
 
+        # Logs and metrics per batch as this consumer has them: Powertools' Logger and Metrics.
+        self._logger, self._metrics = Logger(), Metrics()
         self._record_handler = record_handler
+        self._handle = self._metrics.log_metrics(self._logger.inject_lambda_context(self._process, clear_state=True))
 
     def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+        return dict(self._handle(event, context))
+
+    def _process(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         self._context = context
         # Powertools types the context as its own class; Lambda passes any object of that shape.
         self._config.register_lambda_context(context)  # type: ignore[arg-type]
-        return dict(
-            process_partial_response(
-                event=event,
-                record_handler=self._record_handler,
-                processor=self._processor,
-                context=context,  # type: ignore[arg-type]
-            )
+        response = process_partial_response(
+            event=event,
+            record_handler=self._record_handler,
+            processor=self._processor,
+            context=context,  # type: ignore[arg-type]
         )
+        failures, records = len(response.get("batchItemFailures") or []), len(event["Records"])
+        self._metrics.add_metric(name="failed", unit=MetricUnit.Count, value=failures)
+        self._logger.info("batch done", extra={"records": records, "failures": failures})
+        return dict(response)
 
 
 class SeedPattern:
@@ -191,17 +207,3 @@ System = ThisConsumer | PowertoolsBaseline | SeedPattern
 # In display order: this consumer first, then the baselines.
 SYSTEMS: tuple[type[System], ...] = (ThisConsumer, PowertoolsBaseline, SeedPattern)
 NAMES = [system.name for system in SYSTEMS]
-
-# Cold start: what each system's init phase runs before the first event, timed in a fresh process
-# (bench.timing.measure_cold_starts); the floor is what any function that talks to DynamoDB pays.
-BOTOCORE_FLOOR = "botocore floor"
-INITIALISATION = {
-    ThisConsumer.name: "import consumer.app; consumer.app.build_consumer()",
-    PowertoolsBaseline.name: (
-        "from aws_lambda_powertools.utilities.idempotency import"
-        " DynamoDBPersistenceLayer, IdempotencyConfig, idempotent_function;"
-        " DynamoDBPersistenceLayer(table_name='idempotency')"
-    ),
-    SeedPattern.name: "import boto3; boto3.session.Session().client('dynamodb')",
-    BOTOCORE_FLOOR: "import botocore.session; botocore.session.get_session().create_client('dynamodb')",
-}

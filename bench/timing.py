@@ -1,4 +1,4 @@
-"""Batch wall time and CPU per record at Lambda's CPU share, and cold starts, the systems taking turns.
+"""Batch wall time and CPU per record at Lambda's CPU share, the systems taking turns.
 
 Each system is a Lambda function of its own (``testkit.lambda_runtime``) at the memory size measured;
 the clocks are read inside it (``bench.function``). See methodology.md for the rounds and intervals.
@@ -8,20 +8,15 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import statistics
-import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testkit import cpu_quota
-from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_runtime import LambdaEnvironment, LambdaFleet
-from testkit.lambda_sqs import REGION, sqs_event
-from testkit.lambda_venv import venv_python
+from testkit.lambda_sqs import sqs_event
 from testkit.resources import FunctionSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -85,15 +80,14 @@ def _throttling(function: LambdaEnvironment) -> tuple[int, float]:
     return int(fields["nr_throttled"]), waited_s
 
 
-def bench_function(memory_mb: int, handler: str = "bench.function.handler", code_dir: Path = REPO_ROOT) -> FunctionSpec:
-    """``handler`` as a Lambda function of ``memory_mb`` (by default the benchmark's, the repository as its code)."""
-    name = handler.rpartition(".")[0].replace(".", "-")
+def bench_function(memory_mb: int) -> FunctionSpec:
+    """The benchmark's handler, the repository as its code, as a Lambda function of ``memory_mb``."""
     return FunctionSpec(
         logical_id="BenchFunction",
-        name=name,
-        arn=f"arn:aws:lambda:us-east-1:123456789012:function:{name}",
-        handler=handler,
-        code_dir=code_dir,
+        name="bench-function",
+        arn="arn:aws:lambda:us-east-1:123456789012:function:bench-function",
+        handler="bench.function.handler",
+        code_dir=REPO_ROOT,
         timeout_s=120,
         memory_mb=memory_mb,
         environment={},  # unread by testkit.lambda_runtime: each environment is given its variables
@@ -165,56 +159,3 @@ POWERTOOLS_ENV = {
     "POWERTOOLS_SERVICE_NAME": "idempotent-consumer",
     "POWERTOOLS_METRICS_NAMESPACE": "IdempotentConsumer",
 }
-# Cold starts run what each system's init phase runs (``bench.systems.INITIALISATION``) with these variables.
-_COLD_START_ENVIRONMENT = {
-    **DUMMY_CREDENTIALS_ENV,
-    "IDEMPOTENCY_TABLE_NAME": "idempotency",
-    "LEDGER_TABLE_NAME": "ledger",
-    "DEAD_LETTER_QUEUE_URL": f"https://sqs.{REGION}.amazonaws.com/000000000000/dead-letters",
-    "RECEIPT_WEBHOOK_URL": "http://127.0.0.1:9/receipts",
-    **POWERTOOLS_ENV,
-    "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)]),
-}
-# The child joins the cgroup itself, then execs Python: nothing it runs escapes the quota.
-_IN_CGROUP = 'echo $$ > "$0" && exec "$@"'
-
-
-def fresh_process_s(
-    python: Path, statement: str, environment: Mapping[str, str], quota: cpu_quota.CpuQuota | None = None
-) -> float:
-    """Seconds ``statement`` takes in a new process of ``python``, timed inside it, under ``quota`` if any."""
-    script = f"import time; started = time.perf_counter(); {statement}; print(time.perf_counter() - started)"
-    command = [str(python), "-c", script]
-    if quota is not None:
-        command = ["/bin/sh", "-c", _IN_CGROUP, str(quota.path / "cgroup.procs"), *command]
-    completed = subprocess.run(
-        command, env=environment, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False
-    )
-    if completed.returncode != 0:
-        raise RuntimeError(f"a fresh process failed: {completed.stderr.strip()[-2000:]}")
-    return float(completed.stdout.strip().splitlines()[-1])
-
-
-def measure_cold_starts(initialisation: Mapping[str, str], processes: int, memory_mb: int) -> dict[str, Samples]:
-    """``processes`` fresh processes per system (name -> its init), taking turns, each under ``memory_mb``'s share."""
-    inherited = {
-        name: value for name, value in os.environ.items() if not name.startswith(("AWS_ENDPOINT_URL", "PYTHON"))
-    }
-    environment = {**inherited, **_COLD_START_ENVIRONMENT}
-    python = venv_python()
-    try:
-        quota: cpu_quota.CpuQuota | None = cpu_quota.create(cpu_quota.unique_name("bench-cold"), memory_mb)
-    except cpu_quota.CpuQuotaUnavailable:
-        quota = None
-    try:
-        # One untimed process per system first writes the bytecode caches, as a deployed package's would be.
-        for statement in initialisation.values():
-            fresh_process_s(python, statement, environment, quota)
-        starts = {name: Samples() for name in initialisation}
-        for index in range(processes):
-            for name in in_turns(list(initialisation), index):
-                starts[name].wall_s.append(fresh_process_s(python, initialisation[name], environment, quota))
-    finally:
-        if quota is not None:
-            quota.remove()
-    return starts

@@ -4,6 +4,7 @@ every reliability test checks"), each counted as a number of violations."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -119,17 +120,23 @@ def scan(client: Any, table: str) -> list[dict[str, Any]]:
 
 @dataclass
 class _KeyGroup:
-    """Every message sent under one idempotency key of one event type."""
+    """Every message sent under one idempotency key of one event type, by payload: a key reused
+    with other content (another amount, or another business id altogether) is another variant."""
 
     event_type: str
     key: str
-    payload: dict[str, Any]  # of the first message; variants differ only in amountCents
-    amounts: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))  # amount -> messageIds
+    variants: dict[str, tuple[dict[str, Any], list[str]]] = field(default_factory=dict)  # canonical -> messageIds
+
+    def entry_id(self, payload: Mapping[str, Any]) -> tuple[str, str]:
+        prefix, id_field = _ENTRIES[self.event_type]
+        return payload["accountId"], prefix + payload[id_field]
 
     @property
-    def entry_id(self) -> tuple[str, str]:
-        prefix, id_field = _ENTRIES[self.event_type]
-        return self.payload["accountId"], prefix + self.payload[id_field]
+    def first(self) -> dict[str, Any]:
+        return next(iter(self.variants.values()))[0]
+
+    def message_ids(self) -> list[str]:
+        return [message_id for _, ids in self.variants.values() for message_id in ids]
 
 
 def _groups(sent: Mapping[str, Outgoing]) -> dict[tuple[str, str], _KeyGroup]:
@@ -140,8 +147,8 @@ def _groups(sent: Mapping[str, Outgoing]) -> dict[tuple[str, str], _KeyGroup]:
             message.kind in ("payment", "receipt") or message.expected_error == ErrorType.IDEMPOTENCY_KEY_REUSED
         )
         if well_formed and payload is not None and event_type is not None and key is not None:
-            group = groups.setdefault((event_type, key), _KeyGroup(event_type, key, payload))
-            group.amounts[int(payload["amountCents"])].append(message_id)
+            group = groups.setdefault((event_type, key), _KeyGroup(event_type, key))
+            group.variants.setdefault(json.dumps(payload, sort_keys=True), (payload, []))[1].append(message_id)
     return groups
 
 
@@ -163,6 +170,7 @@ class Checker:
             "queue drained before the time limit": self.queue_drained,
             "nothing lost (applied, or in the DLQ with its reason)": self.nothing_lost,
             "no payment applied twice (balance = sum of distinct payments)": self.no_payment_applied_twice,
+            "no key applied with two payloads": self.no_key_applied_twice,
             "no healthy message dead-lettered": self.dead_letters_explained,
             "no record stuck IN_PROGRESS": self.no_record_stuck,
             "no zombie commit or release over a newer owner": lambda: self.history.zombie_writes_accepted,
@@ -176,14 +184,17 @@ class Checker:
             verdicts.append(Verdict(name, len(found), found[:_EXAMPLES]))
         return verdicts
 
-    def winner(self, group: _KeyGroup) -> int | None:
-        """The amount that was applied under a key, when one was."""
-        entry = self.entries.get(group.entry_id)
-        if entry is None:
-            return None
-        if group.event_type == "PaymentReceived":
-            return int(entry["amountCents"])
-        return next(iter(group.amounts))
+    def applied(self, group: _KeyGroup) -> list[str]:
+        """The variants applied under a key: their ledger entry carries the key (and, for a
+        payment, the amount); the contract allows one at most."""
+        found = []
+        for canonical, (payload, _) in group.variants.items():
+            entry = self.entries.get(group.entry_id(payload))
+            if entry is None or entry.get("idempotencyKey") != group.key:
+                continue
+            if group.event_type != "PaymentReceived" or int(entry["amountCents"]) == payload["amountCents"]:
+                found.append(canonical)
+        return found
 
     def dead_lettered_for(self, message_id: str, error_type: str) -> bool:
         return error_type in self.dead.get(message_id, [])
@@ -196,13 +207,15 @@ class Checker:
 
     def nothing_lost(self) -> Iterator[str]:
         for group in self.groups.values():
-            winner = self.winner(group)
-            if winner is None:
+            applied = self.applied(group)
+            if not applied:
                 yield f"{group.event_type} {group.key}: never applied"
                 continue
-            for amount, message_ids in group.amounts.items():
+            for canonical, (_, message_ids) in group.variants.items():
                 for message_id in message_ids:
-                    if amount != winner and not self.dead_lettered_for(message_id, ErrorType.IDEMPOTENCY_KEY_REUSED):
+                    if canonical not in applied and not self.dead_lettered_for(
+                        message_id, ErrorType.IDEMPOTENCY_KEY_REUSED
+                    ):
                         yield f"{message_id} reused key {group.key}: neither applied nor dead-lettered"
         for message_id, message in self.sent.items():
             if message.kind == "poison" and message.expected_error != ErrorType.IDEMPOTENCY_KEY_REUSED:
@@ -210,16 +223,19 @@ class Checker:
                 if not self.dead_lettered_for(message_id, message.expected_error):
                     yield f"poison {message_id} not in the DLQ as {message.expected_error}"
 
+    def no_key_applied_twice(self) -> Iterator[str]:
+        for group in self.groups.values():
+            applied = self.applied(group)
+            if len(applied) > 1:
+                yield f"{group.event_type} {group.key}: applied with {len(applied)} payloads: {', '.join(applied)}"
+
     def no_payment_applied_twice(self) -> Iterator[str]:
         credited: Counter[str] = Counter()
         for group in self.payments:
-            entry = self.entries.get(group.entry_id)
-            if entry is None:
-                continue
-            if int(entry["amountCents"]) not in group.amounts:
-                yield f"{group.key}: ledger entry of {entry['amountCents']} matches no message"
-            credited[group.payload["accountId"]] += int(entry["amountCents"])
-        sent_payments = {group.entry_id for group in self.payments}
+            for canonical in self.applied(group):
+                payload = group.variants[canonical][0]
+                credited[payload["accountId"]] += int(payload["amountCents"])
+        sent_payments = {group.entry_id(payload) for group in self.payments for payload, _ in group.variants.values()}
         entries_by_account: Counter[str] = Counter()
         for (account, entry_id), item in self.entries.items():
             if entry_id.startswith("PAYMENT#"):
@@ -254,8 +270,7 @@ class Checker:
         group = self.groups.get((message.event_type or "", message.key or ""))
         if group is None:
             return False
-        winner = self.winner(group)
-        return winner is not None and message_id in group.amounts.get(winner, [])
+        return any(message_id in group.variants[canonical][1] for canonical in self.applied(group))
 
     def no_record_stuck(self) -> Iterator[str]:
         for record in self.end.records:
@@ -279,13 +294,13 @@ class Checker:
             failed_attempts = (
                 sum(faults.values())
                 - faults[FaultKind.TRANSACTION_CONFLICT]
-                + sum(self.history.unfinished[message_id] for ids in group.amounts.values() for message_id in ids)
+                + sum(self.history.unfinished[message_id] for message_id in group.message_ids())
             )
             if accepted[group.key] > 1 + failed_attempts:
                 yield f"{group.key}: {accepted[group.key]} calls accepted, {failed_attempts} failed attempts"
 
     def receipts_carry_their_key(self) -> Iterator[str]:
-        key_of = {group.payload["receiptId"]: group.key for group in self.receipts}
+        key_of = {group.first["receiptId"]: group.key for group in self.receipts}
         for call in self.end.webhook_calls:
             receipt_id = call.json().get("receiptId")
             if call.idempotency_key != key_of.get(receipt_id):

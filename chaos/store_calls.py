@@ -1,6 +1,5 @@
 """Which step of the idempotency state machine a DynamoDB request is, told by what it does to the
-record: the store's own exported update expressions (compared, never parsed), a delete (a release),
-or a ``Put`` carrying a completed record on a payment's ledger entry (an optimistic apply)."""
+record: the store's own exported update expressions (compared, never parsed), or a delete (a release)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from typing import Any
 
 from chaos.transport_faults import TransportCall
 from consumer.idempotency import store
-from consumer.idempotency.record import Attr, Status
+from consumer.idempotency.record import Attr
 
 
 class Step(StrEnum):
@@ -53,14 +52,6 @@ def _update(params: Mapping[str, Any]) -> StoreCall:
     return _OTHER if step is None else StoreCall(step, _record_id(params), _owner(params))
 
 
-def _carried(put: Mapping[str, Any]) -> StoreCall:
-    """A ``Put`` that carries a completed record on its business item, as ``apply_once`` writes it."""
-    item = put.get("Item") or {}
-    if Attr.OWNER_TOKEN not in item or (item.get(Attr.STATUS) or {}).get("S") != Status.COMPLETED:
-        return _OTHER
-    return StoreCall(Step.APPLY_ONCE, (item.get(Attr.ID) or {}).get("S"), item[Attr.OWNER_TOKEN].get("S"))
-
-
 def classify(call: TransportCall, idempotency_table: str) -> StoreCall:
     """The state-machine step a request performs on the record, if any."""
     params = call.params
@@ -73,7 +64,7 @@ def classify(call: TransportCall, idempotency_table: str) -> StoreCall:
         for item in params.get("TransactItems") or []:
             update = item.get("Update") or {}
             # A business write may share the table: the record's own write is the one that sets a status.
-            found = _update(update) if update.get("TableName") == idempotency_table else _carried(item.get("Put") or {})
+            found = _update(update) if update.get("TableName") == idempotency_table else _OTHER
             if found.step is not Step.OTHER:
                 return found
     return _OTHER

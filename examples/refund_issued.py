@@ -32,6 +32,11 @@ class RefundIssuedHandler(MessageHandler[RefundIssued]):
     def __init__(self, ledger_table: str) -> None:
         self._table = ledger_table
 
+    def contention_key(self, payload: RefundIssued) -> str:
+        # Refunds and payments to one account update its BALANCE item: in a batch they run one
+        # after another, instead of racing in transactions that DynamoDB would cancel.
+        return f"{self._table}/{payload.accountId}"
+
     def handle(self, payload: RefundIssued, context: MessageContext) -> Effect:
         debit = Update(
             table=self._table,
@@ -48,8 +53,3 @@ class RefundIssuedHandler(MessageHandler[RefundIssued]):
             condition="attribute_not_exists(entryId)",
         )
         return Effect(result={"refundedCents": payload.amountCents}, writes=(debit, entry))
-
-    def contention_key(self, payload: RefundIssued) -> str:
-        # Refunds and payments of an account update its one BALANCE item: run them one after another
-        # within a batch rather than as parallel transactions DynamoDB would cancel as conflicts.
-        return f"{self._table}/{payload.accountId}"  # the same key PaymentReceived uses for this item

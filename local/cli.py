@@ -11,12 +11,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from local import hot, smoke, state
 from local.demo import run_demo
-from local.event_files import load_event, messages_from_event
+from local.event_files import EventFileError, load_event, messages_from_event
 from local.function_output import command_output
 from local.poller import BatchReport
 from local.session import FUNCTION_LOG, running_stack
@@ -32,7 +33,7 @@ NOT_RUNNING = "no local stack is running: start one with `make run` (in another 
 FIFO_HELP = "deploy with QueueType=fifo (a FIFO queue and DLQ, one message group per account)"
 MEMORY_HELP = "the function's MemorySize instead of the template's (its CPU share follows: 1769 MB = 1 vCPU)"
 # A runtime that cannot start says why in one line; nothing it started is left running.
-RUNTIME_ERRORS = (RuntimeStartError, EmulatorExited, LambdaPythonMissing, LambdaVenvError, FileNotFoundError)
+RUNTIME_ERRORS = (RuntimeStartError, EmulatorExited, LambdaPythonMissing, LambdaVenvError, EventFileError)
 EXAMPLE_BODY = messages.payment("pay-2024-000017", "p-17", "acc-1", 1250).body
 
 
@@ -150,7 +151,11 @@ def _generated(args: argparse.Namespace) -> list[messages.Outgoing]:
         originals = messages.poison(max(1, args.count // 3))  # one of each kind per 3
     else:
         originals = _GENERATED[args.type](args.count, args.accounts, rng, prefix=f"{args.prefix}-{int(time.time())}")
-    return messages.with_resends(originals, args.duplicates, rng)
+    sent = messages.with_resends(originals, args.duplicates, rng)
+    if args.tenants:
+        # A fair queue's tenant is the producer's MessageGroupId on a standard queue.
+        sent = [replace(message, group=f"tenant-{index % args.tenants}") for index, message in enumerate(sent)]
+    return sent
 
 
 def cmd_send(args: argparse.Namespace) -> int:
@@ -220,7 +225,9 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     print(f"{len(parked)} message(s) in {running.dead_letter_queue_url}")
     for letter in parked:
         body = letter.body if len(letter.body) <= 160 else letter.body[:157] + "..."
-        print(f"- {letter.message_id}\n    ErrorType: {letter.error_type}\n    ErrorMessage: {letter.error_message}")
+        # The id the message had when it was sent, as the consumer's logs name it.
+        print(f"- {letter.original_message_id} (in the DLQ as {letter.message_id})")
+        print(f"    ErrorType: {letter.error_type}\n    ErrorMessage: {letter.error_message}")
         print(f"    body: {body}")
     return 0
 
@@ -256,11 +263,12 @@ def parser() -> argparse.ArgumentParser:
     send.add_argument("--accounts", type=int, default=5)
     send.add_argument("--seed", type=int, default=None)
     send.add_argument("--prefix", default="send", help="idempotency keys start with this")
+    send.add_argument("--tenants", type=int, default=0, help="spread the messages over N fair-queue tenants")
     send.add_argument("--file", help="send the records of an SQS event file (events/*.json) instead")
     send.set_defaults(handler=cmd_send)
 
     invoke = commands.add_parser("invoke", help="run the handler once on an event file")
-    invoke.add_argument("event", metavar="EVENT", help="make invoke EVENT=events/<file>.json")
+    invoke.add_argument("event")
     invoke.add_argument("--stack-name", default="invoke")
     invoke.add_argument("--memory", type=int, default=None, metavar="MB", help=MEMORY_HELP)
     invoke.set_defaults(handler=cmd_invoke)

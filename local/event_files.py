@@ -10,10 +10,19 @@ from typing import Any
 from testkit.messages import Outgoing
 
 
+class EventFileError(ValueError):
+    """An event file that is missing or is not an SQS event: one line saying which and why."""
+
+
 def load_event(path: Path) -> dict[str, Any]:
-    event = json.loads(Path(path).read_text(encoding="utf-8"))
+    try:
+        event = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EventFileError(f"no event file {path} (the samples are in events/)") from None
+    except (OSError, ValueError) as error:
+        raise EventFileError(f"{path} cannot be read as JSON: {error}") from None
     if not isinstance(event, dict) or not isinstance(event.get("Records"), list):
-        raise ValueError(f"{path} is not an SQS event: it has no Records list")
+        raise EventFileError(f"{path} is not an SQS event: it has no Records list")
     return event
 
 

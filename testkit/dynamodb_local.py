@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Self
@@ -106,14 +105,8 @@ class DynamoDBLocal(LoopbackServer):
         jars = jar_directory()
         options = ["-inMemory", "-sharedDb", "-disableTelemetry", "-port", str(port)]
         library = f"-Djava.library.path={jars / 'DynamoDBLocal_lib'}"
-        if has_compiler:
-            classes = os.pathsep.join([str(jars / "DynamoDBLocal.jar"), str(jars / "DynamoDBLocal_lib" / "*")])
-            return [java, library, f"-Ddynamodb.local.host={LOOPBACK}", "-cp", classes, str(LAUNCHER), *options]
-        # A trimmed runtime without jdk.compiler cannot run the launcher: run the jar as
-        # Amazon ships it, which listens on every interface, and say so.
-        print(
-            f"warning: {java} has no jdk.compiler module; DynamoDB Local will listen on all interfaces, "
-            "not only on 127.0.0.1 (install a full JDK/JRE 17 to keep it on loopback)",
-            file=sys.stderr,
-        )
-        return [java, library, "-jar", str(jars / "DynamoDBLocal.jar"), *options]
+        if not has_compiler:
+            # Amazon's jar alone listens on every interface: refuse rather than expose the store.
+            raise JavaNotFound(f"`{java}` has no jdk.compiler module, needed to bind to {LOOPBACK}. {_INSTALL_JAVA}")
+        classes = os.pathsep.join([str(jars / "DynamoDBLocal.jar"), str(jars / "DynamoDBLocal_lib" / "*")])
+        return [java, library, f"-Ddynamodb.local.host={LOOPBACK}", "-cp", classes, str(LAUNCHER), *options]

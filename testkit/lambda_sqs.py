@@ -18,6 +18,7 @@ from typing import Any
 
 REGION = "us-east-1"
 QUEUE_ARN = f"arn:aws:sqs:{REGION}:123456789012:consumer-queue"
+FIFO_QUEUE_ARN = f"{QUEUE_ARN}.fifo"
 
 
 def _message_attribute(value: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +66,8 @@ def sqs_record(
     message_attributes: dict[str, Any] | None = None,
     queue_arn: str = QUEUE_ARN,
 ) -> dict[str, Any]:
-    """A record as Lambda delivers it, sent now; ``group_id`` makes it a FIFO queue's."""
+    """A record as Lambda delivers it, sent now; ``group_id`` with ``FIFO_QUEUE_ARN`` makes it a FIFO queue's,
+    with the standard ``QUEUE_ARN`` a fair queue's tenant. ``message_attributes`` are in the record's shape."""
     sent_ms = str(int(time.time() * 1000))
     attributes = {
         "ApproximateReceiveCount": str(receive_count),
@@ -76,18 +78,17 @@ def sqs_record(
     if group_id is not None:
         attributes["MessageGroupId"] = group_id
         attributes["MessageDeduplicationId"] = message_id
-    return {
-        "messageId": message_id,
-        "receiptHandle": f"handle-{message_id}",
-        "body": body,
-        "attributes": attributes,
-        "messageAttributes": message_attributes or {},
+    message = {
+        "MessageId": message_id,
+        "ReceiptHandle": f"handle-{message_id}",
+        "Body": body,
+        "Attributes": attributes,
         # surrogatepass: tests hand over bodies SQS would refuse (lone surrogates) to see the consumer refuse them.
-        "md5OfBody": hashlib.md5(body.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest(),
-        "eventSource": "aws:sqs",
-        "eventSourceARN": queue_arn,
-        "awsRegion": REGION,
+        "MD5OfBody": hashlib.md5(body.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest(),
     }
+    record = record_from_message(message, queue_arn=queue_arn)
+    record["messageAttributes"] = message_attributes or {}
+    return record
 
 
 def sqs_event(bodies: Sequence[str]) -> dict[str, Any]:

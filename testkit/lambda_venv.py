@@ -62,7 +62,7 @@ def requirements() -> list[str]:
     missing = [name for name in _RUNTIME_PROVIDED if name not in pinned]
     if missing:
         raise LambdaVenvError(f"{DEV_REQUIREMENTS} pins no {', '.join(missing)}")
-    return [*_requirement_lines(ARTIFACT_REQUIREMENTS), *(pinned[name] for name in _RUNTIME_PROVIDED), AWSLAMBDARIC]
+    return [*(pinned[name] for name in _RUNTIME_PROVIDED), AWSLAMBDARIC]
 
 
 def _interpreter_version(python: Path) -> str:
@@ -78,7 +78,8 @@ def venv_python() -> Path:
     """The venv's interpreter, building the venv first when its requirements changed."""
     python = find_python()
     wanted = requirements()
-    digest = hashlib.sha256("\n".join([_interpreter_version(python), *wanted]).encode()).hexdigest()[:12]
+    locked = ARTIFACT_REQUIREMENTS.read_text(encoding="utf-8")
+    digest = hashlib.sha256("\n".join([_interpreter_version(python), locked, *wanted]).encode()).hexdigest()[:12]
     venv = CACHE_DIR / f"venv-{digest}"
     interpreter = venv / "bin" / "python"
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
@@ -97,9 +98,12 @@ def venv_python() -> Path:
 def _build(python: Path, venv: Path, wanted: list[str]) -> None:
     print(f"building the function's Python venv in {venv} ({len(wanted)} requirements)...", file=sys.stderr)
     shutil.rmtree(venv, ignore_errors=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     steps = [
         [str(python), "-m", "venv", str(venv)],
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *wanted],
+        # The artifact's packages as the build installs them: every file checked against the lock's hashes.
+        [*pip, "--require-hashes", "-r", str(ARTIFACT_REQUIREMENTS)],
+        [*pip, *wanted],
     ]
     for step in steps:
         answer = subprocess.run(step, capture_output=True, text=True, check=False)

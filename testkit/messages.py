@@ -67,7 +67,8 @@ class Outgoing:
     # What the consumer should dead-letter it for, for poison.
     expected_error: ErrorType | None = None
     attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # The MessageGroupId on a FIFO queue; by default the payload's account (see ``group_id``).
+    # The MessageGroupId: on a FIFO queue by default the payload's account (see ``group_id``); on a
+    # standard queue a fair-queue tenant, sent only when set.
     group: str | None = None
 
     @cached_property
@@ -98,9 +99,7 @@ class Outgoing:
 
 
 def payment(key: str, payment_id: str, account_id: str, amount_cents: int) -> Outgoing:
-    return Outgoing(
-        envelope("PaymentReceived", key, payment_payload(payment_id, account_id, amount_cents)), "payment", key
-    )
+    return Outgoing(payment_body(payment_id, account_id, amount_cents, key), "payment", key)
 
 
 def receipt(key: str, receipt_id: str, account_id: str, payment_id: str, amount_cents: int) -> Outgoing:
@@ -108,28 +107,27 @@ def receipt(key: str, receipt_id: str, account_id: str, payment_id: str, amount_
     return Outgoing(envelope("ReceiptRequested", key, payload), "receipt", key)
 
 
+def _account(rng: random.Random, accounts: int) -> str:
+    return f"acc-{rng.randrange(accounts):03d}"
+
+
 def payments(count: int, accounts: int, rng: random.Random, prefix: str = "pay") -> list[Outgoing]:
     return [
-        payment(
-            key=f"{prefix}-{index:06d}",
-            payment_id=f"{prefix}-p{index:06d}",
-            account_id=f"acc-{rng.randrange(accounts):03d}",
-            amount_cents=rng.randrange(100, 100_000),
-        )
-        for index in range(count)
+        payment(f"{prefix}-{i:06d}", f"{prefix}-p{i:06d}", _account(rng, accounts), rng.randrange(100, 100_000))
+        for i in range(count)
     ]
 
 
 def receipts(count: int, accounts: int, rng: random.Random, prefix: str = "rcpt") -> list[Outgoing]:
     return [
         receipt(
-            key=f"{prefix}-{index:06d}",
-            receipt_id=f"{prefix}-r{index:06d}",
-            account_id=f"acc-{rng.randrange(accounts):03d}",
-            payment_id=f"{prefix}-p{index:06d}",
-            amount_cents=rng.randrange(100, 100_000),
+            f"{prefix}-{i:06d}",
+            f"{prefix}-r{i:06d}",
+            _account(rng, accounts),
+            f"{prefix}-p{i:06d}",
+            rng.randrange(100, 100_000),
         )
-        for index in range(count)
+        for i in range(count)
     ]
 
 
@@ -151,15 +149,23 @@ def poison(per_kind: int, reused: Outgoing | None = None) -> list[Outgoing]:
         unknown = envelope("LoyaltyPointsAwarded", f"points-{index}", {"awardId": f"pts-{index}", "points": 50})
         made.append(Outgoing(unknown, "poison", f"points-{index}", ErrorType.UNKNOWN_EVENT_TYPE))
         if reused is not None and reused.kind == "payment" and reused.payload is not None:
+            # The key reused for the same payment with another amount, and for another payment on
+            # another account: a producer that regenerates its business id on a retry.
             changed = {**reused.payload, "amountCents": reused.payload["amountCents"] + 1 + index}
-            made.append(
+            other = {
+                **reused.payload,
+                "paymentId": f"{reused.payload['paymentId']}-again-{index}",
+                "accountId": "acc-reuse",
+            }
+            made += [
                 Outgoing(
-                    envelope("PaymentReceived", reused.key, changed),
+                    envelope("PaymentReceived", reused.key, variant),
                     "poison",
                     reused.key,
                     ErrorType.IDEMPOTENCY_KEY_REUSED,
                 )
-            )
+                for variant in (changed, other)
+            ]
     return made
 
 
@@ -217,7 +223,7 @@ def send_all(
                 "Id": str(index),
                 "MessageBody": message.body,
                 **({"MessageAttributes": message.attributes} if message.attributes else {}),
-                **(fifo_fields(message) if fifo else {}),
+                **(fifo_fields(message) if fifo else tenant_field(message)),
             }
             for index, message in enumerate(chunk)
         ]
@@ -226,6 +232,11 @@ def send_all(
             raise RuntimeError(f"SQS refused messages: {answer['Failed']}")
         sent.update({entry["MessageId"]: chunk[int(entry["Id"])] for entry in answer["Successful"]})
     return sent
+
+
+def tenant_field(message: Outgoing) -> dict[str, str]:
+    """On a standard queue a message group is a fair-queue tenant, sent only when the producer names one."""
+    return {"MessageGroupId": message.group} if message.group is not None else {}
 
 
 class MessageFactory:

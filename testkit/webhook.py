@@ -2,7 +2,7 @@
 
 ``GET /requests`` returns what was received as JSON (for ``make run`` users and other
 processes); in-process, ``WebhookSink.received`` does the same. ``answer_next`` plans
-the next answers (status and delay), for any request or for one ``Idempotency-Key``,
+the next answers (status, delay, seconds between its bytes), for any request or for one ``Idempotency-Key``,
 so tests can make the downstream fail, stall or reject; once a plan runs out the POST
 gets the ``default`` answer.
 """
@@ -28,6 +28,7 @@ _MAX_BODY_BYTES = 1024 * 1024
 class Answer:
     status: int = HTTPStatus.OK
     delay_s: float = 0.0
+    trickle_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
             )
             if answer.delay_s:
                 time.sleep(answer.delay_s)
-            self._reply(answer.status, {"status": int(answer.status)})
+            self._reply(answer.status, {"status": int(answer.status)}, answer.trickle_s)
 
         def do_GET(self) -> None:
             if self.path.rstrip("/") != "/requests":
@@ -152,13 +153,19 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
                 return
             self._reply(HTTPStatus.OK, [asdict(request) for request in sink.received()])
 
-        def _reply(self, status: int, document: Any) -> None:
+        def _reply(self, status: int, document: Any, trickle_s: float = 0.0) -> None:
             payload = json.dumps(document).encode("utf-8")
             # The caller may have given up (a delay past its timeout): nothing to tell it then.
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                if trickle_s:
+                    for byte in f"HTTP/1.1 {status} X\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload:
+                        self.wfile.write(bytes([byte]))
+                        time.sleep(trickle_s)
+                    return
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
+                self.send_header("Location", "/requests")  # where a 3xx would send the caller
                 self.end_headers()
                 self.wfile.write(payload)
 

@@ -1,4 +1,4 @@
-"""The one place tests build Settings: a new required setting gets its test value here."""
+"""Helpers shared by the test suites."""
 
 from __future__ import annotations
 
@@ -6,18 +6,15 @@ from typing import Any
 
 from consumer.config import Settings
 
-TEST_REQUIRED = {
-    "idempotency_table_name": "idempotency",
-    "ledger_table_name": "ledger",
-    "dead_letter_queue_url": "consumer-dlq",
-}
+IDEMPOTENCY_TABLE = "idempotency"
+LEDGER_TABLE = "ledger"
 
 
-def make_settings(**overrides: Any) -> Settings:
-    """Settings with a test value for each required field; ``overrides`` name real resources where needed."""
-    return Settings(**{**TEST_REQUIRED, **overrides})
-
-
-def make_env(**overrides: str) -> dict[str, str]:
-    """The function's environment for those settings: each field's variable is its name in upper case."""
-    return {name.upper(): value for name, value in {**TEST_REQUIRED, **overrides}.items()}
+def settings_for_tests(**overrides: Any) -> Settings:
+    """The function's settings as tests build them: the one place a new required setting is given a value."""
+    values: dict[str, Any] = {
+        "idempotency_table_name": IDEMPOTENCY_TABLE,
+        "ledger_table_name": LEDGER_TABLE,
+        "dead_letter_queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/test-dlq",
+    }
+    return Settings(**(values | overrides))

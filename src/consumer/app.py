@@ -8,6 +8,7 @@ code path.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -26,6 +27,7 @@ from consumer.batch import BatchRunner
 from consumer.config import Settings
 from consumer.conflicts import ConflictRetry
 from consumer.dead_letter import DeadLetterQueue
+from consumer.errors import ConfigurationError
 from consumer.handlers import MessageHandler, build_handlers
 from consumer.idempotency.store import IdempotencyStore
 from consumer.outcome import Outcome
@@ -134,7 +136,7 @@ def wire(
 
 @lru_cache(maxsize=1)
 def build_consumer() -> BatchRunner:
-    """The consumer of this container, built on the first invocation after its checks.
+    """The consumer of this container, built once after its checks (in Lambda, during init).
 
     Settings and the runtime's SDK are checked first, so a misconfigured function fails
     its first invocation with the cause named, before any record is touched.
@@ -143,6 +145,15 @@ def build_consumer() -> BatchRunner:
     session = botocore.session.get_session()
     require_botocore(session)
     return wire(settings, session)
+
+
+# Lambda runs an on-demand function's init phase on a full vCPU and its invocations at the memory
+# size's share (bench/methodology.md): in Lambda's runtime the consumer is built during init. A
+# setting or SDK that fails its check is left to fail the first invocation with its cause, as it
+# does without this; code that imports this module elsewhere builds the consumer when it means to.
+if "AWS_LAMBDA_FUNCTION_NAME" in os.environ:
+    with contextlib.suppress(ConfigurationError):
+        build_consumer()
 
 
 @metrics.log_metrics

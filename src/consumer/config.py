@@ -41,6 +41,8 @@ class Settings(BaseModel):
     # Results bigger than this are stored as a digest to stay far below the 400 KB item limit.
     result_max_bytes: PositiveInt = 64 * 1024
     webhook_timeout_ms: PositiveInt = 5_000
+    # The Secrets Manager secret (whsec_<base64>) that signs webhook calls; required beyond loopback.
+    webhook_secret_arn: str = ""
     # A transiently failed record comes back after base x 2^(receives - 1) seconds, capped.
     retry_backoff_base_seconds: PositiveInt = 2
     retry_backoff_max_seconds: PositiveInt = 300

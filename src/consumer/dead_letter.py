@@ -1,7 +1,8 @@
 """Send poison messages to the dead-letter queue with the reason attached.
 
-Characters SQS refuses (possible only in a direct invocation) are replaced by
-U+FFFD and counted in ``BodyCharactersReplaced``; original attributes SQS would
+Characters SQS refuses (in the body only possible in a direct invocation; in the
+reason whenever it echoes a field name) are replaced by U+FFFD, in the body counted
+in ``BodyCharactersReplaced``; original attributes SQS would
 refuse (a name, type or value it never delivers) are left behind.
 
 SQS counts the body and every attribute (name, type and value) toward its 1 MiB
@@ -87,9 +88,11 @@ class DeadLetterQueue:
     def send(self, record: Record, error_type: ErrorType, error_message: str, idempotency_key: str = "") -> None:
         """Send the original body with ``ErrorType`` and ``ErrorMessage``; raises on failure."""
         message_id = str(record.get("messageId") or "(none)")
+        # The reason may echo outside text (a field name, an exception): SQS would refuse the whole send.
+        reason = sqs_text(error_message[:_MAX_REASON_CHARS])[0] or error_type
         ours: dict[str, MessageAttributeValueTypeDef] = {
             "ErrorType": {"DataType": "String", "StringValue": error_type.value},
-            "ErrorMessage": {"DataType": "String", "StringValue": error_message[:_MAX_REASON_CHARS] or error_type},
+            "ErrorMessage": {"DataType": "String", "StringValue": reason},
             "OriginalMessageId": {"DataType": "String", "StringValue": message_id},
         }
         if idempotency_key:

@@ -102,7 +102,14 @@ def system_attributes(record: Record) -> Mapping[str, Any]:
 
 
 def message_group_id(record: Record) -> str | None:
-    """The FIFO message group of an SQS record; None on a standard queue."""
+    """The FIFO message group of an SQS record; None on a standard queue.
+
+    A standard queue's record may carry ``MessageGroupId`` too: a fair queue's tenant, which
+    orders nothing. Only a record from a FIFO queue (its ARN ends in ``.fifo``) has a group.
+    """
+    source = record.get("eventSourceARN")
+    if not (isinstance(source, str) and source.endswith(".fifo")):
+        return None
     group = system_attributes(record).get("MessageGroupId")
     return group if isinstance(group, str) and group else None
 

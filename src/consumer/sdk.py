@@ -46,5 +46,6 @@ def require_botocore(session: botocore.session.Session | None = None) -> None:
     if missing:
         raise ConfigurationError(
             f"botocore {botocore.__version__} does not support {PARAMETER} on {', '.join(missing)}: "
-            f"bundle botocore>={MINIMUM_BOTOCORE} (and a matching boto3) in src/requirements.txt"
+            f"bundle botocore>={MINIMUM_BOTOCORE} (and a matching boto3): add it to src/requirements.in,"
+            " then run make lock"
         )

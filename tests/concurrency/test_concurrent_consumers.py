@@ -26,7 +26,7 @@ from testkit.lambda_sqs import Remaining, sqs_record
 from testkit.messages import payment_body, receipt_body
 from testkit.servers import LocalServers
 from testkit.webhook import Answer, WebhookSink
-from tests.utils import make_settings
+from tests.utils import settings_for_tests
 
 CONSUMERS = 4
 BATCH_SIZE = 10
@@ -41,7 +41,7 @@ def settings(local_servers: LocalServers, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "local")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "local")
-    yield make_settings(
+    yield settings_for_tests(
         idempotency_table_name=resources.tables["IdempotencyTable"].name,
         ledger_table_name=resources.tables["LedgerTable"].name,
         dead_letter_queue_url=resources.queues["ConsumerDeadLetterQueue"].url,

@@ -62,27 +62,34 @@ def parameter_candidates(template: Mapping[str, Any], name: str) -> list[Any]:
     return sorted({spec[key] for key in ("MinValue", "Default", "MaxValue") if key in spec})
 
 
-def policy_statements(template: Mapping[str, Any], role_id: str) -> list[dict[str, Any]]:
-    """Every statement granted to a role: its inline policies and any AWS::IAM::Policy attached to it."""
+def policy_statements(template: Mapping[str, Any], role_id: str, **overrides: Any) -> list[dict[str, Any]]:
+    """Every statement granted to a role: its inline policies and any AWS::IAM::Policy attached to it
+    that the parameters (``overrides``, the others at their defaults) create."""
+    reading = read(template, **overrides)
     role = properties(template, role_id)
     documents = [policy["PolicyDocument"] for policy in role.get("Policies", [])]
     for policy in resources_of_type(template, "AWS::IAM::Policy").values():
-        if {"Ref": role_id} in policy["Properties"].get("Roles", []):
+        created = "Condition" not in policy or reading.condition(policy["Condition"])
+        if created and {"Ref": role_id} in policy["Properties"].get("Roles", []):
             documents.append(policy["Properties"]["PolicyDocument"])
     return [statement for document in documents for statement in as_list(document["Statement"])]
 
 
-def grants_by_resource(template: Mapping[str, Any], role_id: str) -> dict[str, set[str]]:
-    """Allowed actions per logical id of the stack resource they apply to (via its Arn)."""
-    reading = read(template)
+def grants_by_resource(template: Mapping[str, Any], role_id: str, **overrides: Any) -> dict[str, set[str]]:
+    """Allowed actions per logical id of the stack resource they apply to (via its Arn), or per
+    exact ARN for what lives outside the stack and a parameter names (the webhook secret)."""
+    reading = read(template, **overrides)
     grants: dict[str, set[str]] = {}
-    for statement in policy_statements(template, role_id):
+    for statement in policy_statements(template, role_id, **overrides):
         if statement["Effect"] != "Allow":
             continue
         for resource in as_list(reading.resolve(statement["Resource"])):
-            if not isinstance(resource, ResourceRef) or resource.attribute != "Arn":
+            if isinstance(resource, ResourceRef) and resource.attribute == "Arn":
+                grants.setdefault(resource.logical_id, set()).update(as_list(statement["Action"]))
+            elif isinstance(resource, str) and resource.startswith("arn:") and "*" not in resource:
+                grants.setdefault(resource, set()).update(as_list(statement["Action"]))
+            else:
                 raise AssertionError(f"statement {statement.get('Sid')} grants on {resource!r}, not a stack resource")
-            grants.setdefault(resource.logical_id, set()).update(as_list(statement["Action"]))
     return grants
 
 

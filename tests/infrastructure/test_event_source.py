@@ -109,3 +109,27 @@ def test_invalid_shape_parameters_are_refused_by_name(
         TemplateError, match=f"parameter {name}={value!r}.*{reason}|parameter {name}={value} .*{reason}"
     ):
         read(transformed_template, **{name: value})
+
+
+def test_provisioned_mode_by_default_cannot_take_an_accounts_default_concurrency(
+    transformed_template: dict[str, Any],
+) -> None:
+    # Each provisioned poller drives up to 10 concurrent invocations; an account has 1,000 by
+    # default, of which 100 always stay unreserved for its other functions.
+    resolver = read(transformed_template, EventSourceMode="provisioned")
+    provisioned = resolver.resolve(event_source_mapping(transformed_template))
+    assert provisioned["ProvisionedPollerConfig"]["MaximumPollers"] * 10 <= 1_000 - 100
+
+
+def test_provisioned_pollers_are_capped_by_reserved_concurrency_and_on_demand_reserves_nothing(
+    transformed_template: dict[str, Any],
+) -> None:
+    provisioned = read(transformed_template, EventSourceMode="provisioned", ProvisionedReservedConcurrency=60)
+    assert provisioned.properties("ConsumerFunction")["ReservedConcurrentExecutions"] == 60
+    defaults = read(transformed_template, EventSourceMode="provisioned")
+    reserved = defaults.properties("ConsumerFunction")["ReservedConcurrentExecutions"]
+    pollers = defaults.resolve(event_source_mapping(transformed_template))["ProvisionedPollerConfig"]["MaximumPollers"]
+    # The default reservation is what the default pollers can drive, and leaves an account its unreserved 100.
+    assert reserved == pollers * 10 <= 1_000 - 100
+    on_demand = read(transformed_template, EventSourceMode="on-demand")
+    assert "ReservedConcurrentExecutions" not in on_demand.properties("ConsumerFunction")

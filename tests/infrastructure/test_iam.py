@@ -56,3 +56,17 @@ def test_function_writes_only_its_own_log_group(transformed_template: dict[str, 
     writers = {resource for resource, actions in grants.items() if any(a.startswith("logs:") for a in actions)}
     assert writers == {"ConsumerLogGroup"}
     assert grants["ConsumerLogGroup"] == {"logs:CreateLogStream", "logs:PutLogEvents"}
+
+
+SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:receipts-webhook-AbCdEf"
+
+
+def test_the_webhook_secret_is_readable_only_when_named_and_only_that_secret(
+    transformed_template: dict[str, Any],
+) -> None:
+    without = grants_by_resource(transformed_template, ROLE)
+    assert not any(action.startswith("secretsmanager:") for actions in without.values() for action in actions)
+    named = grants_by_resource(transformed_template, ROLE, WebhookSecretArn=SECRET_ARN)
+    assert named == {**without, SECRET_ARN: {"secretsmanager:GetSecretValue"}}
+    environment = read(transformed_template, WebhookSecretArn=SECRET_ARN).properties("ConsumerFunction")
+    assert environment["Environment"]["Variables"]["WEBHOOK_SECRET_ARN"] == SECRET_ARN

@@ -79,6 +79,10 @@ def test_run_then_send_dlq_redrive_and_ctrl_c_leaves_nothing(tmp_path: Path) -> 
         assert {"ErrorType: InvalidJson", "ErrorType: SchemaViolation", "ErrorType: UnknownEventType"} <= {
             line.strip() for line in listing.splitlines()
         }
+        # Each listed under the id it was sent with (the consumer's logs name it), its DLQ copy's id beside it.
+        originals = [line.split()[1] for line in listing.splitlines() if "(in the DLQ as " in line]
+        copies = [line.split()[-1].rstrip(")") for line in listing.splitlines() if "(in the DLQ as " in line]
+        assert len(originals) == 3 and not set(originals) & set(copies), listing
 
         moved = _local(tmp_path, "redrive")
         assert moved.returncode == 0, moved.stderr
@@ -121,9 +125,23 @@ def test_demo_passes_its_checks_on_a_small_workload(tmp_path: Path) -> None:
     assert "dead-lettered          9:" in answer.stdout
 
 
-def test_invoke_names_what_is_missing_without_a_traceback(tmp_path: Path) -> None:
-    no_event = _local(tmp_path, "invoke")
-    assert no_event.returncode != 0 and "EVENT" in no_event.stderr
-    missing = _local(tmp_path, "invoke", "events/no-such-file.json")
-    assert missing.returncode == 1
-    assert "events/no-such-file.json" in missing.stderr and "Traceback" not in missing.stderr
+@pytest.mark.parametrize(
+    ("content", "said"), [(None, "no event file"), ("{not json", "cannot be read as JSON"), ("[]", "not an SQS event")]
+)
+def test_invoke_on_a_bad_event_file_says_what_is_wrong_in_one_line(
+    tmp_path: Path, content: str | None, said: str
+) -> None:
+    event = tmp_path / "event.json"
+    if content is not None:
+        event.write_text(content)
+    done = _local(tmp_path, "invoke", str(event), timeout_s=60)
+    assert done.returncode == 1
+    assert said in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_make_invoke_without_event_names_the_variable() -> None:
+    done = subprocess.run(
+        ["make", "-s", "invoke", "EVENT="], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode != 0
+    assert "EVENT=" in done.stderr, done.stderr

@@ -8,6 +8,7 @@ import socket
 import pytest
 from botocore.exceptions import ClientError
 
+from testkit import dynamodb_local
 from testkit.dynamodb_local import DynamoDBLocal, JavaNotFound, java_runtime
 from testkit.processes import LOOPBACK
 from tests.conftest import TableFactory
@@ -74,3 +75,11 @@ def test_missing_java_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         monkeypatch.undo()
         java_runtime.cache_clear()
+
+
+def test_a_runtime_without_jdk_compiler_is_refused_rather_than_listening_on_all_interfaces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dynamodb_local, "java_runtime", lambda: ("java", False))
+    with pytest.raises(JavaNotFound, match=r"jdk\.compiler"):
+        DynamoDBLocal().start()

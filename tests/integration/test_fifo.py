@@ -19,6 +19,7 @@ from local.session import describe
 from local.stack import DeployedStack
 from testkit import dead_letters, messages
 from testkit.invocation import Invocation, Invoker
+from testkit.lambda_sqs import record_from_message
 from testkit.webhook import Answer, WebhookSink
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -134,23 +135,28 @@ def _drain(sqs: Any, url: str) -> list[dict[str, Any]]:
     return received
 
 
+def _send(state_dir: Path, *args: str) -> str:
+    """``make send`` against the stack described in ``state_dir``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "local", "send", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, "LOCAL_STACK_DIR": str(state_dir), "PYTHONPATH": str(REPO_ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def test_send_gives_each_message_its_account_as_group_and_a_deduplication_id_of_its_own(
     fifo_stack: DeployedStack, webhook_sink: WebhookSink, tmp_path: Path
 ) -> None:
     state.write(describe(fifo_stack, webhook_sink), tmp_path / "state.json")
 
     def send(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "local", "send", *args],
-            cwd=REPO_ROOT,
-            env={**os.environ, "LOCAL_STACK_DIR": str(tmp_path), "PYTHONPATH": str(REPO_ROOT / "src")},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        return _send(tmp_path, *args)
 
     out = send("--count", "12", "--accounts", "3", "--duplicates", "0.5", "--seed", "3")
     sqs = fifo_stack.servers.client("sqs")
@@ -177,3 +183,18 @@ def test_redrive_sends_a_fifo_dead_letter_back_into_its_group(fifo_stack: Deploy
     assert moved == 1
     (back,) = _drain(sqs, fifo_stack.queue.url)
     assert (back["Body"], back["Attributes"]["MessageGroupId"]) == (letter.body, "acc-redriven")
+
+
+def test_on_a_standard_queue_send_tags_fair_queue_tenants_and_the_poller_delivers_them(
+    stack: DeployedStack, webhook_sink: WebhookSink, tmp_path: Path
+) -> None:
+    # A fair queue is a standard queue whose producer sets MessageGroupId; SQS hands the group to the
+    # consumer in the record's attributes, from an ARN without ".fifo" (so no FIFO semantics apply).
+    state.write(describe(stack, webhook_sink), tmp_path / "state.json")
+    _send(tmp_path, "--count", "6", "--tenants", "3", "--seed", "5")
+    received = _drain(stack.servers.client("sqs"), stack.queue.url)
+    assert sorted(m["Attributes"]["MessageGroupId"] for m in received) == [f"tenant-{i}" for i in (0, 0, 1, 1, 2, 2)]
+    assert all("MessageDeduplicationId" not in m["Attributes"] for m in received)
+    record = record_from_message(received[0], queue_arn=stack.queue.arn)
+    assert record["attributes"]["MessageGroupId"].startswith("tenant-")
+    assert not record["eventSourceARN"].endswith(".fifo")

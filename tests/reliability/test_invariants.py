@@ -27,9 +27,21 @@ REUSED = Outgoing(
     "pay-1",
     ErrorType.IDEMPOTENCY_KEY_REUSED,
 )
+# The key reused for another payment on another account: a producer that regenerated its business id.
+ELSEWHERE_PAYLOAD = {**(PAID.payload or {}), "paymentId": "p-2", "accountId": "acc-2"}
+REUSED_ELSEWHERE = Outgoing(
+    envelope("PaymentReceived", "pay-1", ELSEWHERE_PAYLOAD), "poison", "pay-1", ErrorType.IDEMPOTENCY_KEY_REUSED
+)
 RECEIPT = receipt(key="rcpt-1", receipt_id="r-1", account_id="acc-1", payment_id="p-1", amount_cents=100)
 BROKEN = Outgoing('{"eventType": ', "poison", None, ErrorType.INVALID_JSON)
-SENT = {"m-paid": PAID, "m-resent": PAID, "m-reused": REUSED, "m-receipt": RECEIPT, "m-broken": BROKEN}
+SENT = {
+    "m-paid": PAID,
+    "m-resent": PAID,
+    "m-reused": REUSED,
+    "m-reused-elsewhere": REUSED_ELSEWHERE,
+    "m-receipt": RECEIPT,
+    "m-broken": BROKEN,
+}
 
 
 def _call(key: str, receipt_id: str = "r-1", status: int = 200) -> ReceivedRequest:
@@ -40,8 +52,8 @@ def _call(key: str, receipt_id: str = "r-1", status: int = 200) -> ReceivedReque
 CORRECT = EndState(
     ledger=[
         {"accountId": "acc-1", "entryId": "BALANCE", "balanceCents": 100},
-        {"accountId": "acc-1", "entryId": "PAYMENT#p-1", "amountCents": 100},
-        {"accountId": "acc-1", "entryId": "RECEIPT#r-1"},
+        {"accountId": "acc-1", "entryId": "PAYMENT#p-1", "amountCents": 100, "idempotencyKey": "pay-1"},
+        {"accountId": "acc-1", "entryId": "RECEIPT#r-1", "idempotencyKey": "rcpt-1"},
     ],
     records=[
         {"id": "PaymentReceived#pay-1", "status": "COMPLETED"},
@@ -49,6 +61,7 @@ CORRECT = EndState(
     ],
     dead_letters=[
         DeadLetter("m-reused", ErrorType.IDEMPOTENCY_KEY_REUSED),
+        DeadLetter("m-reused-elsewhere", ErrorType.IDEMPOTENCY_KEY_REUSED),
         DeadLetter("m-broken", ErrorType.INVALID_JSON),
     ],
     webhook_calls=[_call("rcpt-1")],
@@ -74,12 +87,22 @@ def _credited_twice(ledger: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return ledger
 
 
+def _applied_elsewhere(ledger: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The reused key's other payment credited as well: its own entry and balance, consistent."""
+    entry = {"accountId": "acc-2", "entryId": "PAYMENT#p-2", "amountCents": 100, "idempotencyKey": "pay-1"}
+    return [*ledger, entry, {"accountId": "acc-2", "entryId": "BALANCE", "balanceCents": 100}]
+
+
 PLANTED = {
     "queue drained before the time limit": replace(CORRECT, drained=False),
     "nothing lost (applied, or in the DLQ with its reason)": _with_ledger(
         lambda ledger: [item for item in ledger if item["entryId"] != "RECEIPT#r-1"]
     ),
     "no payment applied twice (balance = sum of distinct payments)": _with_ledger(_credited_twice),
+    "no key applied with two payloads": replace(
+        _with_ledger(_applied_elsewhere),
+        dead_letters=[letter for letter in CORRECT.dead_letters if letter.original_message_id != "m-reused-elsewhere"],
+    ),
     "no healthy message dead-lettered": replace(
         CORRECT, dead_letters=[*CORRECT.dead_letters, DeadLetter("m-resent", ErrorType.SCHEMA_VIOLATION)]
     ),
@@ -104,7 +127,7 @@ def test_each_planted_violation_is_reported_by_its_invariant(name: str) -> None:
 
 def test_a_reused_key_must_put_the_losing_payload_in_the_dead_letter_queue() -> None:
     end = replace(CORRECT, dead_letters=[DeadLetter("m-broken", ErrorType.INVALID_JSON)])
-    assert _verdicts(end)["nothing lost (applied, or in the DLQ with its reason)"] == 1
+    assert _verdicts(end)["nothing lost (applied, or in the DLQ with its reason)"] == 2
 
 
 def _journaled(directory: Path, *entries: tuple[str, dict[str, Any]]) -> History:

@@ -47,10 +47,10 @@ def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLoca
     assert store.release(claim)
     applied = store.apply_once(f"{first}-optimistic", "h", None, (effect,))
     assert isinstance(applied, Applied)
-    # A payment's record rides on its ledger entry: still a claim-and-apply, fault points included.
-    entry = Put(table=table, item={"kind": "entry"}, condition="attribute_not_exists(id)", carries_record=True)
-    carried = store.apply_once(f"{first}-carried", "h", None, (effect, entry))
-    assert isinstance(carried, Applied)
+    # A business Put beside the record is not the record's write.
+    entry = Put(table=table, item={"id": f"{first}-entry"}, condition="attribute_not_exists(id)")
+    with_entry = store.apply_once(f"{first}-with-entry", "h", None, (effect, entry))
+    assert isinstance(with_entry, Applied)
 
     assert [(call.step, call.record_id) for call in seen] == [
         (Step.CLAIM, first),
@@ -60,9 +60,9 @@ def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLoca
         (Step.CLAIM, third),
         (Step.RELEASE, third),
         (Step.APPLY_ONCE, f"{first}-optimistic"),
-        (Step.APPLY_ONCE, f"{first}-carried"),
+        (Step.APPLY_ONCE, f"{first}-with-entry"),
     ]
-    assert seen[-1].owner_token == carried.owner_token
+    assert seen[-1].owner_token == with_entry.owner_token
     # The fencing token is read too: what a claim wrote is what its commit is conditioned on.
     assert seen[0].owner_token == seen[1].owner_token is not None
     assert seen[4].owner_token == seen[5].owner_token == claim.owner_token

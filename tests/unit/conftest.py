@@ -26,10 +26,7 @@ from testkit.lambda_sqs import REGION, Remaining
 from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
 from testkit.tables import LEDGER_TABLE as LEDGER
 from testkit.tables import create_template_tables
-from tests.utils import make_settings
-
-IDEMPOTENCY_TABLE = "idempotency"
-LEDGER_TABLE = "ledger"
+from tests.utils import IDEMPOTENCY_TABLE, LEDGER_TABLE, settings_for_tests
 
 
 class Clock:
@@ -129,13 +126,7 @@ def make_consumer(
     # moto in process is not thread-safe (it raises or loses updates under threads), so
     # unit tests run lanes one at a time; parallel lanes are tested on DynamoDB Local.
     overrides.setdefault("max_workers", 1)
-    settings = make_settings(
-        idempotency_table_name=IDEMPOTENCY_TABLE,
-        ledger_table_name=LEDGER_TABLE,
-        dead_letter_queue_url=dlq_url,
-        receipt_webhook_url=webhook_url,
-        **overrides,
-    )
+    settings = settings_for_tests(dead_letter_queue_url=dlq_url, receipt_webhook_url=webhook_url, **overrides)
     batch = wire(
         settings,
         # A boto3 session is one (its ``client``); the stubs' per-service overloads hide that from mypy.

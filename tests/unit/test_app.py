@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,24 +15,20 @@ import pytest
 from consumer import app
 from consumer.errors import ConfigurationError
 from consumer.outcome import Outcome
+from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import LambdaContext, sqs_record
 from testkit.messages import payment_body
+from testkit.template import REPO_ROOT
 from tests.unit.conftest import IDEMPOTENCY_TABLE, LEDGER_TABLE, balance
-from tests.utils import make_env
 
 
 @pytest.fixture
 def function_env(dynamodb: Any, sqs: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     dlq_url = sqs.create_queue(QueueName="consumer-dlq")["QueueUrl"]
-    # moto in process is not thread-safe
-    env = make_env(
-        idempotency_table_name=IDEMPOTENCY_TABLE,
-        ledger_table_name=LEDGER_TABLE,
-        dead_letter_queue_url=dlq_url,
-        max_workers="1",
-    )
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("IDEMPOTENCY_TABLE_NAME", IDEMPOTENCY_TABLE)
+    monkeypatch.setenv("LEDGER_TABLE_NAME", LEDGER_TABLE)
+    monkeypatch.setenv("DEAD_LETTER_QUEUE_URL", dlq_url)
+    monkeypatch.setenv("MAX_WORKERS", "1")  # moto in process is not thread-safe
     app.build_consumer.cache_clear()
     yield dlq_url
     app.build_consumer.cache_clear()
@@ -139,3 +138,22 @@ def test_a_runtime_sdk_too_old_for_the_store_fails_the_first_invocation_naming_t
         app.handler({"Records": [sqs_record("a", payment_body("p-1"))]}, LambdaContext())
 
     assert balance(dynamodb, "acc-1") == 0
+
+
+@pytest.mark.parametrize(("ledger_table", "built_at_init"), [(LEDGER_TABLE, 1), ("", 0)])
+def test_in_lambdas_runtime_the_consumer_is_built_at_init_unless_a_setting_fails(
+    ledger_table: str, built_at_init: int
+) -> None:
+    # A fresh interpreter: Lambda's runtime imports the handler's module once, with its variables set.
+    variables = {
+        **DUMMY_CREDENTIALS_ENV,
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(REPO_ROOT / "src"),
+        "AWS_LAMBDA_FUNCTION_NAME": "ConsumerFunction",
+        "IDEMPOTENCY_TABLE_NAME": IDEMPOTENCY_TABLE,
+        "LEDGER_TABLE_NAME": ledger_table,
+        "DEAD_LETTER_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/dlq",
+    }
+    script = "from consumer import app; print(app.build_consumer.cache_info().currsize)"
+    answer = subprocess.run([sys.executable, "-c", script], env=variables, capture_output=True, text=True, check=True)
+    assert int(answer.stdout.strip().splitlines()[-1]) == built_at_init

@@ -15,7 +15,7 @@ from consumer.batch import BatchRunner
 from consumer.envelope import payload_hash
 from consumer.idempotency.store import Claimed
 from consumer.outcome import Outcome, RecordResult
-from testkit.lambda_sqs import Remaining, sqs_record
+from testkit.lambda_sqs import Remaining, record_from_message
 from testkit.messages import payment_body, receipt_body
 from tests.unit.conftest import Clock, Consumer, make_consumer
 
@@ -70,12 +70,7 @@ def received(
     for i in range(count):
         sqs.send_message(QueueUrl=url, MessageBody=body(i))
     messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
-    records = []
-    for message in messages:
-        record = sqs_record(message["MessageId"], message["Body"], queue_arn=arn)
-        record["receiptHandle"] = message["ReceiptHandle"]
-        records.append(record)
-    return url, records
+    return url, [record_from_message(message, queue_arn=arn) for message in messages]
 
 
 def visible(sqs: Any, url: str) -> set[str]:

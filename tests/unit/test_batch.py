@@ -14,7 +14,7 @@ from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.store import Claimed
 from consumer.idempotency.writes import Put
 from testkit.dead_letters import reasons
-from testkit.lambda_sqs import Remaining, sqs_record
+from testkit.lambda_sqs import FIFO_QUEUE_ARN, Remaining, sqs_record
 from testkit.messages import payment_body, receipt_body
 from testkit.webhook import Answer, WebhookSink
 from tests.unit.conftest import LEDGER_TABLE, Clock, Consumer, balance, ledger_entries, make_consumer
@@ -100,15 +100,18 @@ def test_a_key_reused_for_a_receipt_with_another_payload_goes_to_the_dlq(receipt
     assert reasons(receipts.dead_letters()) == {"reuse": "IdempotencyKeyReused"}
 
 
-def test_a_key_reused_for_a_different_payment_is_that_payment_and_is_applied(consumer: Consumer) -> None:
-    # The payment's record rides on its ledger entry: the entry, not the key, is the identity.
+def test_a_key_reused_for_a_different_payment_goes_to_the_dlq_and_credits_nothing(consumer: Consumer) -> None:
+    # A producer that regenerated its business id on a retry: another payment, another account, same key.
     consumer.process([sqs_record("original", payment_body("p-1", amount=500, key="shared-key"))])
 
-    failed = consumer.failed_ids([sqs_record("other", payment_body("p-2", amount=900, key="shared-key"))])
+    failed = consumer.failed_ids(
+        [sqs_record("other", payment_body("p-2", account_id="acc-2", amount=900, key="shared-key"))]
+    )
 
     assert failed == []
-    assert consumer.dead_letters() == []
-    assert balance(consumer.dynamodb, "acc-1") == 1400
+    assert reasons(consumer.dead_letters()) == {"other": "IdempotencyKeyReused"}
+    assert (balance(consumer.dynamodb, "acc-1"), balance(consumer.dynamodb, "acc-2")) == (500, 0)
+    assert ledger_entries(consumer.dynamodb, "acc-2") == []
 
 
 def test_the_same_payment_under_another_key_is_refused_by_the_ledger(consumer: Consumer) -> None:
@@ -181,11 +184,11 @@ def test_fifo_stops_a_group_at_its_first_failure_and_runs_other_groups(consumer:
     busy = consumer.store.claim("ReceiptRequested#receipt-a2", _hash_of(receipt_body("a2")), 60_000)
     assert isinstance(busy, Claimed)
     batch = [
-        sqs_record("a1", payment_body("a1", amount=1), group_id="A"),
-        sqs_record("b1", payment_body("b1", account_id="acc-b", amount=10), group_id="B"),
-        sqs_record("a2", receipt_body("a2"), group_id="A"),
-        sqs_record("b2", payment_body("b2", account_id="acc-b", amount=20), group_id="B"),
-        sqs_record("a3", payment_body("a3", amount=4), group_id="A"),
+        sqs_record("a1", payment_body("a1", amount=1), group_id="A", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("b1", payment_body("b1", account_id="acc-b", amount=10), group_id="B", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("a2", receipt_body("a2"), group_id="A", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("b2", payment_body("b2", account_id="acc-b", amount=20), group_id="B", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("a3", payment_body("a3", amount=4), group_id="A", queue_arn=FIFO_QUEUE_ARN),
     ]
 
     failed = consumer.failed_ids(batch)
@@ -195,10 +198,24 @@ def test_fifo_stops_a_group_at_its_first_failure_and_runs_other_groups(consumer:
     assert balance(consumer.dynamodb, "acc-b") == 30
 
 
+def test_fair_queue_tenants_on_a_standard_queue_stay_independent(consumer: Consumer) -> None:
+    # The same batch as above, from a standard queue: MessageGroupId is a fair-queue tenant, not an order.
+    busy = consumer.store.claim("ReceiptRequested#receipt-a2", _hash_of(receipt_body("a2")), 60_000)
+    assert isinstance(busy, Claimed)
+    batch = [
+        sqs_record("a1", payment_body("a1", amount=1), group_id="A"),
+        sqs_record("a2", receipt_body("a2"), group_id="A"),
+        sqs_record("a3", payment_body("a3", amount=4), group_id="A"),
+    ]
+
+    assert consumer.failed_ids(batch) == ["a2"]
+    assert balance(consumer.dynamodb, "acc-1") == 5  # a3 ran although a2, of its tenant, failed
+
+
 def test_fifo_poison_is_handled_and_does_not_stop_its_group(consumer: Consumer) -> None:
     batch = [
-        sqs_record("a1", "{oops", group_id="A"),
-        sqs_record("a2", payment_body("a2", amount=2), group_id="A"),
+        sqs_record("a1", "{oops", group_id="A", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("a2", payment_body("a2", amount=2), group_id="A", queue_arn=FIFO_QUEUE_ARN),
     ]
 
     assert consumer.failed_ids(batch) == []

@@ -8,7 +8,7 @@ import pytest
 
 from consumer.envelope import KeySource, parse_message, payload_hash
 from consumer.errors import PoisonMessage
-from testkit.lambda_sqs import sqs_record
+from testkit.lambda_sqs import FIFO_QUEUE_ARN, sqs_record
 
 PAYLOAD = {"paymentId": "p-1", "accountId": "acc-1", "amountCents": 1250, "currency": "EUR"}
 ATTRIBUTE_KEY = {"IdempotencyKey": {"stringValue": "attr-key", "dataType": "String"}}
@@ -57,7 +57,7 @@ def test_the_payload_hash_ignores_key_order_and_whitespace() -> None:
 
 
 def test_fifo_group_and_receive_count_are_read_from_the_attributes() -> None:
-    message = parse_message(sqs_record("m-1", body(), group_id="acc-1", receive_count=3))
+    message = parse_message(sqs_record("m-1", body(), group_id="acc-1", receive_count=3, queue_arn=FIFO_QUEUE_ARN))
 
     assert message.message_group_id == "acc-1"
     assert message.receive_count == 3

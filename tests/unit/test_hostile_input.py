@@ -208,3 +208,18 @@ def test_a_truncated_body_is_cut_on_a_character_boundary() -> None:
     assert set(sent["MessageBody"]) == {"€"}
     assert len(sent["MessageAttributes"]["ErrorMessage"]["StringValue"]) == 1_000
     assert message_size(sent["MessageBody"], sent["MessageAttributes"]) <= MAX_MESSAGE_BYTES
+
+
+VALID_PAYMENT = {"paymentId": "p", "accountId": "a", "amountCents": 1, "currency": "EUR"}
+
+
+def test_a_field_name_sqs_cannot_carry_reaches_the_dlq_reason_replaced(consumer: Consumer) -> None:
+    # Payload field names are echoed in the schema error; one SQS refuses must not make the send fail.
+    hostile = sqs_record("nul-field", body_with({**VALID_PAYMENT, "\u0000\u0008": 1}))
+    assert consumer.process([hostile]) == {"batchItemFailures": []}
+    (letter,) = consumer.dead_letters()
+    assert letter.error_type == ErrorType.SCHEMA_VIOLATION
+    reason = letter.error_message or ""
+    assert "\ufffd" in reason
+    assert "\u0000" not in reason
+    assert "\u0008" not in reason

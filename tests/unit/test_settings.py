@@ -7,15 +7,14 @@ import pytest
 from consumer.config import Settings
 from consumer.errors import ConfigurationError
 from consumer.idempotency.lease import lease_duration
-from tests.utils import make_env
 
-REQUIRED = make_env()
+REQUIRED = {"IDEMPOTENCY_TABLE_NAME": "i", "LEDGER_TABLE_NAME": "l", "DEAD_LETTER_QUEUE_URL": "https://q"}
 
 
 def test_defaults_apply_when_only_the_required_variables_are_set() -> None:
     settings = Settings.from_env(REQUIRED)
 
-    assert settings.idempotency_table_name == REQUIRED["IDEMPOTENCY_TABLE_NAME"]
+    assert settings.idempotency_table_name == "i"
     assert settings.idempotency_ttl_seconds == 7 * 24 * 3600
     assert settings.receipt_webhook_url == ""
 

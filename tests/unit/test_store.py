@@ -451,18 +451,7 @@ def test_a_validation_error_is_not_mistaken_for_a_transient_one(store: Idempoten
     assert not isinstance(error.value, TransientError)
 
 
-# -- the record carried on a business item unique to the message ----------------------------------
-
-
-def carried_credit(account: str, entry: str, amount: int, **item: Any) -> tuple[Update, Put]:
-    balance_update, entry_put = credit(account, entry, amount)
-    carrier = Put(
-        LEDGER_TABLE,
-        {**entry_put.item, **item},
-        condition="attribute_not_exists(entryId)",
-        carries_record=True,
-    )
-    return balance_update, carrier
+# -- the record's place: its own item, named by the key, whatever the business writes are ------------
 
 
 def ledger_item(dynamodb: Any, account: str, entry: str) -> dict[str, Any] | None:
@@ -471,88 +460,36 @@ def ledger_item(dynamodb: Any, account: str, entry: str) -> dict[str, Any] | Non
     return item
 
 
-def test_a_carried_record_rides_on_the_business_item_and_the_idempotency_table_is_untouched(
-    store: IdempotencyStore, dynamodb: Any
-) -> None:
-    result = store.apply_once("Pay#1", "hash-a", {"credited": 500}, carried_credit("acc-1", "PAYMENT#1", 500))
+def test_the_record_keeps_an_item_of_its_own_beside_the_business_items(store: IdempotencyStore, dynamodb: Any) -> None:
+    result = store.apply_once("Pay#k", "hash-a", {"credited": 500}, credit("acc-1", "PAYMENT#1", 500))
 
     assert isinstance(result, Applied)
-    assert balance(dynamodb, "acc-1") == 500
+    record = store.get("Pay#k")
+    assert record is not None and record.status is Status.COMPLETED and record.expires_at is not None
     entry = ledger_item(dynamodb, "acc-1", "PAYMENT#1")
-    assert entry is not None
-    assert entry["id"] == {"S": "Pay#1"}
-    assert entry["status"] == {"S": Status.COMPLETED.value}
-    assert entry["payloadHash"] == {"S": "hash-a"}
-    assert entry["ownerToken"] == {"S": result.owner_token}
-    assert "expiresAt" not in entry  # kept as long as the entry
-    assert store.get("Pay#1") is None
-    assert dynamodb.scan(TableName=IDEMPOTENCY_TABLE)["Count"] == 0
+    assert entry is not None and "ownerToken" not in entry and "payloadHash" not in entry
 
 
-def test_a_carried_duplicate_is_answered_from_the_business_item_with_its_result(
+def test_a_key_reused_for_another_business_item_is_a_mismatch_and_applies_nothing(
     store: IdempotencyStore, dynamodb: Any
 ) -> None:
-    store.apply_once("Pay#1", "hash-a", {"credited": 500}, carried_credit("acc-1", "PAYMENT#1", 500))
+    # The key first named payment 1 on acc-1; reused for payment 2 on acc-2, it lands on other
+    # items altogether: only the record, named by the key, can see the reuse.
+    store.apply_once("Pay#k", "hash-a", None, credit("acc-1", "PAYMENT#1", 500))
 
-    again = store.apply_once("Pay#1", "hash-a", {"credited": 500}, carried_credit("acc-1", "PAYMENT#1", 500))
-
-    assert isinstance(again, Duplicate)
-    assert again.record.result_value() == {"credited": 500}
-    assert again.record.expires_at is None
-    assert balance(dynamodb, "acc-1") == 500
-
-
-def test_a_carried_record_with_another_payload_is_a_mismatch(store: IdempotencyStore, dynamodb: Any) -> None:
-    store.apply_once("Pay#1", "hash-a", None, carried_credit("acc-1", "PAYMENT#1", 500))
-
-    again = store.apply_once("Pay#1", "hash-b", None, carried_credit("acc-1", "PAYMENT#1", 900))
+    again = store.apply_once("Pay#k", "hash-b", None, credit("acc-2", "PAYMENT#2", 700))
 
     assert isinstance(again, PayloadMismatch)
-    assert balance(dynamodb, "acc-1") == 500
+    assert (balance(dynamodb, "acc-1"), balance(dynamodb, "acc-2")) == (500, 0)
+    assert ledger_item(dynamodb, "acc-2", "PAYMENT#2") is None
 
 
 def test_the_same_business_item_under_another_key_is_a_failed_business_condition(
     store: IdempotencyStore, dynamodb: Any
 ) -> None:
-    store.apply_once("Pay#1", "hash-a", None, carried_credit("acc-1", "PAYMENT#1", 500))
+    store.apply_once("Pay#1", "hash-a", None, credit("acc-1", "PAYMENT#1", 500))
 
     with pytest.raises(BusinessConditionFailed):
-        store.apply_once("Pay#other-key", "hash-a", None, carried_credit("acc-1", "PAYMENT#1", 500))
+        store.apply_once("Pay#other-key", "hash-a", None, credit("acc-1", "PAYMENT#1", 500))
     assert balance(dynamodb, "acc-1") == 500
-
-
-def test_a_business_item_written_without_a_record_is_a_failed_business_condition(
-    store: IdempotencyStore, dynamodb: Any
-) -> None:
-    dynamodb.put_item(TableName=LEDGER_TABLE, Item={"accountId": {"S": "acc-1"}, "entryId": {"S": "PAYMENT#1"}})
-
-    with pytest.raises(BusinessConditionFailed):
-        store.apply_once("Pay#1", "hash-a", None, carried_credit("acc-1", "PAYMENT#1", 500))
-    assert balance(dynamodb, "acc-1") == 0
-
-
-def test_a_retried_carried_write_that_finds_its_own_token_is_applied_once(dynamodb: Any, clock: Clock) -> None:
-    store = IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock, new_token=lambda: "token-1")
-
-    first = store.apply_once("Pay#1", "hash-a", None, carried_credit("acc-1", "PAYMENT#1", 500))
-    retried = store.apply_once("Pay#1", "hash-a", None, carried_credit("acc-1", "PAYMENT#1", 500))
-
-    assert isinstance(first, Applied)
-    assert isinstance(retried, Applied)
-    assert balance(dynamodb, "acc-1") == 500
-
-
-@pytest.mark.parametrize(
-    ("carrier", "message"),
-    [
-        (Put(LEDGER_TABLE, {"accountId": "a", "entryId": "e"}, carries_record=True), "needs a condition"),
-        (
-            Put(LEDGER_TABLE, {"accountId": "a", "entryId": "e", "status": "x"}, "attribute_not_exists(entryId)",
-                carries_record=True),
-            "already has the record's attributes",
-        ),
-    ],
-)  # fmt: skip
-def test_a_carrier_that_cannot_carry_the_record_is_refused(store: IdempotencyStore, carrier: Put, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        store.apply_once("Pay#1", "hash-a", None, (carrier,))
+    assert store.get("Pay#other-key") is None

@@ -15,6 +15,11 @@ __all__ = ["Effect", "MessageContext", "MessageHandler", "Mode", "build_handlers
 def build_handlers(settings: Settings) -> dict[str, MessageHandler[Any]]:
     handlers: list[MessageHandler[Any]] = [
         PaymentReceivedHandler(settings.ledger_table_name),
-        ReceiptRequestedHandler(settings.ledger_table_name, settings.receipt_webhook_url, settings.webhook_timeout_ms),
+        ReceiptRequestedHandler(
+            settings.ledger_table_name,
+            settings.receipt_webhook_url,
+            settings.webhook_timeout_ms,
+            settings.webhook_secret_arn,
+        ),
     ]
     return {handler.event_type: handler for handler in handlers}

@@ -1,13 +1,11 @@
 """PaymentReceived (optimistic): credit an account in the ledger table.
 
-Pure: it only returns writes, so the credit and the idempotency record land in one
-transaction. The ledger keeps the balance at ``(accountId, "BALANCE")`` and one
-entry per applied payment at ``(accountId, "PAYMENT#" + paymentId)``; the entry
-carries the message's idempotency record (its ``id``, ``status``, ``payloadHash``,
-``ownerToken``, ``result``), so a payment writes two items, not three. The record
-lives as long as the entry: a resend is caught however late it comes. A key reused
-for a different payment is not caught (it is a different entry) and is applied as
-that payment; a key reused for the same payment with other content is.
+Pure: it only returns writes, so the credit, the entry and the idempotency record land
+in one transaction (3 items). The ledger keeps the balance at ``(accountId, "BALANCE")``
+and one entry per applied payment at ``(accountId, "PAYMENT#" + paymentId)``. Two
+identities, two guards: the record (named by the idempotency key) refuses the key reused
+for other content, whichever payment that content names; the entry's condition refuses the
+same payment under another key, and keeps refusing it after the record has expired.
 """
 
 from __future__ import annotations
@@ -65,9 +63,6 @@ class PaymentReceivedHandler(MessageHandler[PaymentReceived]):
             },
             # The same payment under another idempotency key must not credit twice.
             condition="attribute_not_exists(entryId)",
-            # The entry is unique to the payment: the idempotency record rides on it (2 items
-            # per payment, not 3), and a redelivery is answered from it.
-            carries_record=True,
         )
         result = {"accountId": payload.accountId, "paymentId": payload.paymentId, "creditedCents": payload.amountCents}
         return Effect(result=result, writes=(credit, entry))

@@ -1,26 +1,24 @@
 """ReceiptRequested (lock): POST a receipt to a webhook, then record it in the ledger.
 
-The call leaves DynamoDB, so it runs under a claim. It carries the
-``Idempotency-Key`` header: a crash between the call and the commit makes the next
-delivery call again, and a downstream that honours the key turns that second call
-into a no-op. 4xx (but 408 and 429) is poison; 5xx, 408, 429 and timeouts are retried.
+The call leaves DynamoDB, so it runs under a claim, through ``WebhookClient`` (no
+redirects, one deadline within the lease, https, the key in ``Idempotency-Key``): a
+crash between the call and the commit makes the next delivery call again, and a
+downstream that honours the key turns that second call into a no-op.
 """
 
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from consumer.errors import ConfigurationError, ErrorType, PoisonMessage, TransientError
+from consumer.errors import ConfigurationError, TransientError
 from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import Put
+from consumer.webhook import SigningKey, WebhookClient, is_loopback_url
 
 _ID = r"^[A-Za-z0-9_.:-]{1,128}$"
-_RETRYABLE_4XX = frozenset({408, 425, 429})
 
 
 class ReceiptRequested(BaseModel):
@@ -39,19 +37,25 @@ class ReceiptRequestedHandler(MessageHandler[ReceiptRequested]):
     mode: ClassVar[Mode] = Mode.LOCK
     payload_model: ClassVar[type[BaseModel]] = ReceiptRequested
 
-    def __init__(self, ledger_table: str, webhook_url: str, timeout_ms: int) -> None:
-        if webhook_url and not webhook_url.startswith(("http://", "https://")):
-            raise ConfigurationError(f"RECEIPT_WEBHOOK_URL must be an http(s) URL, got {webhook_url!r}")
+    def __init__(self, ledger_table: str, webhook_url: str, timeout_ms: int, secret_arn: str = "") -> None:
         self._table = ledger_table
-        self._url = webhook_url
         self._timeout_ms = timeout_ms
+        self._client: WebhookClient | None = None
+        if not webhook_url:
+            return
+        key = SigningKey(secret_arn) if secret_arn else None
+        self._client = WebhookClient(webhook_url, "RECEIPT_WEBHOOK_URL", signing_key=key)
+        if key is None and not is_loopback_url(webhook_url):
+            # Unsigned, a receiver could not tell this function's receipts from anyone's.
+            raise ConfigurationError("RECEIPT_WEBHOOK_URL beyond loopback needs WEBHOOK_SECRET_ARN to sign its calls")
 
     def handle(self, payload: ReceiptRequested, context: MessageContext) -> Effect:
-        if not self._url:
+        if self._client is None:
             raise TransientError("RECEIPT_WEBHOOK_URL is not set; receipts wait in the queue until it is")
         # Never outlive the lease: past it another worker may already be calling.
-        timeout_s = max(0.1, min(self._timeout_ms, context.remaining_ms()) / 1000)
-        status = self._post(payload, context.idempotency_key, timeout_s)
+        deadline_s = max(0.1, min(self._timeout_ms, context.remaining_ms()) / 1000)
+        body = json.dumps(payload.model_dump(mode="json")).encode("utf-8")
+        status = self._client.post(body, context.idempotency_key, deadline_s)
         entry = Put(
             table=self._table,
             item={
@@ -63,21 +67,3 @@ class ReceiptRequestedHandler(MessageHandler[ReceiptRequested]):
             },
         )
         return Effect(result={"receiptId": payload.receiptId, "webhookStatus": status}, writes=(entry,))
-
-    def _post(self, payload: ReceiptRequested, idempotency_key: str, timeout_s: float) -> int:
-        request = urllib.request.Request(  # noqa: S310 (scheme checked in __init__)
-            self._url,
-            data=json.dumps(payload.model_dump(mode="json")).encode("utf-8"),
-            headers={"Content-Type": "application/json", "Idempotency-Key": idempotency_key},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (scheme checked in __init__)
-                return int(response.status)
-        except urllib.error.HTTPError as error:
-            detail = error.read(200).decode("utf-8", "replace")
-            if 400 <= error.code < 500 and error.code not in _RETRYABLE_4XX:
-                raise PoisonMessage(ErrorType.WEBHOOK_REJECTED, f"HTTP {error.code}: {detail}") from None
-            raise TransientError(f"webhook answered HTTP {error.code}: {detail}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
-            raise TransientError(f"webhook unreachable: {error}") from None

@@ -32,7 +32,7 @@ class Status(StrEnum):
 class IdempotencyRecord:
     id: str
     status: Status
-    expires_at: int | None  # epoch seconds; the TTL attribute (None: carried on a business item, kept)
+    expires_at: int | None  # epoch seconds; the TTL attribute
     lease_expires_at_ms: int | None  # epoch milliseconds; only while IN_PROGRESS
     owner_token: str  # the fencing token of the claim that wrote this record
     payload_hash: str

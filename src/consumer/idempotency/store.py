@@ -29,9 +29,8 @@ from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
 from consumer.errors import BusinessConditionFailed, LeaseLost, TransactionConflict, TransientError
-from consumer.idempotency.attribute_values import attribute_map
 from consumer.idempotency.record import Attr, IdempotencyRecord, Status, encode_result
-from consumer.idempotency.writes import MAX_BUSINESS_WRITES, Put, Write
+from consumer.idempotency.writes import MAX_BUSINESS_WRITES, Write
 
 if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient
@@ -254,13 +253,10 @@ class IdempotencyStore:
     ) -> ApplyResult:
         """Optimistic mode: claim, complete and apply the business writes in one round trip.
 
-        When one of the writes is a ``Put`` that ``carries_record`` (a business item
-        unique to the message), the record's attributes ride on that item instead of
-        an item of their own: two items in the transaction instead of three.
+        The record keeps an item of its own, named by the key alone, whatever the business
+        writes are: only there can a key reused for other content be recognised, whichever
+        business item that content names.
         """
-        carrier = next((write for write in writes if isinstance(write, Put) and write.carries_record), None)
-        if carrier is not None:
-            return self._apply_on_item(record_id, payload_hash, result, writes, carrier)
         now_ms = self._now_ms()
         token = self._new_token()
         record_write: dict[str, Any] = {
@@ -290,48 +286,6 @@ class IdempotencyStore:
         if current is None or current.owner_token == token:
             # The second case is ambiguous success: a retried write that found its own.
             return Applied(record_id, token)
-        return self._conflict(current, payload_hash)
-
-    def _apply_on_item(
-        self, record_id: str, payload_hash: str, result: Any, writes: Sequence[Write], carrier: Put
-    ) -> ApplyResult:
-        if carrier.condition is None:
-            raise ValueError("a write that carries the record needs a condition that only a new item meets")
-        token = self._new_token()
-        record = attribute_map(
-            {
-                Attr.ID: record_id,
-                Attr.STATUS: Status.COMPLETED.value,
-                Attr.OWNER_TOKEN: token,
-                Attr.PAYLOAD_HASH: payload_hash,
-                Attr.RESULT: encode_result(result, self._result_max_bytes),
-                Attr.ATTEMPTS: 1,
-            }
-        )
-        clash = sorted(set(record) & set(carrier.item))
-        if clash:
-            raise ValueError(f"the carrying item already has the record's attributes {clash}")
-        items: list[dict[str, Any]] = []
-        for write in writes:
-            item = write.to_transact_item()
-            if write is carrier:
-                item["Put"]["Item"].update(record)
-                item["Put"]["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
-            items.append(item)
-        at = writes.index(carrier)
-        others = {index: write for index, write in enumerate(writes) if index != at}
-        applied, failed_item = self._transact(items, token, at, others)
-        if applied:
-            return Applied(record_id, token)
-        if not failed_item or Attr.OWNER_TOKEN not in failed_item:
-            # The item exists but no message's record is on it: written some other way.
-            raise BusinessConditionFailed(carrier)
-        current = IdempotencyRecord.from_item(failed_item)
-        if current.owner_token == token:
-            return Applied(record_id, token)  # ambiguous success: our own write, retried
-        if current.id != record_id:
-            # The same business item under another idempotency key: the business refuses it.
-            raise BusinessConditionFailed(carrier)
         return self._conflict(current, payload_hash)
 
     def get(self, record_id: str) -> IdempotencyRecord | None:
@@ -379,13 +333,13 @@ class IdempotencyStore:
     ) -> tuple[bool, IdempotencyRecord | None]:
         """The record's own item first, then the business writes: ``_transact`` with the record read back."""
         items = [{"Update": record_write}, *(write.to_transact_item() for write in writes)]
-        applied, failed_item = self._transact(items, token, 0, dict(enumerate(writes, start=1)))
+        applied, failed_item = self._transact(items, token, dict(enumerate(writes, start=1)))
         return applied, IdempotencyRecord.from_item(failed_item) if failed_item else None
 
     def _transact(
-        self, items: list[dict[str, Any]], token: str, record_at: int, business: Mapping[int, Write]
+        self, items: list[dict[str, Any]], token: str, business: Mapping[int, Write]
     ) -> tuple[bool, Mapping[str, Any] | None]:
-        """Apply the transaction holding the record (at ``record_at``) and the business writes.
+        """Apply the transaction holding the record (first) and the business writes (by index).
 
         Returns ``(True, None)`` on success, or ``(False, the item as it was)`` when the
         record's own condition failed (``None`` when no item came back, e.g. released by
@@ -401,7 +355,7 @@ class IdempotencyStore:
             if error.response["Error"]["Code"] != "TransactionCanceledException":
                 raise
             reasons: list[Mapping[str, Any]] = list(error.response.get("CancellationReasons") or [])
-            record_reason = reasons[record_at] if record_at < len(reasons) else {}
+            record_reason = reasons[0] if reasons else {}
             if record_reason.get("Code") == "ConditionalCheckFailed":
                 item = record_reason.get("Item")
                 return False, item if isinstance(item, Mapping) and item else None

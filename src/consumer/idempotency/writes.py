@@ -37,10 +37,6 @@ class Put:
     values: Mapping[str, Any] = field(default_factory=dict)
     # Said in the dead letter when the condition fails (each kind has it), e.g. "stock of SKU x below 3".
     reason: str = ""
-    # This item is unique to the message (its condition holds only for a new item): the
-    # idempotency record rides on it instead of taking an item of its own, so the
-    # transaction writes one item fewer. Duplicates are then answered from this item.
-    carries_record: bool = False
 
     def to_transact_item(self) -> dict[str, Any]:
         return {

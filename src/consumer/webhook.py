@@ -1,0 +1,179 @@
+"""The one HTTP client for lock-mode side effects: one POST, within one deadline, never redirected.
+
+A lock-mode handler calls outside DynamoDB under a claim that lasts as long as its
+lease, so the call must end before the lease does (past it another worker may be
+calling too). The deadline covers the whole call (connect, send, status and
+headers): a timer closes the socket when it passes, so a server that trickles bytes
+cannot hold the call longer. The response body is never read nor copied.
+
+Outcomes: 2xx returns the status; 408, 425, 429, 5xx and a failed or late call raise
+``TransientError`` (retried); a 3xx is ``PoisonMessage(WebhookRejected)`` "redirect
+not followed" (the endpoint is configuration: a redirect would carry the POST and
+its key elsewhere, and a retry would meet it again); other 4xx are
+``PoisonMessage(WebhookRejected)``.
+
+The idempotency key travels as ``Idempotency-Key`` and ``webhook-id`` (Standard
+Webhooks), both ``header_key(key)``: the key percent-encoded (UTF-8) except
+printable ASCII other than ``%``, ``"``, ``\\`` and space. Every key the envelope
+accepts (non-ASCII, CR/LF) can thus be sent, the same on every try; the keys made of
+``[A-Za-z0-9_.:-]`` are sent as they are.
+
+Signed as Standard Webhooks signs (https://www.standardwebhooks.com/): ``webhook-timestamp``
+(epoch seconds of this try) and ``webhook-signature: v1,<base64 HMAC-SHA256 of
+"<webhook-id>.<webhook-timestamp>.<body>">``, keyed by a secret ``whsec_<base64>`` held in
+Secrets Manager. ``SigningKey`` reads it once per cold start through Powertools' parameters
+utility; a secret that cannot be read or is not of that form is a ``ConfigurationError``, and
+no request goes out unsigned.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import hmac
+import http.client
+import ipaddress
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+
+from consumer.errors import ConfigurationError, ErrorType, PoisonMessage, TransientError
+
+_RETRYABLE_4XX = frozenset({408, 425, 429})
+_KEY_SAFE = "!#$&'()*+,-./:;<=>?@[]^_`{|}~"
+
+
+def header_key(key: str) -> str:
+    """The idempotency key as an HTTP header value can carry it (see the module's docstring)."""
+    return urllib.parse.quote(key, safe=_KEY_SAFE)
+
+
+_SECRET_PREFIX = "whsec_"  # noqa: S105 (the format's prefix, not a secret)
+# Standard Webhooks asks for 24 to 64 bytes of key.
+_MIN_KEY_BYTES = 24
+
+
+def signing_key(secret: str, name: str) -> bytes:
+    """The HMAC key of a Standard Webhooks secret ``whsec_<base64>``."""
+    try:
+        if not secret.startswith(_SECRET_PREFIX):
+            raise ValueError("no whsec_ prefix")
+        key = base64.b64decode(secret.removeprefix(_SECRET_PREFIX), validate=True)
+    except (ValueError, binascii.Error):
+        raise ConfigurationError(f"secret {name} is not a Standard Webhooks secret (whsec_<base64>)") from None
+    if len(key) < _MIN_KEY_BYTES:
+        raise ConfigurationError(f"secret {name} holds {len(key)} bytes of key; at least {_MIN_KEY_BYTES} are needed")
+    return key
+
+
+def signature(key: bytes, webhook_id: str, timestamp: int, body: bytes) -> str:
+    digest = hmac.new(key, f"{webhook_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode("ascii")
+
+
+class SigningKey:
+    """The webhook secret named by its ARN, read on first use and kept for the container's life."""
+
+    def __init__(self, secret_arn: str) -> None:
+        self._arn = secret_arn
+        self._key: bytes | None = None
+
+    def __call__(self) -> bytes:
+        if self._key is None:
+            # Only a signing function pays for the parameters utility, and only when it first signs.
+            from aws_lambda_powertools.utilities import parameters  # noqa: PLC0415
+
+            try:
+                secret = parameters.get_secret(self._arn)
+            except parameters.GetParameterError as error:
+                cause = type(error.__cause__).__name__ if error.__cause__ else "no value"
+                raise ConfigurationError(f"webhook secret {self._arn} cannot be read ({cause})") from None
+            self._key = signing_key(str(secret), self._arn)
+        return self._key
+
+
+def is_loopback_url(url: str) -> bool:
+    return _is_loopback(urllib.parse.urlsplit(url).hostname or "")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class WebhookClient:
+    def __init__(
+        self,
+        url: str,
+        setting: str = "webhook URL",
+        signing_key: Callable[[], bytes] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigurationError(f"{setting} must be an https URL, got {url!r}")
+        if parts.scheme == "http" and not _is_loopback(parts.hostname):
+            raise ConfigurationError(f"{setting} must use https (http only to loopback), got {url!r}")
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = parts.port
+        # Everything after the authority (path and query string), without a fragment.
+        self._path = url.split(parts.netloc, 1)[1].split("#", 1)[0] or "/"
+        self._signing_key = signing_key
+        self._clock = clock
+
+    def post(self, body: bytes, idempotency_key: str, deadline_s: float, headers: Mapping[str, str] = {}) -> int:
+        """POST ``body``; the status of a 2xx answer, or raise as the module's docstring maps it."""
+        key = header_key(idempotency_key)
+        sent = {**headers, "Content-Type": "application/json", "Idempotency-Key": key, "webhook-id": key}
+        if self._signing_key is not None:
+            # Before any connection: a secret that cannot be read stops the call, never an unsigned one.
+            timestamp = int(self._clock())
+            sent |= {
+                "webhook-timestamp": str(timestamp),
+                "webhook-signature": signature(self._signing_key(), key, timestamp, body),
+            }
+        connection_type = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        connection = connection_type(self._host, self._port, timeout=deadline_s)
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            with contextlib.suppress(OSError):
+                if connection.sock is not None:
+                    connection.sock.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(deadline_s, expire)
+        timer.start()
+        try:
+            connection.request("POST", self._path, body=body, headers=sent)
+            status = connection.getresponse().status
+        except (OSError, http.client.HTTPException) as error:
+            if expired.is_set():
+                raise TransientError(f"webhook call passed its {deadline_s:.1f} s deadline") from None
+            # The class only: the text may quote the remote side.
+            raise TransientError(f"webhook unreachable: {type(error).__name__}") from None
+        finally:
+            timer.cancel()
+            connection.close()
+        if expired.is_set():
+            raise TransientError(f"webhook call passed its {deadline_s:.1f} s deadline")
+        return _outcome(status)
+
+
+def _outcome(status: int) -> int:
+    if 200 <= status < 300:
+        return status
+    if 300 <= status < 400:
+        raise PoisonMessage(ErrorType.WEBHOOK_REJECTED, f"HTTP {status}: redirect not followed")
+    if 400 <= status < 500 and status not in _RETRYABLE_4XX:
+        raise PoisonMessage(ErrorType.WEBHOOK_REJECTED, f"HTTP {status}")
+    raise TransientError(f"webhook answered HTTP {status}")
