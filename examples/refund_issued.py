@@ -45,6 +45,7 @@ class RefundIssuedHandler(MessageHandler[RefundIssued]):
             # Refuse a refund larger than the balance: the message goes to the DLQ.
             condition="balanceCents >= :refund",
             values={":amount": -payload.amountCents, ":refund": payload.amountCents},
+            reason=f"balance of account {payload.accountId} below the refund of {payload.amountCents} cents",
         )
         entry = Put(
             table=self._table,

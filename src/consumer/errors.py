@@ -48,7 +48,8 @@ class BusinessConditionFailed(PoisonMessage):
     def __init__(self, write: Write) -> None:
         super().__init__(
             ErrorType.BUSINESS_CONDITION_FAILED,
-            f"condition of a {type(write).__name__} on {write.table} failed: {write.condition}",
+            f"{write.reason + ' (' if write.reason else ''}condition of a {type(write).__name__} on {write.table}"
+            f" failed: {write.condition}{')' if write.reason else ''}",
         )
 
 

@@ -32,3 +32,4 @@ def test_the_example_refund_handler_debits_once_and_refuses_an_overdraft(dynamod
     assert balance(dynamodb, "acc-1") == 700
     dead = consumer.dead_letters()
     assert [letter.error_type for letter in dead] == ["BusinessConditionFailed"]
+    assert "balance of account acc-1 below the refund of 5000 cents" in (dead[0].error_message or "")

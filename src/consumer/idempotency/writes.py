@@ -35,6 +35,8 @@ class Put:
     condition: str | None = None
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
+    # Said in the dead letter when the condition fails (each kind has it), e.g. "stock of SKU x below 3".
+    reason: str = ""
 
     def to_transact_item(self) -> dict[str, Any]:
         return {
@@ -54,6 +56,7 @@ class Update:
     condition: str | None = None
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
+    reason: str = ""
 
     def to_transact_item(self) -> dict[str, Any]:
         return {
@@ -73,6 +76,7 @@ class Delete:
     condition: str | None = None
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
+    reason: str = ""
 
     def to_transact_item(self) -> dict[str, Any]:
         return {
@@ -91,6 +95,7 @@ class ConditionCheck:
     condition: str
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
+    reason: str = ""
 
     def to_transact_item(self) -> dict[str, Any]:
         return {
