@@ -131,10 +131,6 @@ dlq: venv ## [local stack] list the running stack's dead-lettered messages with 
 redrive: venv ## [local stack] move the running stack's dead-lettered messages back to its queue
 	@$(LOCAL) redrive
 
-.PHONY: hot
-hot: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [local stack] hot-account figures through the conflict emulation (ARGS="--messages 800 --accounts 1")
-	@$(LOCAL) hot $(ARGS)
-
 # ARGS="--only cold-start --cold-starts 9": the cold starts alone (sam build, then fresh processes), printed.
 .PHONY: bench
 bench: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [proof] this consumer against Powertools and the seed pattern at Lambda's CPU share, and cold starts: writes BENCHMARKS.md and its two charts

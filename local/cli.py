@@ -1,4 +1,4 @@
-"""``python -m local <command>``: run, send, invoke, dlq, redrive, demo, smoke, hot (wired to make targets)."""
+"""``python -m local <command>``: run, send, invoke, dlq, redrive, demo, smoke, rehearse (wired to make targets)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from local import hot, rehearse, smoke, state
+from local import rehearse, smoke, state
 from local.demo import run_demo
 from local.event_files import EventFileError, load_event, messages_from_event
 from local.function_output import command_output
@@ -291,7 +291,6 @@ def parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=run_demo)
 
     smoke.add_parser(commands)
-    hot.add_parser(commands)
     rehearse.add_parser(commands)
     return root
 
