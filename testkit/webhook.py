@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 from collections import deque
@@ -42,6 +43,13 @@ class ReceivedRequest:
 
     def json(self) -> Any:
         return json.loads(self.body)
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client hanging up on a kept-alive connection is no error of the sink's: no traceback.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class WebhookSink:
@@ -88,7 +96,7 @@ class WebhookSink:
             self._plans_by_key.clear()
 
     def start(self) -> WebhookSink:
-        self._server = ThreadingHTTPServer((LOOPBACK, 0), _handler_for(self))
+        self._server = _Server((LOOPBACK, 0), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="webhook-sink", daemon=True)
         self._thread.start()
