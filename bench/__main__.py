@@ -99,6 +99,8 @@ class _Run:
         self.messages = MessageFactory()
 
     def measure_costs(self, webhook_url: str) -> None:
+        # In process, the systems read the variables the template gives the function from this process.
+        os.environ.update(POWERTOOLS_ENV)
         probe = RoundTripProbe()
         with on_new_clients(probe.handler_specs()), moto_backend() as backend:
             meter = CapacityMeter(backend.reader)
