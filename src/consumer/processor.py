@@ -18,13 +18,16 @@ from pydantic import BaseModel, ValidationError
 from consumer.config import Settings
 from consumer.conflicts import ConflictCount, ConflictRetry
 from consumer.dead_letter import DeadLetterQueue
-from consumer.envelope import Message, Record, parse_message, schema_violation
+from consumer.envelope import Message, Record, parse_message, schema_violation, sqs_text
 from consumer.errors import ErrorType, LeaseLost, PoisonMessage, TransactionConflict, TransientError
 from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.lease import lease_duration
 from consumer.idempotency.store import Applied, Claimed, Duplicate, IdempotencyStore, InFlight, PayloadMismatch
 from consumer.outcome import Outcome, RecordResult
 
+# Exception text can quote what came from outside (a field name, a server's words): a log line
+# keeps at most this much of it, with what SQS would refuse replaced.
+_REASON_MAX_CHARS = 1_000
 # A record still in conflict comes back this soon (at random within it), not after the backoff.
 _CONFLICT_REDELIVERY_MS = 1_000
 
@@ -137,8 +140,9 @@ class RecordProcessor:
             self._dead_letters.send(record, poison.error_type, poison.message, idempotency_key)
         except Exception as error:
             # Not in the DLQ means not handled: SQS must keep the message.
-            self._logger.error("dead-letter send failed", extra={**keys, "error": str(error)})
-            return RecordResult(message_id, Outcome.RETRIED, f"dead-letter send failed: {error}")
+            reason = _bounded(f"dead-letter send failed: {error}")
+            self._logger.error("dead-letter send failed", extra={**keys, "error": reason})
+            return RecordResult(message_id, Outcome.RETRIED, reason)
         self._logger.warning("dead-lettered", extra={**keys, "error_type": poison.error_type, "reason": poison.message})
         return RecordResult(message_id, Outcome.POISON, f"{poison.error_type}: {poison.message}", poison=poison)
 
@@ -235,7 +239,7 @@ class RecordProcessor:
                 )
         except Exception as error:
             # The lease still runs out, so the key frees itself; nothing is stuck.
-            self._logger.warning("release failed", extra={**self._log_keys(item), "error": str(error)})
+            self._logger.warning("release failed", extra={**self._log_keys(item), "error": _bounded(str(error))})
 
     # -- outcomes ---------------------------------------------------------------------
 
@@ -275,6 +279,7 @@ class RecordProcessor:
         return RecordResult(item.message.message_id, outcome)
 
     def _retry(self, item: Prepared, reason: str) -> RecordResult:
+        reason = _bounded(reason)
         self._logger.warning("will retry", extra={**self._log_keys(item), "reason": reason})
         return RecordResult(item.message.message_id, Outcome.RETRIED, reason)
 
@@ -285,3 +290,7 @@ class RecordProcessor:
             "idempotency_key": item.message.idempotency_key,
             "event_type": item.message.event_type,
         }
+
+
+def _bounded(text: str) -> str:
+    return sqs_text(text[:_REASON_MAX_CHARS])[0]

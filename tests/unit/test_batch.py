@@ -389,3 +389,22 @@ def test_transient_errors_raised_by_a_handler_are_retried(dynamodb: Any, sqs: An
 
     assert consumer.failed_ids([sqs_record("f", empty_body("Flaky", "k"))]) == ["f"]
     assert consumer.store.get("Flaky#k") is None
+
+
+def test_exception_text_reaches_the_logs_bounded_and_without_what_sqs_refuses(
+    dynamodb: Any, sqs: Any, clock: Clock
+) -> None:
+    class Chatty(ExplodingHandler):
+        event_type: ClassVar[str] = "Chatty"
+
+        def handle(self, payload: Empty, context: MessageContext) -> Effect:
+            # What a downstream or a field name could put into an exception's text.
+            raise TransientError("field \x00\x08 " + "x" * 50_000)
+
+    consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={"Chatty": Chatty()})
+
+    (result,) = consumer.batch.process([sqs_record("c", empty_body("Chatty", "k"))], consumer.remaining).results
+
+    assert result.reason is not None and len(result.reason) <= 1_000
+    assert "\x00" not in result.reason and "\x08" not in result.reason
+    assert result.reason.startswith("field \ufffd\ufffd x")
