@@ -57,7 +57,7 @@ def _requirement_lines(path: Path) -> list[str]:
 
 
 def requirements() -> list[str]:
-    """Everything the function's venv installs, one requirement a line."""
+    """What the venv installs beside the artifact's hash-locked requirements: Lambda's boto3 and runtime client."""
     pinned = {line.split("==", 1)[0].strip().lower(): line for line in _requirement_lines(DEV_REQUIREMENTS)}
     missing = [name for name in _RUNTIME_PROVIDED if name not in pinned]
     if missing:

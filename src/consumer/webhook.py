@@ -96,10 +96,6 @@ class SigningKey:
         return self._key
 
 
-def is_loopback_url(url: str) -> bool:
-    return _is_loopback(urllib.parse.urlsplit(url).hostname or "")
-
-
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -120,7 +116,9 @@ class WebhookClient:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigurationError(f"{setting} must be an https URL, got {url!r}")
-        if parts.scheme == "http" and not _is_loopback(parts.hostname):
+        # Calls that leave this host: a handler requires them signed.
+        self.leaves_host = not _is_loopback(parts.hostname)
+        if parts.scheme == "http" and self.leaves_host:
             raise ConfigurationError(f"{setting} must use https (http only to loopback), got {url!r}")
         self._https = parts.scheme == "https"
         self._host = parts.hostname

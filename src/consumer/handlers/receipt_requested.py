@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from consumer.errors import ConfigurationError, TransientError
 from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import Put
-from consumer.webhook import SigningKey, WebhookClient, is_loopback_url
+from consumer.webhook import SigningKey, WebhookClient
 
 _ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 
@@ -45,7 +45,7 @@ class ReceiptRequestedHandler(MessageHandler[ReceiptRequested]):
             return
         key = SigningKey(secret_arn) if secret_arn else None
         self._client = WebhookClient(webhook_url, "RECEIPT_WEBHOOK_URL", signing_key=key)
-        if key is None and not is_loopback_url(webhook_url):
+        if key is None and self._client.leaves_host:
             # Unsigned, a receiver could not tell this function's receipts from anyone's.
             raise ConfigurationError("RECEIPT_WEBHOOK_URL beyond loopback needs WEBHOOK_SECRET_ARN to sign its calls")
 
