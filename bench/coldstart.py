@@ -41,7 +41,8 @@ INIT_CODE = {
     CONSUMER: "from consumer.app import handler",
     POWERTOOLS: (
         "from bench.systems import PowertoolsBaseline\nfrom consumer.config import Settings\n"
-        "handler = PowertoolsBaseline(Settings.from_env()).handle"
+        "from consumer.handlers import declared_tables\n"
+        "handler = PowertoolsBaseline(Settings.from_env(tables=declared_tables())).handle"
     ),
     FLOOR: (
         "import os, botocore.session\nclient = botocore.session.get_session().create_client('dynamodb')\n"

@@ -54,11 +54,11 @@ class Backend:
         prefix = f"{system.replace(' ', '-').lower()}-{uuid.uuid4().hex[:6]}"
         settings = Settings(
             idempotency_table_name=f"{prefix}-idempotency",
-            ledger_table_name=f"{prefix}-ledger",
+            table_names={LEDGER_TABLE: f"{prefix}-ledger"},
             dead_letter_queue_url=self.dead_letter_queue_url,
             receipt_webhook_url=webhook_url,
         )
-        names = {IDEMPOTENCY_TABLE: settings.idempotency_table_name, LEDGER_TABLE: settings.ledger_table_name}
+        names = {IDEMPOTENCY_TABLE: settings.idempotency_table_name, **settings.table_names}
         with unobserved():
             create_template_tables(self.reader, names)
         return settings

@@ -25,7 +25,7 @@ from aws_lambda_powertools.utilities.idempotency import (
 )
 from botocore.exceptions import ClientError
 
-from consumer.config import Settings
+from consumer.config import Settings, table_variable
 from consumer.envelope import Message, parse_message
 from consumer.handlers import MessageContext, MessageHandler, build_handlers
 
@@ -38,7 +38,8 @@ SYSTEM_ENV = "BENCH_SYSTEM"
 
 def settings_environment(settings: Settings) -> dict[str, str]:
     """The variables ``Settings.from_env`` reads ``settings`` back from."""
-    return {name.upper(): str(value) for name, value in settings.model_dump().items()}
+    tables = {table_variable(table): name for table, name in settings.table_names.items()}
+    return {name.upper(): str(value) for name, value in settings.model_dump(exclude={"table_names"}).items()} | tables
 
 
 class ThisConsumer:

@@ -23,6 +23,7 @@ from chaos.faults import DEFAULT_RATES, FaultKind
 from chaos.invariants import Checker, EndState, History, Verdict, scan
 from chaos.runtime_handler import PLAN_VARIABLE, Plan
 from consumer.config import Settings
+from consumer.handlers import declared_tables
 from local.poller import Poller, PollerGroup
 from testkit import dead_letters
 from testkit.lambda_runtime import LambdaEnvironment, check_handler
@@ -131,7 +132,8 @@ def _settings(function_environment: Mapping[str, str], config: ChaosConfig) -> S
         "retry_backoff_max_seconds": config.visibility_timeout_s,
     }
     # Validated as the function validates its environment: the cross-field rules apply.
-    return Settings.model_validate({**Settings.from_env(function_environment).model_dump(), **overrides})
+    settings = Settings.from_env(function_environment, declared_tables())
+    return Settings.model_validate({**settings.model_dump(), **overrides})
 
 
 def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, webhook_url: str) -> LocalResources:

@@ -1,8 +1,10 @@
 """An optimistic handler of your own: debit an account when a refund is issued.
 
-Copy this file to ``src/consumer/handlers/``, add the handler to ``build_handlers`` in
+Copy this file to ``src/consumer/handlers/``, add the class to ``HANDLERS`` in
 ``src/consumer/handlers/__init__.py``, and messages with ``"eventType": "RefundIssued"``
-are applied exactly once. ``tests/unit/test_examples.py`` runs it.
+are applied exactly once. It writes the ledger the template already has and grants;
+``inventory_reserved.py`` is a handler with a table of its own. ``tests/unit/test_examples.py``
+runs both.
 """
 
 from __future__ import annotations
@@ -28,18 +30,18 @@ class RefundIssuedHandler(MessageHandler[RefundIssued]):
     # Pure: it only returns writes, so one transaction applies them with the record.
     mode: ClassVar[Mode] = Mode.OPTIMISTIC
     payload_model: ClassVar[type[BaseModel]] = RefundIssued
-
-    def __init__(self, ledger_table: str) -> None:
-        self._table = ledger_table
+    # The template's LedgerTable, named to the function as LEDGER_TABLE_NAME.
+    tables: ClassVar[tuple[str, ...]] = ("LedgerTable",)
 
     def contention_key(self, payload: RefundIssued) -> str:
         # Refunds and payments to one account update its BALANCE item: in a batch they run one
         # after another, instead of racing in transactions that DynamoDB would cancel.
-        return f"{self._table}/{payload.accountId}"
+        return f"LedgerTable/{payload.accountId}"
 
     def handle(self, payload: RefundIssued, context: MessageContext) -> Effect:
+        ledger = self.table_names["LedgerTable"]
         debit = Update(
-            table=self._table,
+            table=ledger,
             key={"accountId": payload.accountId, "entryId": "BALANCE"},
             expression="ADD balanceCents :amount",
             # Refuse a refund larger than the balance: the message goes to the DLQ.
@@ -48,7 +50,7 @@ class RefundIssuedHandler(MessageHandler[RefundIssued]):
             reason=f"balance of account {payload.accountId} below the refund of {payload.amountCents} cents",
         )
         entry = Put(
-            table=self._table,
+            table=ledger,
             item={"accountId": payload.accountId, "entryId": f"REFUND#{payload.refundId}"},
             condition="attribute_not_exists(entryId)",
         )

@@ -28,11 +28,11 @@ from consumer.config import Settings
 from consumer.conflicts import ConflictRetry
 from consumer.dead_letter import DeadLetterQueue
 from consumer.errors import ConfigurationError
-from consumer.handlers import MessageHandler, build_handlers
+from consumer.handlers import MessageHandler, build_handlers, declared_tables
 from consumer.idempotency.store import IdempotencyStore
 from consumer.outcome import Outcome
 from consumer.processor import RecordProcessor
-from consumer.sdk import require_botocore
+from consumer.sdk import require_botocore, require_tables
 
 if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient
@@ -74,6 +74,7 @@ def wire(
     *,
     logger: Any = logger,
     handlers: Mapping[str, MessageHandler[Any]] | None = None,
+    check_tables: bool = False,
 ) -> BatchRunner:
     """Build the consumer from settings, a session and a clock.
 
@@ -81,7 +82,8 @@ def wire(
     manager to every cold start for nothing.
 
     Tests and the fault-injection harness pass their own session (to hook its events),
-    clock (to skew it), logger and extra handlers; the function itself uses the defaults.
+    clock (to skew it), logger and extra handlers; the function itself uses the defaults,
+    and checks its tables (tests that made their own tables skip the round trips).
     """
     client_config = Config(
         # One connection per worker thread, or threads queue for a socket.
@@ -93,8 +95,11 @@ def wire(
         # client-side pass saves about a fifth of each call's CPU.
         parameter_validation=False,
     )
+    dynamodb = cast("DynamoDBClient", _client(session, "dynamodb", client_config))
+    if check_tables:
+        require_tables(dynamodb, {"IdempotencyTable": settings.idempotency_table_name, **settings.table_names})
     store = IdempotencyStore(
-        cast("DynamoDBClient", _client(session, "dynamodb", client_config)),
+        dynamodb,
         settings.idempotency_table_name,
         ttl_seconds=settings.idempotency_ttl_seconds,
         result_max_bytes=settings.result_max_bytes,
@@ -138,13 +143,13 @@ def wire(
 def build_consumer() -> BatchRunner:
     """The consumer of this container, built once after its checks (in Lambda, during init).
 
-    Settings and the runtime's SDK are checked first, so a misconfigured function fails
-    its first invocation with the cause named, before any record is touched.
+    Settings, the runtime's SDK and the tables are checked first, so a misconfigured
+    function fails its first invocation with the cause named, before any record is touched.
     """
-    settings = Settings.from_env()
+    settings = Settings.from_env(tables=declared_tables())
     session = botocore.session.get_session()
     require_botocore(session)
-    return wire(settings, session)
+    return wire(settings, session, check_tables=True)
 
 
 # Lambda runs an on-demand function's init phase on a full vCPU and its invocations at the memory

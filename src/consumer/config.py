@@ -1,30 +1,39 @@
 """Settings read once per container from the function's environment, validated as a whole.
 
 Each field is read from the variable of the same name in upper case
-(``lease_max_ms`` from ``LEASE_MAX_MS``). Rules that tie several fields together are
-checked here, at the first invocation, before any record is touched: a setting that
-could only fail per record would send every record of that kind to the DLQ instead.
+(``lease_max_ms`` from ``LEASE_MAX_MS``), and each table a handler declares from the
+variable ``table_variable`` names (``LedgerTable`` from ``LEDGER_TABLE_NAME``). Rules
+that tie several fields together are checked here, at the first invocation, before any
+record is touched: a setting that could only fail per record would send every record of
+that kind to the DLQ instead.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from consumer.errors import ConfigurationError
 
-_REQUIRED = ("idempotency_table_name", "ledger_table_name", "dead_letter_queue_url")
+_REQUIRED = ("idempotency_table_name", "dead_letter_queue_url")
+
+
+def table_variable(logical_id: str) -> str:
+    """The variable that carries a template table's name: LedgerTable -> LEDGER_TABLE_NAME."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", logical_id).upper() + "_NAME"
 
 
 class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     idempotency_table_name: str = Field(min_length=1)
-    ledger_table_name: str = Field(min_length=1)
     dead_letter_queue_url: str = Field(min_length=1)
+    # The deployed name of each table the handlers declare (``MessageHandler.tables``), by logical id.
+    table_names: dict[str, str] = Field(default_factory=dict)
     receipt_webhook_url: str = ""
     # Must outlive every redelivery and producer resend you want caught: SQS keeps
     # messages up to 14 days, producers may resend later still.
@@ -71,16 +80,24 @@ class Settings(BaseModel):
         return self
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Read and validate every setting; raise ``ConfigurationError`` naming each bad variable."""
+    def from_env(cls, env: Mapping[str, str] | None = None, tables: Iterable[str] = ()) -> Settings:
+        """Read and validate every setting, and the name of each of ``tables`` (logical ids the handlers
+        declare); raise ``ConfigurationError`` naming each bad variable."""
         env = os.environ if env is None else env
-        values: dict[str, str] = {}
-        for name in cls.model_fields:
+        values: dict[str, object] = {}
+        for name in (field for field in cls.model_fields if field != "table_names"):
             raw = env.get(name.upper(), "").strip()
             if raw:
                 values[name] = raw
             elif name in _REQUIRED:
                 raise ConfigurationError(f"environment variable {name.upper()} is required and is empty or unset")
+        names = {table: env.get(table_variable(table), "").strip() for table in tables}
+        missing = [f"{table_variable(table)} (table {table})" for table, name in names.items() if not name]
+        if missing:
+            raise ConfigurationError(
+                f"environment variable {', '.join(missing)} is required by a handler's tables and is empty or unset"
+            )
+        values["table_names"] = names
         try:
             return cls.model_validate(values)
         except ValidationError as error:

@@ -3,8 +3,9 @@
 A ``PoisonMessage`` will never succeed however often it is retried: it goes to the
 dead-letter queue with its ``ErrorType`` and counts as handled. A ``TransientError``
 may succeed later: the record is reported in ``batchItemFailures`` and SQS delivers
-it again. A ``ConfigurationError`` is the function's, not a message's: it fails the
-invocation before any record is touched.
+it again. A ``ConfigurationError`` is the function's, not a message's: found at start,
+it fails the invocation before any record is touched; found while a record runs (a
+handler writing a table it did not declare), that record is retried with it as reason.
 """
 
 from __future__ import annotations

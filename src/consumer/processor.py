@@ -19,7 +19,7 @@ from consumer.config import Settings
 from consumer.conflicts import ConflictCount, ConflictRetry
 from consumer.dead_letter import DeadLetterQueue
 from consumer.envelope import Message, Record, parse_message, schema_violation, sqs_text
-from consumer.errors import ErrorType, LeaseLost, PoisonMessage, TransactionConflict, TransientError
+from consumer.errors import ConfigurationError, ErrorType, LeaseLost, PoisonMessage, TransactionConflict, TransientError
 from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.lease import lease_duration
 from consumer.idempotency.store import Applied, Claimed, Duplicate, IdempotencyStore, InFlight, PayloadMismatch
@@ -228,7 +228,16 @@ class RecordProcessor:
             receive_count=item.message.receive_count,
             remaining_ms=remaining_ms,
         )
-        return item.handler.handle(item.payload, context)
+        effect = item.handler.handle(item.payload, context)
+        declared = item.handler.table_names.values()
+        for write in effect.writes:
+            if write.table not in declared:
+                # The role's grants and the cold-start check follow the declaration: keep them honest.
+                raise ConfigurationError(
+                    f"handler of {item.message.event_type} writes table {write.table!r}, which is not one of its"
+                    f" declared tables ({', '.join(item.handler.tables) or 'none'})"
+                )
+        return effect
 
     def _release_quietly(self, item: Prepared, claim: Claimed, remaining_ms: Callable[[], int]) -> None:
         try:

@@ -1,4 +1,10 @@
-"""The DynamoDB features this consumer needs, checked in the SDK the runtime loaded.
+"""What the consumer needs from its runtime and its account, checked at cold start.
+
+The tables: every table the function writes must exist and be reachable with its role,
+or the first invocation fails naming the table and its variable. Found per record instead,
+a mistyped name would retry each message until the redrive, with an SDK error as reason.
+
+The DynamoDB features, in the SDK the runtime loaded.
 
 A duplicate costs one round trip only because a failed condition returns the old item
 (``ReturnValuesOnConditionCheckFailure``), on ``UpdateItem`` and inside ``TransactWriteItems``.
@@ -10,12 +16,18 @@ asks the service model it actually loaded, at cold start, instead of trusting a 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import botocore
 import botocore.session
+from botocore.exceptions import BotoCoreError, ClientError
 
+from consumer.config import table_variable
 from consumer.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from types_boto3_dynamodb import DynamoDBClient
 
 PARAMETER = "ReturnValuesOnConditionCheckFailure"
 # A release known to model the parameter on every operation below (it reached single-item writes in mid-2023).
@@ -49,3 +61,18 @@ def require_botocore(session: botocore.session.Session | None = None) -> None:
             f"bundle botocore>={MINIMUM_BOTOCORE} (and a matching boto3): add it to src/requirements.in,"
             " then run make lock"
         )
+
+
+def require_tables(client: DynamoDBClient, names: Mapping[str, str]) -> None:
+    """Raise ``ConfigurationError`` unless each table (logical id -> name) exists and the role may describe it."""
+    for table, name in names.items():
+        where = f"table {table} ({table_variable(table)}={name!r})"
+        try:
+            client.describe_table(TableName=name)
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            if code == "ResourceNotFoundException":
+                raise ConfigurationError(f"{where} does not exist in this account and region") from None
+            raise ConfigurationError(f"{where} cannot be reached: {code}: {error}") from None
+        except BotoCoreError as error:
+            raise ConfigurationError(f"{where} cannot be reached: {error}") from None

@@ -42,8 +42,7 @@ def settings(local_servers: LocalServers, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "local")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "local")
     yield settings_for_tests(
-        idempotency_table_name=resources.tables["IdempotencyTable"].name,
-        ledger_table_name=resources.tables["LedgerTable"].name,
+        tables=resources.tables,
         dead_letter_queue_url=resources.queues["ConsumerDeadLetterQueue"].url,
         receipt_webhook_url="",
         max_workers=4,
@@ -123,7 +122,7 @@ def test_concurrent_consumers_credit_each_payment_exactly_once(settings: Setting
     run_concurrently(settings, bodies)
 
     dynamodb = local_servers.client("dynamodb")
-    ledger = scan(dynamodb, settings.ledger_table_name)
+    ledger = scan(dynamodb, settings.table_names["LedgerTable"])
     balances = {i["accountId"]["S"]: int(i["balanceCents"]["N"]) for i in ledger if i["entryId"]["S"] == "BALANCE"}
     expected: Counter[str] = Counter()
     for _, account, amount in payments:
@@ -150,7 +149,9 @@ def test_concurrent_consumers_post_each_receipt_once(
     assert calls == Counter({f"receipt-{i}": 1 for i in range(20)})
     assert sum(failures.values()) > 0, "no consumer ever found a claim in flight: the test raced nothing"
     dynamodb = local_servers.client("dynamodb")
-    receipts = [i for i in scan(dynamodb, settings.ledger_table_name) if i["entryId"]["S"].startswith("RECEIPT#")]
+    receipts = [
+        i for i in scan(dynamodb, settings.table_names["LedgerTable"]) if i["entryId"]["S"].startswith("RECEIPT#")
+    ]
     assert len(receipts) == 20
     records = scan(dynamodb, settings.idempotency_table_name)
     assert {record["status"]["S"] for record in records} == {"COMPLETED"}

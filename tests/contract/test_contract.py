@@ -75,12 +75,12 @@ class Stack:
 
     def balance(self, account: str) -> int:
         key = {"accountId": {"S": account}, "entryId": {"S": "BALANCE"}}
-        table = self.settings.ledger_table_name
+        table = self.settings.table_names["LedgerTable"]
         item = self.dynamodb.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
         return int(item["balanceCents"]["N"]) if item else 0
 
     def entries(self) -> set[str]:
-        items = self.dynamodb.scan(TableName=self.settings.ledger_table_name, ConsistentRead=True)["Items"]
+        items = self.dynamodb.scan(TableName=self.settings.table_names["LedgerTable"], ConsistentRead=True)["Items"]
         return {f"{i['accountId']['S']}/{i['entryId']['S']}" for i in items if i["entryId"]["S"] != "BALANCE"}
 
     def dead_letters(self) -> dict[str, str | None]:
@@ -227,8 +227,7 @@ def make_stack(local_servers: LocalServers, monkeypatch: pytest.MonkeyPatch) -> 
         def make() -> Stack:
             resources = local_servers.deploy()
             settings = settings_for_tests(
-                idempotency_table_name=resources.tables["IdempotencyTable"].name,
-                ledger_table_name=resources.tables["LedgerTable"].name,
+                tables=resources.tables,
                 dead_letter_queue_url=resources.queues["ConsumerDeadLetterQueue"].url,
                 receipt_webhook_url=sink.receipts_url,
                 webhook_timeout_ms=2_000,

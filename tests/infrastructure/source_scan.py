@@ -125,6 +125,20 @@ def business_write_kinds(package: str, root: Path = PACKAGE_ROOT) -> dict[str, s
     return dict(kinds)
 
 
+def declared_tables(package: str, root: Path = PACKAGE_ROOT) -> dict[str, tuple[str, ...]]:
+    """The ``tables = ("...",)`` that handler classes in each module under ``package`` declare, by module."""
+    declared: dict[str, tuple[str, ...]] = {}
+    for module, tree in package_modules(root).items():
+        if not module.startswith(package):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(target, ast.Name) and target.id == "tables" for target in targets):
+                    declared[module] = (*declared.get(module, ()), *ast.literal_eval(node.value))
+    return declared
+
+
 def calls_on_names_containing(word: str, method: str, root: Path = PACKAGE_ROOT) -> list[str]:
     """Places that call ``<something named *word*>.<method>(...)``, e.g. ``self._store.get(...)``."""
     found: list[str] = []

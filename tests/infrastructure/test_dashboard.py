@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.template import REPO_ROOT, ResourceRef, Template
 from tests.infrastructure.lookups import properties, read, resources_of_type
 
@@ -44,7 +45,15 @@ REQUIRED = {
 # Runs the real handler on an empty batch in a process of its own, with the function's environment, and prints
 # the EMF documents it writes: every outcome is counted, at zero, under the namespace and dimensions it deploys with.
 _EMIT = """
-import json, sys
+import os, boto3, moto
+from consumer.config import table_variable
+from consumer.handlers import declared_tables
+from testkit.tables import create_template_tables
+
+# The tables the function checks at cold start, in moto: this test is about what it prints.
+moto.mock_aws().start()
+tables = ("IdempotencyTable", *declared_tables())
+create_template_tables(boto3.client("dynamodb"), {table: os.environ[table_variable(table)] for table in tables})
 from consumer import app
 
 class Context:
@@ -79,8 +88,8 @@ def emitted(transformed_template: dict[str, Any], resolver: Template) -> list[di
         cwd=REPO_ROOT,
         env={
             "PATH": os.environ.get("PATH", ""),
-            "PYTHONPATH": str(REPO_ROOT / "src"),
-            "AWS_DEFAULT_REGION": "us-east-1",
+            "PYTHONPATH": f"{REPO_ROOT / 'src'}{os.pathsep}{REPO_ROOT}",
+            **DUMMY_CREDENTIALS_ENV,
             **environment,
         },
     )

@@ -7,7 +7,8 @@ import importlib
 import re
 from typing import Any
 
-from consumer.config import Settings
+from consumer.config import Settings, table_variable
+from consumer.handlers import declared_tables
 from testkit.template import REPO_ROOT, ResourceRef, Template
 from tests.infrastructure.lookups import parameter_name, properties, read
 from tests.infrastructure.source_scan import package_modules
@@ -27,8 +28,10 @@ STACK_PROVIDED_VARIABLES = {
 
 
 def _variables_the_code_reads() -> set[str]:
-    """Settings' fields (read as upper-case variables), and names passed to ``env.get`` or ``os.environ.get``."""
-    names = {field.upper() for field in Settings.model_fields}
+    """Settings' fields (read as upper-case variables), the declared tables' variables, and names passed
+    to ``env.get`` or ``os.environ.get``."""
+    names = {field.upper() for field in Settings.model_fields if field != "table_names"}
+    names.update(table_variable(table) for table in declared_tables())
     for tree in package_modules().values():
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
@@ -80,9 +83,10 @@ def test_environment_at_the_defaults_is_accepted_by_the_settings(
     transformed_template: dict[str, Any], resolver: Template
 ) -> None:
     variables = resolver.resolve(properties(transformed_template, "ConsumerFunction")["Environment"]["Variables"])
-    settings = Settings.from_env({name: _as_environment_value(value) for name, value in variables.items()})
+    environment = {name: _as_environment_value(value) for name, value in variables.items()}
+    settings = Settings.from_env(environment, tables=declared_tables())
     assert settings.idempotency_table_name == "IdempotencyTable-after-deployment"
-    assert settings.ledger_table_name == "LedgerTable-after-deployment"
+    assert settings.table_names == {table: f"{table}-after-deployment" for table in declared_tables()}
     assert settings.dead_letter_queue_url == "ConsumerDeadLetterQueue-after-deployment"
     assert settings.idempotency_ttl_seconds == 7 * 24 * 3600
     assert settings.receipt_webhook_url == ""

@@ -5,8 +5,10 @@ and so does a permission nothing calls any more. Where an operation lands:
 
 - DynamoDB operations live in the idempotency store and act on the idempotency table;
   TransactWriteItems is authorized per item, by the item kinds the store puts in it.
-- The handlers' business writes (Put, Update, ...) act on the ledger table, inside the
-  store's transaction.
+  The cold-start check (``sdk.py``) describes every table the function writes.
+- The business writes (Put, Update, ...) a handler module constructs act on each table its
+  handler declares (``tables``), inside the store's transaction: the processor refuses a
+  write to any other, so a new table without its grant fails here.
 - SQS operations in ``dead_letter.py`` act on the dead-letter queue, any other on the
   consumer queue; a batch operation needs the single-message action.
 """
@@ -24,6 +26,7 @@ from tests.infrastructure.source_scan import (
     TRANSACTION_ITEM_ACTIONS,
     business_write_kinds,
     calls_on_names_containing,
+    declared_tables,
     operation_uses,
     transaction_item_kinds,
 )
@@ -31,6 +34,7 @@ from tests.infrastructure.source_scan import (
 ROLE = "ConsumerFunctionRole"
 IDEMPOTENCY_STORE = "consumer/idempotency/store.py"
 DEAD_LETTER = "consumer/dead_letter.py"
+COLD_START_CHECKS = "consumer/sdk.py"
 HANDLERS = "consumer/handlers/"
 LOGGING = {"ConsumerLogGroup": {"logs:CreateLogStream", "logs:PutLogEvents"}}
 # Operations present in the code that the function itself never performs: (service, operation) -> where.
@@ -40,10 +44,15 @@ OPERATOR_ONLY = {("dynamodb", "GetItem"): "IdempotencyStore.get"}
 def required_grants(root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
     """IAM actions per stack resource that the code at ``root`` needs."""
     required: dict[str, set[str]] = defaultdict(set)
+    handler_tables = declared_tables(HANDLERS, root)
+    written = {table for tables in handler_tables.values() for table in tables}
     for use in operation_uses(root):
         if OPERATOR_ONLY.get((use.service, use.operation)) == use.function:
             continue
-        if use.service == "dynamodb":
+        if use.service == "dynamodb" and use.module == COLD_START_CHECKS:
+            for table in {"IdempotencyTable", *written}:
+                required[table].add(f"dynamodb:{use.operation}")
+        elif use.service == "dynamodb":
             assert use.module == IDEMPOTENCY_STORE, f"{use}: which table does it act on? Map it in this test."
             if use.operation == "TransactWriteItems":
                 kinds = transaction_item_kinds(IDEMPOTENCY_STORE, root)
@@ -56,8 +65,10 @@ def required_grants(root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
             required[queue].add(f"sqs:{use.operation.removesuffix('Batch')}")
         else:
             raise AssertionError(f"{use}: no resource mapping for {use.service}; add one to this test")
-    for kinds in business_write_kinds(HANDLERS, root).values():
-        required["LedgerTable"].update(f"dynamodb:{TRANSACTION_ITEM_ACTIONS[kind]}" for kind in kinds)
+    for module, kinds in business_write_kinds(HANDLERS, root).items():
+        assert handler_tables.get(module), f"{module} constructs writes but its handler declares no tables"
+        for table in handler_tables[module]:
+            required[table].update(f"dynamodb:{TRANSACTION_ITEM_ACTIONS[kind]}" for kind in kinds)
     return dict(required)
 
 

@@ -1,14 +1,17 @@
-"""The idempotency and ledger tables: the keys and TTL attribute the code relies on."""
+"""The tables: one per table a handler declares, and the keys and TTL attribute the code relies on."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from consumer.config import table_variable
+from consumer.handlers import declared_tables
 from consumer.handlers.base import MessageContext
 from consumer.handlers.payment_received import PaymentReceived, PaymentReceivedHandler
 from consumer.idempotency import store
 from consumer.idempotency.writes import Put
 from tests.infrastructure.lookups import properties, resources_of_type
+from tests.utils import settings_for_tests
 
 
 def _key_schema(table: dict[str, Any]) -> dict[str, tuple[str, str]]:
@@ -17,9 +20,22 @@ def _key_schema(table: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return {key["AttributeName"]: (key["KeyType"], types[key["AttributeName"]]) for key in table["KeySchema"]}
 
 
+def test_each_table_a_handler_declares_is_a_template_table_named_to_the_function(
+    transformed_template: dict[str, Any],
+) -> None:
+    tables = resources_of_type(transformed_template, "AWS::DynamoDB::Table")
+    variables = properties(transformed_template, "ConsumerFunction")["Environment"]["Variables"]
+    for table in ("IdempotencyTable", *declared_tables()):
+        assert table in tables, f"a handler declares {table}: add an AWS::DynamoDB::Table of that name to template.yaml"
+        variable = table_variable(table)
+        assert variables.get(variable) == {"Ref": table}, (
+            f"ConsumerFunction's Environment needs {variable}: !Ref {table}"
+        )
+    assert set(tables) == {"IdempotencyTable", *declared_tables()}, "a table in template.yaml that no handler declares"
+
+
 def test_tables_are_on_demand_and_encrypted_with_kms(transformed_template: dict[str, Any]) -> None:
     tables = resources_of_type(transformed_template, "AWS::DynamoDB::Table")
-    assert set(tables) == {"IdempotencyTable", "LedgerTable"}
     for name, table in tables.items():
         assert table["Properties"]["BillingMode"] == "PAY_PER_REQUEST", name
         assert table["Properties"]["SSESpecification"] == {"SSEEnabled": True}, name
@@ -42,7 +58,7 @@ def test_ledger_table_is_keyed_by_what_the_payment_handler_writes(transformed_te
 
     payment = PaymentReceived(paymentId="p-1", accountId="acc-1", amountCents=100, currency="EUR")
     context = MessageContext(message_id="m-1", idempotency_key="k-1", receive_count=1, remaining_ms=lambda: 1_000)
-    writes = PaymentReceivedHandler("ledger").handle(payment, context).writes
+    writes = PaymentReceivedHandler(settings_for_tests()).handle(payment, context).writes
     assert writes
     for write in writes:
         key = (

@@ -75,7 +75,7 @@ class NaiveConsumer:
         return item is not None
 
     def _credit(self, payment: PaymentReceived, message: Message) -> None:
-        table = self._settings.ledger_table_name
+        table = self._settings.table_names["LedgerTable"]
         self._dynamodb.update_item(
             TableName=table,
             Key={"accountId": {"S": payment.accountId}, "entryId": {"S": "BALANCE"}},
@@ -102,7 +102,7 @@ class NaiveConsumer:
         with urllib.request.urlopen(request, timeout=self._settings.webhook_timeout_ms / 1000):
             pass
         self._dynamodb.put_item(
-            TableName=self._settings.ledger_table_name,
+            TableName=self._settings.table_names["LedgerTable"],
             Item={"accountId": {"S": receipt.accountId}, "entryId": {"S": f"RECEIPT#{receipt.receiptId}"}},
         )
 

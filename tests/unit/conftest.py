@@ -24,7 +24,6 @@ from consumer.idempotency.store import IdempotencyStore
 from testkit.dead_letters import DeadLetter, drain
 from testkit.lambda_sqs import REGION, Remaining
 from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
-from testkit.tables import LEDGER_TABLE as LEDGER
 from testkit.tables import create_template_tables
 from tests.utils import IDEMPOTENCY_TABLE, LEDGER_TABLE, settings_for_tests
 
@@ -56,7 +55,8 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture
 def dynamodb(aws: None) -> Any:
     client = boto3.client("dynamodb", region_name=REGION)
-    create_template_tables(client, {IDEMPOTENCY: IDEMPOTENCY_TABLE, LEDGER: LEDGER_TABLE})
+    # Every table the registered handlers declare, as settings_for_tests names it.
+    create_template_tables(client, {IDEMPOTENCY: IDEMPOTENCY_TABLE, **settings_for_tests().table_names})
     return client
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from consumer import app
+from consumer.config import table_variable
 from consumer.errors import ConfigurationError
 from consumer.outcome import Outcome
 from testkit.aws import DUMMY_CREDENTIALS_ENV
@@ -20,18 +21,27 @@ from testkit.lambda_sqs import LambdaContext, sqs_record
 from testkit.messages import payment_body
 from testkit.template import REPO_ROOT
 from tests.unit.conftest import IDEMPOTENCY_TABLE, LEDGER_TABLE, balance
+from tests.utils import settings_for_tests
 
 
 @pytest.fixture
 def function_env(dynamodb: Any, sqs: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     dlq_url = sqs.create_queue(QueueName="consumer-dlq")["QueueUrl"]
-    monkeypatch.setenv("IDEMPOTENCY_TABLE_NAME", IDEMPOTENCY_TABLE)
-    monkeypatch.setenv("LEDGER_TABLE_NAME", LEDGER_TABLE)
+    for name, value in table_environment().items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("DEAD_LETTER_QUEUE_URL", dlq_url)
     monkeypatch.setenv("MAX_WORKERS", "1")  # moto in process is not thread-safe
     app.build_consumer.cache_clear()
     yield dlq_url
     app.build_consumer.cache_clear()
+
+
+def table_environment() -> dict[str, str]:
+    """The variables naming the function's tables (each a registered handler declares), as the tests name them."""
+    settings = settings_for_tests()
+    return {"IDEMPOTENCY_TABLE_NAME": settings.idempotency_table_name} | {
+        table_variable(table): name for table, name in settings.table_names.items()
+    }
 
 
 def run(event: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -140,20 +150,44 @@ def test_a_runtime_sdk_too_old_for_the_store_fails_the_first_invocation_naming_t
     assert balance(dynamodb, "acc-1") == 0
 
 
-@pytest.mark.parametrize(("ledger_table", "built_at_init"), [(LEDGER_TABLE, 1), ("", 0)])
-def test_in_lambdas_runtime_the_consumer_is_built_at_init_unless_a_setting_fails(
-    ledger_table: str, built_at_init: int
+def test_a_table_that_does_not_exist_fails_the_first_invocation_naming_it_and_its_variable(
+    function_env: str, dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LEDGER_TABLE_NAME", "ledgr")
+    app.build_consumer.cache_clear()
+
+    with pytest.raises(ConfigurationError, match=r"table LedgerTable \(LEDGER_TABLE_NAME='ledgr'\) does not exist"):
+        app.handler({"Records": [sqs_record("a", payment_body("p-1"))]}, LambdaContext())
+
+    # Refused before the payment was looked at: no claim to expire, no record to retry one by one.
+    assert dynamodb.scan(TableName=IDEMPOTENCY_TABLE)["Count"] == 0
+
+
+@pytest.mark.parametrize(
+    ("ledger_table", "tables_exist", "built_at_init"),
+    [(LEDGER_TABLE, True, 1), ("", True, 0), (LEDGER_TABLE, False, 0)],
+)
+def test_in_lambdas_runtime_the_consumer_is_built_at_init_unless_a_setting_or_table_fails(
+    ledger_table: str, tables_exist: bool, built_at_init: int
 ) -> None:
     # A fresh interpreter: Lambda's runtime imports the handler's module once, with its variables set.
     variables = {
         **DUMMY_CREDENTIALS_ENV,
         "PATH": os.environ["PATH"],
-        "PYTHONPATH": str(REPO_ROOT / "src"),
+        "PYTHONPATH": f"{REPO_ROOT / 'src'}{os.pathsep}{REPO_ROOT}",
         "AWS_LAMBDA_FUNCTION_NAME": "ConsumerFunction",
-        "IDEMPOTENCY_TABLE_NAME": IDEMPOTENCY_TABLE,
+        **table_environment(),
         "LEDGER_TABLE_NAME": ledger_table,
         "DEAD_LETTER_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/dlq",
     }
-    script = "from consumer import app; print(app.build_consumer.cache_info().currsize)"
+    settings = settings_for_tests()
+    names = {"IdempotencyTable": settings.idempotency_table_name, **settings.table_names}
+    tables = names if tables_exist else {}
+    script = (
+        "import boto3, moto; moto.mock_aws().start();"
+        " from testkit.tables import create_template_tables;"
+        f" create_template_tables(boto3.client('dynamodb', region_name='us-east-1'), {tables!r});"
+        " from consumer import app; print(app.build_consumer.cache_info().currsize)"
+    )
     answer = subprocess.run([sys.executable, "-c", script], env=variables, capture_output=True, text=True, check=True)
     assert int(answer.stdout.strip().splitlines()[-1]) == built_at_init

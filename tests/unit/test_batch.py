@@ -18,6 +18,7 @@ from testkit.lambda_sqs import FIFO_QUEUE_ARN, Remaining, sqs_record
 from testkit.messages import payment_body, receipt_body
 from testkit.webhook import Answer, WebhookSink
 from tests.unit.conftest import LEDGER_TABLE, Clock, Consumer, balance, ledger_entries, make_consumer
+from tests.utils import settings_for_tests
 
 
 @pytest.fixture
@@ -328,8 +329,10 @@ class TakenOverHandler(MessageHandler[Empty]):
     event_type: ClassVar[str] = "Slow"
     mode: ClassVar[Mode] = Mode.LOCK
     payload_model: ClassVar[type[BaseModel]] = Empty
+    tables: ClassVar[tuple[str, ...]] = ("LedgerTable",)
 
     def __init__(self, clock: Clock, take_over: Any) -> None:
+        super().__init__(settings_for_tests())
         self.clock = clock
         self.take_over = take_over
         self.usurper: Claimed | None = None
@@ -345,7 +348,7 @@ def empty_body(event_type: str, key: str) -> str:
 
 
 def test_an_unexpected_handler_error_is_retried_and_the_others_applied(dynamodb: Any, sqs: Any, clock: Clock) -> None:
-    consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={"Explode": ExplodingHandler()})
+    consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={"Explode": ExplodingHandler(settings_for_tests())})
 
     failed = consumer.failed_ids([sqs_record("boom", empty_body("Explode", "k")), sqs_record("ok", payment_body("p"))])
 
@@ -385,7 +388,7 @@ def test_transient_errors_raised_by_a_handler_are_retried(dynamodb: Any, sqs: An
         def handle(self, payload: Empty, context: MessageContext) -> Effect:
             raise TransientError("downstream busy")
 
-    consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={"Flaky": Flaky()})
+    consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={"Flaky": Flaky(settings_for_tests())})
 
     assert consumer.failed_ids([sqs_record("f", empty_body("Flaky", "k"))]) == ["f"]
     assert consumer.store.get("Flaky#k") is None
@@ -401,7 +404,7 @@ def test_exception_text_reaches_the_logs_bounded_and_without_what_sqs_refuses(
             # What a downstream or a field name could put into an exception's text.
             raise TransientError("field \x00\x08 " + "x" * 50_000)
 
-    consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={"Chatty": Chatty()})
+    consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={"Chatty": Chatty(settings_for_tests())})
 
     (result,) = consumer.batch.process([sqs_record("c", empty_body("Chatty", "k"))], consumer.remaining).results
 

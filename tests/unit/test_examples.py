@@ -1,14 +1,19 @@
-"""The README's handler example is a real file; it runs here as a user would register it."""
+"""The README's handler examples are real files; they run here as a user would register them."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import yaml
+
+from examples.inventory_reserved import InventoryReservedHandler
 from examples.refund_issued import RefundIssuedHandler
 from testkit.lambda_sqs import sqs_record
 from testkit.messages import payment_body
-from tests.unit.conftest import LEDGER_TABLE, Clock, balance, make_consumer
+from testkit.tables import create_table
+from tests.unit.conftest import Clock, balance, make_consumer
+from tests.utils import readme_checklist, settings_for_tests
 
 
 def refund(refund_id: str, amount: int) -> str:
@@ -17,7 +22,9 @@ def refund(refund_id: str, amount: int) -> str:
 
 
 def test_the_example_refund_handler_debits_once_and_refuses_an_overdraft(dynamodb: Any, sqs: Any, clock: Clock) -> None:
-    consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={"RefundIssued": RefundIssuedHandler(LEDGER_TABLE)})
+    consumer = make_consumer(
+        dynamodb, sqs, clock, extra_handlers={"RefundIssued": RefundIssuedHandler(settings_for_tests())}
+    )
     consumer.process([sqs_record("pay", payment_body("p-1", amount=1000))])
 
     failed = consumer.failed_ids(
@@ -33,3 +40,39 @@ def test_the_example_refund_handler_debits_once_and_refuses_an_overdraft(dynamod
     dead = consumer.dead_letters()
     assert [letter.error_type for letter in dead] == ["BusinessConditionFailed"]
     assert "balance of account acc-1 below the refund of 5000 cents" in (dead[0].error_message or "")
+
+
+def reservation(reservation_id: str, quantity: int, key: str | None = None) -> str:
+    payload = {"reservationId": reservation_id, "sku": "sku-1", "quantity": quantity}
+    metadata = {"idempotencyKey": key or reservation_id}
+    return json.dumps({"eventType": "InventoryReserved", "metadata": metadata, "payload": payload})
+
+
+def test_the_example_inventory_handler_reserves_once_and_never_below_zero(
+    dynamodb: Any, sqs: Any, clock: Clock
+) -> None:
+    # The table exactly as README's checklist adds it to template.yaml.
+    _, table, _, _ = readme_checklist()
+    create_table(dynamodb, "inventory", yaml.safe_load(table)["InventoryTable"]["Properties"])
+    stock = {"sku": {"S": "sku-1"}, "entryId": {"S": "STOCK"}}
+    dynamodb.put_item(TableName="inventory", Item={**stock, "stock": {"N": "5"}})
+    settings = settings_for_tests(table_names={"InventoryTable": "inventory"})
+    consumer = make_consumer(
+        dynamodb, sqs, clock, extra_handlers={"InventoryReserved": InventoryReservedHandler(settings)}
+    )
+
+    failed = consumer.failed_ids(
+        [
+            sqs_record("r1", reservation("r-1", 2)),
+            sqs_record("r1-again", reservation("r-1", 2)),
+            sqs_record("r1-other-key", reservation("r-1", 2, key="k-other")),
+            sqs_record("too-many", reservation("r-2", 4)),
+        ]
+    )
+
+    assert failed == []
+    item = dynamodb.get_item(TableName="inventory", Key=stock, ConsistentRead=True)["Item"]
+    assert item["stock"] == {"N": "3"}
+    letters = {letter.original_message_id: letter.error_message or "" for letter in consumer.dead_letters()}
+    assert set(letters) == {"r1-other-key", "too-many"}
+    assert "stock of sku-1 below the 4 asked" in letters["too-many"]

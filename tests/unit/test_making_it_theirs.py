@@ -1,7 +1,9 @@
-"""The README's way to add a handler, followed to the letter on a copy of the project.
+"""README's "A handler with its own table", followed to the letter on copies of the project.
 
-"Copy examples/refund_issued.py to src/consumer/handlers/ and register it in build_handlers":
-after that the project's own tests must still pass, and the new event type must be applied.
+With every step the tests a new handler and table can break pass, and the handler is routed
+with its table named; with one step left out or mistyped, the test that README names fails,
+saying what is missing. The steps' text (the registration, the table, its variable, its
+grant) is read from README itself.
 """
 
 from __future__ import annotations
@@ -12,9 +14,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.utils import readme_checklist
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# The tests a registered handler can break: routing, the registry check, the example itself.
-_SUITE = ["tests/unit/test_batch.py", "tests/unit/test_handler_registry.py", "tests/unit/test_examples.py"]
+# What a handler with its own table touches: routing, settings, the function's start, the template's
+# tables, environment and grants, and the examples (which build the README's table).
+_SUITE = [
+    "tests/unit/test_handler_registry.py",
+    "tests/unit/test_settings.py",
+    "tests/unit/test_app.py",
+    "tests/unit/test_examples.py",
+    "tests/infrastructure/test_tables.py",
+    "tests/infrastructure/test_function.py",
+    "tests/infrastructure/test_iam_matches_code.py",
+]
+_REGISTRATION, _TABLE, _VARIABLE, _GRANT = range(4)
 
 
 def _copy_of_the_project(target: Path) -> None:
@@ -27,39 +43,65 @@ def _copy_of_the_project(target: Path) -> None:
             shutil.copy(source, target / name)
 
 
-def _register_the_example(project: Path) -> None:
+def _insert(path: Path, anchor: str, text: str, *, after: bool) -> None:
+    content = path.read_text()
+    assert content.count(anchor) == 1, f"{anchor!r} moved in {path.name}: update README's checklist and this test"
+    path.write_text(content.replace(anchor, anchor + text if after else text + anchor))
+
+
+def _follow(project: Path, skip: int | None = None, typo: tuple[str, str] | None = None) -> None:
+    """README's steps on ``project``, but ``skip`` (a step's block), and ``typo`` replaced in the variable."""
+    steps = readme_checklist()
+    if typo:
+        steps[_VARIABLE] = steps[_VARIABLE].replace(*typo)
     handlers = project / "src" / "consumer" / "handlers"
-    shutil.copy(project / "examples" / "refund_issued.py", handlers / "refund_issued.py")
-    registry = handlers / "__init__.py"
-    text = registry.read_text()
-    last_import = "from consumer.handlers.receipt_requested import ReceiptRequestedHandler\n"
-    last_handler = "        ReceiptRequestedHandler("
-    assert last_import in text and last_handler in text, "build_handlers changed shape: update this test and README"
-    text = text.replace(last_import, last_import + "from consumer.handlers.refund_issued import RefundIssuedHandler\n")
-    text = text.replace(last_handler, "        RefundIssuedHandler(settings.ledger_table_name),\n" + last_handler)
-    registry.write_text(text)
+    shutil.copy(project / "examples" / "inventory_reserved.py", handlers / "inventory_reserved.py")
+    if skip != _REGISTRATION:
+        # The import, then the whole HANDLERS statement that replaces the registry's.
+        import_line, handlers_statement = steps[_REGISTRATION].strip().split("\n", 1)
+        registry = handlers / "__init__.py"
+        lines = registry.read_text().splitlines(keepends=True)
+        (start,) = [i for i, line in enumerate(lines) if line.startswith("HANDLERS:")]
+        end = start if not lines[start].rstrip().endswith("(") else lines.index(")\n", start)
+        lines[start : end + 1] = [handlers_statement.strip() + "\n"]
+        last_import = max(i for i, line in enumerate(lines) if line.startswith("from consumer.handlers."))
+        lines.insert(last_import + 1, import_line + "\n")
+        registry.write_text("".join(lines))
+    template = project / "template.yaml"
+    if skip != _TABLE:
+        _insert(template, "\nResources:\n", steps[_TABLE] + "\n", after=True)
+    if skip != _VARIABLE:
+        _insert(template, "          LEDGER_TABLE_NAME: !Ref LedgerTable\n", steps[_VARIABLE], after=True)
+    if skip != _GRANT:
+        _insert(template, "              - Sid: ApplyLedgerWrites\n", steps[_GRANT], after=False)
 
 
-def test_the_example_handler_registered_as_the_readme_says_keeps_the_suite_green(tmp_path: Path) -> None:
-    _copy_of_the_project(tmp_path)
-    _register_the_example(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *_SUITE],
-        cwd=tmp_path,
+def _pytest(project: Path, tests: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-x", *tests],
+        cwd=project,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
         capture_output=True,
         text=True,
         timeout=240,
         check=False,
     )
+
+
+def test_a_handler_with_its_own_table_added_as_the_readme_says_passes_and_is_routed(tmp_path: Path) -> None:
+    _copy_of_the_project(tmp_path)
+    _follow(tmp_path)
+
+    done = _pytest(tmp_path, _SUITE)
+
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    # The registry test saw the new file registered (not an empty scan of the original tree).
-    registered = subprocess.run(
+    # The copy's registry routes the new type, with the table the tests name for it.
+    routed = subprocess.run(
         [
             sys.executable,
             "-c",
             "from consumer.handlers import build_handlers; import tests.utils as u;"
-            " print(sorted(build_handlers(u.settings_for_tests())))",
+            " print(build_handlers(u.settings_for_tests())['InventoryReserved'].table_names)",
         ],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": f"{tmp_path / 'src'}{os.pathsep}{tmp_path}"},
@@ -68,4 +110,26 @@ def test_the_example_handler_registered_as_the_readme_says_keeps_the_suite_green
         timeout=60,
         check=True,
     )
-    assert "RefundIssued" in registered.stdout
+    assert routed.stdout.strip() == "{'InventoryTable': 'inventory'}"
+
+
+@pytest.mark.parametrize(
+    ("skip", "typo", "caught_by", "said"),
+    [
+        (_REGISTRATION, None, "tests/unit/test_handler_registry.py", "register each handler file"),
+        (_GRANT, None, "tests/infrastructure/test_iam_matches_code.py", "InventoryTable"),
+        (None, ("INVENTORY_", "INVENTRY_"), "tests/infrastructure/test_tables.py", "INVENTORY_TABLE_NAME"),
+        (_VARIABLE, None, "tests/infrastructure/test_function.py", "INVENTORY_TABLE_NAME"),
+    ],
+    ids=["unregistered-file", "missing-grant", "mistyped-variable", "missing-variable"],
+)
+def test_each_step_left_out_fails_the_test_the_readme_names(
+    tmp_path: Path, skip: int | None, typo: tuple[str, str] | None, caught_by: str, said: str
+) -> None:
+    _copy_of_the_project(tmp_path)
+    _follow(tmp_path, skip=skip, typo=typo)
+
+    done = _pytest(tmp_path, [caught_by])
+
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
+    assert said in done.stdout, done.stdout[-4000:]

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from consumer.config import Settings
+from consumer.config import Settings, table_variable
 from consumer.errors import ConfigurationError
 from consumer.idempotency.lease import lease_duration
 
 REQUIRED = {"IDEMPOTENCY_TABLE_NAME": "i", "LEDGER_TABLE_NAME": "l", "DEAD_LETTER_QUEUE_URL": "https://q"}
+TABLES = ("LedgerTable",)
 
 
 def test_defaults_apply_when_only_the_required_variables_are_set() -> None:
-    settings = Settings.from_env(REQUIRED)
+    settings = Settings.from_env(REQUIRED, tables=TABLES)
 
     assert settings.idempotency_table_name == "i"
     assert settings.idempotency_ttl_seconds == 7 * 24 * 3600
@@ -20,7 +21,7 @@ def test_defaults_apply_when_only_the_required_variables_are_set() -> None:
 
 
 def test_tuning_variables_override_the_defaults() -> None:
-    settings = Settings.from_env({**REQUIRED, "IDEMPOTENCY_TTL_SECONDS": "60", "MAX_WORKERS": "4"})
+    settings = Settings.from_env({**REQUIRED, "IDEMPOTENCY_TTL_SECONDS": "60", "MAX_WORKERS": "4"}, tables=TABLES)
 
     assert settings.idempotency_ttl_seconds == 60
     assert settings.max_workers == 4
@@ -31,7 +32,7 @@ def test_a_missing_required_variable_is_named_in_the_error(missing: str) -> None
     env = {name: value for name, value in REQUIRED.items() if name != missing}
 
     with pytest.raises(ConfigurationError, match=missing):
-        Settings.from_env(env)
+        Settings.from_env(env, tables=TABLES)
 
 
 @pytest.mark.parametrize(
@@ -39,14 +40,12 @@ def test_a_missing_required_variable_is_named_in_the_error(missing: str) -> None
 )
 def test_an_invalid_number_is_refused_with_its_name(raw: str, message: str) -> None:
     with pytest.raises(ConfigurationError, match=f"IDEMPOTENCY_TTL_SECONDS .*{message}"):
-        Settings.from_env({**REQUIRED, "IDEMPOTENCY_TTL_SECONDS": raw})
+        Settings.from_env({**REQUIRED, "IDEMPOTENCY_TTL_SECONDS": raw}, tables=TABLES)
 
 
 def test_an_unknown_setting_name_cannot_slip_in_through_the_model() -> None:
     with pytest.raises(ValueError, match="lease_max"):
-        Settings.model_validate(
-            {"idempotency_table_name": "i", "ledger_table_name": "l", "dead_letter_queue_url": "q", "lease_max": 5}
-        )
+        Settings.model_validate({"idempotency_table_name": "i", "dead_letter_queue_url": "q", "lease_max": 5})
 
 
 @pytest.mark.parametrize(
@@ -60,11 +59,11 @@ def test_an_unknown_setting_name_cannot_slip_in_through_the_model() -> None:
 )
 def test_settings_that_cannot_work_together_are_refused_with_their_names(overrides: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigurationError, match=named):
-        Settings.from_env({**REQUIRED, **overrides})
+        Settings.from_env({**REQUIRED, **overrides}, tables=TABLES)
 
 
 def test_the_defaults_satisfy_every_cross_field_rule() -> None:
-    settings = Settings.from_env(REQUIRED)
+    settings = Settings.from_env(REQUIRED, tables=TABLES)
 
     assert settings.lease_min_ms <= settings.lease_max_ms
     assert settings.lease_margin_ms <= settings.deadline_margin_ms
@@ -87,3 +86,21 @@ def test_the_lease_follows_the_remaining_time_within_bounds(remaining_ms: int, e
 def test_a_lease_floor_of_zero_is_refused() -> None:
     with pytest.raises(ValueError, match="min_ms"):
         lease_duration(30_000, margin_ms=0, min_ms=0, max_ms=1_000)
+
+
+def test_each_declared_table_is_read_from_the_variable_named_after_it() -> None:
+    settings = Settings.from_env(
+        {**REQUIRED, "INVENTORY_TABLE_NAME": "inv-1"}, tables=("LedgerTable", "InventoryTable")
+    )
+
+    assert settings.table_names == {"LedgerTable": "l", "InventoryTable": "inv-1"}
+    assert table_variable("IdempotencyTable") == "IDEMPOTENCY_TABLE_NAME"
+    assert table_variable("SKU2Table") == "SKU2_TABLE_NAME"
+
+
+def test_a_declared_table_without_its_variable_is_named_with_the_table() -> None:
+    # A mistyped variable in the template leaves the one the handler's table needs unset.
+    env = {**REQUIRED, "INVENTRY_TABLE_NAME": "inv-1"}
+
+    with pytest.raises(ConfigurationError, match=r"INVENTORY_TABLE_NAME \(table InventoryTable\)"):
+        Settings.from_env(env, tables=("LedgerTable", "InventoryTable"))

@@ -9,17 +9,16 @@ from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.handlers.payment_received import PaymentReceivedHandler
 from consumer.handlers.receipt_requested import ReceiptRequestedHandler
 
-__all__ = ["Effect", "MessageContext", "MessageHandler", "Mode", "build_handlers"]
+__all__ = ["HANDLERS", "Effect", "MessageContext", "MessageHandler", "Mode", "build_handlers", "declared_tables"]
+
+# Add yours here; a handler file left out fails tests/unit/test_handler_registry.py.
+HANDLERS: tuple[type[MessageHandler[Any]], ...] = (PaymentReceivedHandler, ReceiptRequestedHandler)
+
+
+def declared_tables() -> tuple[str, ...]:
+    """The tables the registered handlers write, each once: what the function must be able to reach."""
+    return tuple(dict.fromkeys(table for handler in HANDLERS for table in handler.tables))
 
 
 def build_handlers(settings: Settings) -> dict[str, MessageHandler[Any]]:
-    handlers: list[MessageHandler[Any]] = [
-        PaymentReceivedHandler(settings.ledger_table_name),
-        ReceiptRequestedHandler(
-            settings.ledger_table_name,
-            settings.receipt_webhook_url,
-            settings.webhook_timeout_ms,
-            settings.webhook_secret_arn,
-        ),
-    ]
-    return {handler.event_type: handler for handler in handlers}
+    return {handler.event_type: handler(settings) for handler in HANDLERS}

@@ -1,8 +1,8 @@
 """What a business handler is: a payload model, a mode, and one method.
 
 Write your own in one file: subclass ``MessageHandler``, set ``event_type``,
-``mode`` and ``payload_model``, implement ``handle``, and register it in
-``consumer.handlers.build_handlers``.
+``mode``, ``payload_model`` and ``tables``, implement ``handle``, and add the class to
+``consumer.handlers.HANDLERS``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from consumer.config import Settings
 from consumer.idempotency.writes import Write
 
 
@@ -51,6 +52,15 @@ class MessageHandler(ABC, Generic[PayloadT]):
     event_type: ClassVar[str]
     mode: ClassVar[Mode]
     payload_model: ClassVar[type[BaseModel]]
+    # The DynamoDB tables its writes target, by their logical ids in template.yaml: the one place a
+    # handler says what it needs. Each reaches the function as a variable named after it
+    # (``consumer.config.table_variable``: LedgerTable -> LEDGER_TABLE_NAME); the infrastructure tests
+    # check that variable and the role's grants for each, and a write to any other table is refused.
+    tables: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, settings: Settings) -> None:
+        # Each declared table's deployed name; a handler writes ``self.table_names["LedgerTable"]``.
+        self.table_names: dict[str, str] = {table: settings.table_names[table] for table in self.tables}
 
     @abstractmethod
     def handle(self, payload: PayloadT, context: MessageContext) -> Effect:

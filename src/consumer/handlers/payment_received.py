@@ -33,17 +33,16 @@ class PaymentReceivedHandler(MessageHandler[PaymentReceived]):
     event_type: ClassVar[str] = "PaymentReceived"
     mode: ClassVar[Mode] = Mode.OPTIMISTIC
     payload_model: ClassVar[type[BaseModel]] = PaymentReceived
-
-    def __init__(self, ledger_table: str) -> None:
-        self._table = ledger_table
+    tables: ClassVar[tuple[str, ...]] = ("LedgerTable",)
 
     def contention_key(self, payload: PaymentReceived) -> str:
         # Every payment to an account updates its BALANCE item.
-        return f"{self._table}/{payload.accountId}"
+        return f"LedgerTable/{payload.accountId}"
 
     def handle(self, payload: PaymentReceived, context: MessageContext) -> Effect:
+        ledger = self.table_names["LedgerTable"]
         credit = Update(
-            table=self._table,
+            table=ledger,
             key={"accountId": payload.accountId, "entryId": "BALANCE"},
             expression="ADD balanceCents :amount SET #currency = if_not_exists(#currency, :currency)",
             # An account holds one currency; crediting another is refused, not converted.
@@ -52,7 +51,7 @@ class PaymentReceivedHandler(MessageHandler[PaymentReceived]):
             values={":amount": payload.amountCents, ":currency": payload.currency},
         )
         entry = Put(
-            table=self._table,
+            table=ledger,
             item={
                 "accountId": payload.accountId,
                 "entryId": f"PAYMENT#{payload.paymentId}",

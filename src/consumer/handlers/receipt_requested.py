@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from consumer.config import Settings
 from consumer.errors import ConfigurationError, TransientError
 from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import Put
@@ -36,15 +37,16 @@ class ReceiptRequestedHandler(MessageHandler[ReceiptRequested]):
     event_type: ClassVar[str] = "ReceiptRequested"
     mode: ClassVar[Mode] = Mode.LOCK
     payload_model: ClassVar[type[BaseModel]] = ReceiptRequested
+    tables: ClassVar[tuple[str, ...]] = ("LedgerTable",)
 
-    def __init__(self, ledger_table: str, webhook_url: str, timeout_ms: int, secret_arn: str = "") -> None:
-        self._table = ledger_table
-        self._timeout_ms = timeout_ms
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self._timeout_ms = settings.webhook_timeout_ms
         self._client: WebhookClient | None = None
-        if not webhook_url:
+        if not settings.receipt_webhook_url:
             return
-        key = SigningKey(secret_arn) if secret_arn else None
-        self._client = WebhookClient(webhook_url, "RECEIPT_WEBHOOK_URL", signing_key=key)
+        key = SigningKey(settings.webhook_secret_arn) if settings.webhook_secret_arn else None
+        self._client = WebhookClient(settings.receipt_webhook_url, "RECEIPT_WEBHOOK_URL", signing_key=key)
         if key is None and self._client.leaves_host:
             # Unsigned, a receiver could not tell this function's receipts from anyone's.
             raise ConfigurationError("RECEIPT_WEBHOOK_URL beyond loopback needs WEBHOOK_SECRET_ARN to sign its calls")
@@ -57,7 +59,7 @@ class ReceiptRequestedHandler(MessageHandler[ReceiptRequested]):
         body = json.dumps(payload.model_dump(mode="json")).encode("utf-8")
         status = self._client.post(body, context.idempotency_key, deadline_s)
         entry = Put(
-            table=self._table,
+            table=self.table_names["LedgerTable"],
             item={
                 "accountId": payload.accountId,
                 "entryId": f"RECEIPT#{payload.receiptId}",
