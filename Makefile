@@ -106,7 +106,7 @@ run: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [local stack] start the l
 	@$(LOCAL) run $(ARGS)
 
 .PHONY: send
-send: venv ## [local stack] push messages to the running stack: ARGS="--count 100 --duplicates 0.2" or ARGS="--file events/x.json"
+send: venv ## [local stack] push messages to the running stack: ARGS="--count 100 --duplicates 0.2", ARGS="--type T --payload '<json>'", "--bodies FILE" or "--file events/x.json"
 	@$(LOCAL) send $(ARGS)
 
 .PHONY: invoke

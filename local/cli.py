@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from local import rehearse, smoke, state
 from local.demo import run_demo
-from local.event_files import EventFileError, load_event, messages_from_event
+from local.event_files import EventFileError, load_event, messages_from_bodies, messages_from_event
 from local.function_output import command_output
 from local.poller import BatchReport
 from local.session import FUNCTION_LOG, running_stack
@@ -27,14 +27,16 @@ from testkit.aws import DUMMY_CREDENTIALS_ENV, client
 from testkit.invocation import Invocation
 from testkit.lambda_runtime import EmulatorExited, LambdaFleet, RuntimeStartError
 from testkit.lambda_venv import LambdaPythonMissing, LambdaVenvError
+from testkit.tables import LEDGER_TABLE
 from testkit.webhook import WebhookSink
 
-NOT_RUNNING = "no local stack is running: start one with `make run` (in another terminal)"
 FIFO_HELP = "deploy with QueueType=fifo (a FIFO queue and DLQ, one message group per account)"
 MEMORY_HELP = "the function's MemorySize instead of the template's (its CPU share follows: 1769 MB = 1 vCPU)"
 # A runtime that cannot start says why in one line; nothing it started is left running.
 RUNTIME_ERRORS = (RuntimeStartError, EmulatorExited, LambdaPythonMissing, LambdaVenvError, EventFileError)
 EXAMPLE_BODY = messages.payment("pay-2024-000017", "p-17", "acc-1", 1250).body
+# An account's balance as PaymentReceived keeps it: enough for examples/refund_issued.py to debit.
+EXAMPLE_ITEM = '{"accountId":{"S":"acc-1"},"entryId":{"S":"BALANCE"},"balanceCents":{"N":"5000"}}'
 
 
 def _parameters(pairs: list[str], *, fifo: bool = False) -> dict[str, str]:
@@ -50,9 +52,8 @@ def _parameters(pairs: list[str], *, fifo: bool = False) -> dict[str, str]:
 
 
 def _running() -> state.StackState:
-    running = state.read()
-    if running is None:
-        raise SystemExit(NOT_RUNNING)
+    if (running := state.read()) is None:
+        raise SystemExit("no local stack is running: start one with `make run` (in another terminal)")
     return running
 
 
@@ -61,8 +62,10 @@ def _running() -> state.StackState:
 
 def _banner(stack: DeployedStack, sink: WebhookSink, pollers: int) -> str:
     credentials = " ".join(f"{name}={value}" for name, value in DUMMY_CREDENTIALS_ENV.items() if name != "AWS_REGION")
+    aws = f"{credentials} \\\n    .venv/bin/aws"
+    dynamodb = f"--endpoint-url {stack.servers.dynamodb_endpoint_url} --table-name {stack.table_name(LEDGER_TABLE)}"
     send_cli = (
-        f"{credentials} \\\n    .venv/bin/aws sqs send-message --endpoint-url {stack.servers.sqs_endpoint_url} \\\n"
+        f"{aws} sqs send-message --endpoint-url {stack.servers.sqs_endpoint_url} \\\n"
         f"    --queue-url {stack.queue.url} \\\n    --message-body {shlex.quote(EXAMPLE_BODY)}"
     )
     if stack.queue.fifo:
@@ -87,9 +90,13 @@ one execution environment per poller, {_cpu_line(stack)}
 
 Push messages from another terminal:
   make send ARGS="--count 100 --duplicates 0.2 --type PaymentReceived"
-  make send ARGS="--file events/payment-single.json"
+  make send ARGS="--type InventoryReserved --payload '{{\\"sku\\":\\"sku-1\\",\\"quantity\\":2}}'"
+  make send ARGS="--file events/payment-single.json"   (or --bodies FILE: one JSON body per line)
   {send_cli}
 Then: make dlq | make redrive | make invoke EVENT=events/payment-single.json
+Inspect and seed any table the same way (all in memory: `make run` starts empty and loses everything at exit):
+  {aws} dynamodb scan {dynamodb}
+  {aws} dynamodb put-item {dynamodb} --item {shlex.quote(EXAMPLE_ITEM)}
 """
 
 
@@ -145,12 +152,30 @@ def cmd_run(args: argparse.Namespace) -> int:
 _GENERATED = {"PaymentReceived": messages.payments, "ReceiptRequested": messages.receipts}
 
 
+def _refuse(why: str) -> NoReturn:
+    """A send that cannot be made as asked: one line, nothing sent, argparse's status for a bad argument."""
+    print(f"error: {why}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _generated(args: argparse.Namespace) -> list[messages.Outgoing]:
     rng = random.Random(args.seed)
-    if args.type == "poison":
-        originals = messages.poison(max(1, args.count // 3))  # one of each kind per 3
+    count = args.count if args.count is not None else 1 if args.payload is not None else 10
+    if args.payload is not None:
+        try:
+            payload = json.loads(args.payload)
+        except ValueError as error:
+            _refuse(f'--payload is not JSON ({error}); with make: ARGS="... --payload \'{{\\"sku\\":1}}\'"')
+        keys = [args.key or f"{args.prefix}-{time.time_ns()}-{n}" for n in range(count)]
+        originals = [messages.Outgoing(messages.envelope(args.type, key, payload), "custom", key) for key in keys]
+    elif args.key is not None:
+        _refuse("--key goes with --payload (the generated kinds make their own keys)")
+    elif args.type == "poison":
+        originals = messages.poison(max(1, count // 3))  # one of each kind per 3
+    elif args.type in _GENERATED:
+        originals = _GENERATED[args.type](count, args.accounts, rng, prefix=f"{args.prefix}-{int(time.time())}")
     else:
-        originals = _GENERATED[args.type](args.count, args.accounts, rng, prefix=f"{args.prefix}-{int(time.time())}")
+        _refuse(f"--type {args.type} needs --payload (make send generates only {', '.join(_GENERATED)} and poison)")
     sent = messages.with_resends(originals, args.duplicates, rng)
     if args.tenants:
         # A fair queue's tenant is the producer's MessageGroupId on a standard queue.
@@ -159,19 +184,24 @@ def _generated(args: argparse.Namespace) -> list[messages.Outgoing]:
 
 
 def cmd_send(args: argparse.Namespace) -> int:
+    if args.file:
+        outgoing = messages_from_event(Path(args.file))
+    elif args.bodies:
+        outgoing = messages_from_bodies(Path(args.bodies))
+    else:
+        outgoing = _generated(args)
     running = _running()
-    outgoing = messages_from_event(Path(args.file)) if args.file else _generated(args)
     sqs = client("sqs", running.sqs_endpoint_url)
     ids = messages.send_all(sqs, running.queue_url, outgoing)
-    if args.file:
-        print(f"sent the {len(ids)} record(s) of {args.file} to {running.queue_url}")
+    if len(ids) <= 10:
+        print("message id(s):", *ids)  # as the function's logs and make dlq name them
+    if args.file or args.bodies:
+        print(f"sent the {len(ids)} message(s) of {args.file or args.bodies} to {running.queue_url}")
         return 0
     keys = {message.key for message in outgoing if message.key}
     print(f"sent {len(ids)} message(s) to {running.queue_url} ({len(keys)} distinct idempotency keys)")
-    if args.type == "PaymentReceived":
-        balances = messages.expected_balances(outgoing)
-        total = sum(balances.values())
-        print(f"they credit {len(balances)} account(s) with {total} cents in total, each payment once")
+    if balances := messages.expected_balances(outgoing):
+        print(f"they credit {len(balances)} account(s) with {sum(balances.values())} cents in total, each payment once")
     return 0
 
 
@@ -257,14 +287,18 @@ def parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=cmd_run)
 
     send = commands.add_parser("send", help="push messages to the running stack")
-    send.add_argument("--count", type=int, default=10)
+    send.add_argument("--count", type=int, default=None, help="messages to send (default 10, 1 with --payload)")
     send.add_argument("--duplicates", type=float, default=0.0, help="fraction resent by the producer")
-    send.add_argument("--type", choices=["PaymentReceived", "ReceiptRequested", "poison"], default="PaymentReceived")
+    send.add_argument("--type", default="PaymentReceived", help="the eventType (any, with --payload)")
+    send.add_argument("--key", help="the idempotency key of every message (default: a new one each)")
     send.add_argument("--accounts", type=int, default=5)
     send.add_argument("--seed", type=int, default=None)
     send.add_argument("--prefix", default="send", help="idempotency keys start with this")
     send.add_argument("--tenants", type=int, default=0, help="spread the messages over N fair-queue tenants")
-    send.add_argument("--file", help="send the records of an SQS event file (events/*.json) instead")
+    source = send.add_mutually_exclusive_group()
+    source.add_argument("--payload", metavar="JSON", help="send --type with this payload in the usual envelope")
+    source.add_argument("--file", help="send the records of an SQS event file (events/*.json) instead")
+    source.add_argument("--bodies", metavar="FILE", help="send each line of FILE (a JSON body) as it is")
     send.set_defaults(handler=cmd_send)
 
     invoke = commands.add_parser("invoke", help="run the handler once on an event file")

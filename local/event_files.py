@@ -1,4 +1,4 @@
-"""Sample events (``events/*.json``, Lambda's SQS event shape) turned back into messages to send."""
+"""Files turned into messages to send: SQS events (``events/*.json``) and bodies files (one body a line)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from testkit.messages import Outgoing
 
 
 class EventFileError(ValueError):
-    """An event file that is missing or is not an SQS event: one line saying which and why."""
+    """A file to send or invoke that is missing or malformed: one line saying which and why."""
 
 
 def load_event(path: Path) -> dict[str, Any]:
@@ -50,3 +50,18 @@ def messages_from_event(path: Path) -> list[Outgoing]:
         )
         for record in load_event(path)["Records"]
     ]
+
+
+def messages_from_bodies(path: Path) -> list[Outgoing]:
+    """One message per line that is not blank, its body the line as written; one bad line and none is sent."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError) as error:
+        raise EventFileError(f"{path} cannot be read: {error}") from None
+    for number, line in enumerate(lines, 1):
+        try:
+            if line.strip():
+                json.loads(line)
+        except ValueError as error:
+            raise EventFileError(f"{path} line {number} is not a JSON body: {error}") from None
+    return [Outgoing(body=line, kind="from-file") for line in lines if line.strip()]

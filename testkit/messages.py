@@ -62,7 +62,7 @@ class Outgoing:
     """One message to send, and what it should come to."""
 
     body: str
-    kind: str  # "payment", "receipt", "poison" or "from-file"
+    kind: str  # "payment", "receipt", "poison", "custom" (make send --payload) or "from-file"
     key: str | None = None
     # What the consumer should dead-letter it for, for poison.
     expected_error: ErrorType | None = None

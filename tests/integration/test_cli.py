@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from consumer.envelope import KeySource, parse_message
+from local import state
+from testkit import dead_letters
 from testkit.processes import alive
+from testkit.servers import LocalServers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # As the Makefile runs the commands: the local stack's message builders use the consumer's names.
@@ -68,27 +72,32 @@ def test_run_then_send_dlq_redrive_and_ctrl_c_leaves_nothing(tmp_path: Path) -> 
         assert "sent " in sent.stdout
         poison = _local(tmp_path, "send", "--type", "poison", "--count", "3")
         assert poison.returncode == 0, poison.stderr
+        # A type no handler takes yet, as a user pushes one before registering its handler.
+        custom = _local(tmp_path, "send", "--type", "InventoryReserved", "--payload", '{"sku": "sku-1"}')
+        assert custom.returncode == 0, custom.stderr
+        custom_id = custom.stdout.split("message id(s): ")[1].split()[0]
 
         def dead_lettered() -> int:
             listed = _local(tmp_path, "dlq")
             assert listed.returncode == 0, listed.stderr
             return int(listed.stdout.split()[0])
 
-        _wait_for(lambda: dead_lettered() == 3, 60, "three dead letters")
+        _wait_for(lambda: dead_lettered() == 4, 60, "four dead letters")
         listing = _local(tmp_path, "dlq").stdout
+        assert f"- {custom_id} (in the DLQ as " in listing
         assert {"ErrorType: InvalidJson", "ErrorType: SchemaViolation", "ErrorType: UnknownEventType"} <= {
             line.strip() for line in listing.splitlines()
         }
         # Each listed under the id it was sent with (the consumer's logs name it), its DLQ copy's id beside it.
         originals = [line.split()[1] for line in listing.splitlines() if "(in the DLQ as " in line]
         copies = [line.split()[-1].rstrip(")") for line in listing.splitlines() if "(in the DLQ as " in line]
-        assert len(originals) == 3 and not set(originals) & set(copies), listing
+        assert len(originals) == 4 and not set(originals) & set(copies), listing
 
         moved = _local(tmp_path, "redrive")
         assert moved.returncode == 0, moved.stderr
-        assert moved.stdout.startswith("moved 3 ")
+        assert moved.stdout.startswith("moved 4 ")
         # Still poison: the pollers dead-letter them again.
-        _wait_for(lambda: dead_lettered() == 3, 60, "the redriven poison to come back")
+        _wait_for(lambda: dead_lettered() == 4, 60, "the redriven poison to come back")
 
         assert state["queue_url"].startswith(state["sqs_endpoint_url"])
     finally:
@@ -98,6 +107,8 @@ def test_run_then_send_dlq_redrive_and_ctrl_c_leaves_nothing(tmp_path: Path) -> 
     assert run.returncode == 0, output
     assert "make send" in output
     assert "aws sqs send-message --endpoint-url" in output
+    assert "aws dynamodb scan --endpoint-url" in output and "aws dynamodb put-item --endpoint-url" in output
+    assert "loses everything at exit" in output
     assert "batch of" in output
     assert not state_file.exists()
     assert not any(alive(pid) for pid in servers)
@@ -146,3 +157,111 @@ def test_make_invoke_without_event_names_the_variable() -> None:
     )
     assert done.returncode != 0
     assert "EVENT=" in done.stderr, done.stderr
+
+
+@pytest.fixture
+def queue(local_servers: LocalServers, tmp_path: Path) -> str:
+    """A stack published as `make run` publishes it, with no poller: what `send` sends stays on its queue."""
+    resources = local_servers.deploy()
+    queue = resources.queues["ConsumerQueue"]
+    published = state.StackState(
+        pid=os.getpid(),
+        stack_name=resources.stack_name,
+        dynamodb_endpoint_url=local_servers.dynamodb_endpoint_url,
+        sqs_endpoint_url=local_servers.sqs_endpoint_url,
+        queue_url=queue.url,
+        dead_letter_queue_url=resources.dead_letter_queue(queue).url,
+        tables={logical_id: table.name for logical_id, table in resources.tables.items()},
+        webhook_url="",
+        function={},
+        function_environment={},
+    )
+    state.write(published, tmp_path / "state.json")
+    return queue.url
+
+
+def _on_the_queue(local_servers: LocalServers, queue_url: str) -> dict[str, str]:
+    """Each message on the queue by its id: its body."""
+    return {letter.message_id: letter.body for letter in dead_letters.drain(local_servers.client("sqs"), queue_url)}
+
+
+def _sent_ids(sent: subprocess.CompletedProcess[str]) -> set[str]:
+    assert sent.returncode == 0, sent.stderr
+    return set(sent.stdout.split("message id(s):")[1].splitlines()[0].split())
+
+
+def test_send_any_event_type_with_its_payload_in_the_usual_envelope(
+    local_servers: LocalServers, queue: str, tmp_path: Path
+) -> None:
+    payload = {"sku": "sku-1", "quantity": 2}
+    sent = _local(tmp_path, "send", "--type", "InventoryReserved", "--payload", json.dumps(payload), "--count", "3")
+    on_queue = _on_the_queue(local_servers, queue)
+    assert set(on_queue) == _sent_ids(sent)
+    parsed = [parse_message({"messageId": message_id, "body": body}) for message_id, body in on_queue.items()]
+    assert {(message.event_type, message.key_source) for message in parsed} == {("InventoryReserved", KeySource.BODY)}
+    assert all(message.payload == payload for message in parsed)
+    assert len({message.idempotency_key for message in parsed}) == 3  # a fresh key each
+
+
+def test_send_with_a_key_sends_one_message_and_its_resends(
+    local_servers: LocalServers, queue: str, tmp_path: Path
+) -> None:
+    sent = _local(tmp_path, "send", "--type", "InventoryReserved", "--payload", "{}", "--count", "2", "--key", "k-1")
+    bodies = [json.loads(body) for body in _on_the_queue(local_servers, queue).values()]
+    assert len(_sent_ids(sent)) == 2
+    assert bodies == 2 * [{"eventType": "InventoryReserved", "metadata": {"idempotencyKey": "k-1"}, "payload": {}}]
+
+
+def test_send_with_a_payload_sends_one_message_unless_counted(
+    local_servers: LocalServers, queue: str, tmp_path: Path
+) -> None:
+    sent = _local(tmp_path, "send", "--type", "InventoryReserved", "--payload", '{"sku": "sku-1"}')
+    assert len(_sent_ids(sent)) == 1 == len(_on_the_queue(local_servers, queue))
+
+
+def test_send_bodies_sends_each_line_as_it_is(local_servers: LocalServers, queue: str, tmp_path: Path) -> None:
+    lines = ['{"eventType": "InventoryReserved", "payload": {"sku": "sku-1"}}', "   ", '{"not": "an envelope"}', ""]
+    bodies = tmp_path / "bodies.jsonl"
+    bodies.write_text("\n".join(lines) + "\n")
+    sent = _local(tmp_path, "send", "--bodies", str(bodies))
+    on_queue = _on_the_queue(local_servers, queue)
+    assert set(on_queue) == _sent_ids(sent)
+    assert sorted(on_queue.values()) == sorted([lines[0], lines[2]])
+
+
+@pytest.mark.parametrize("kind", ["PaymentReceived", "ReceiptRequested"])
+def test_send_still_generates_the_example_kinds(
+    local_servers: LocalServers, queue: str, tmp_path: Path, kind: str
+) -> None:
+    sent = _local(tmp_path, "send", "--type", kind, "--count", "2")
+    bodies = _on_the_queue(local_servers, queue).values()
+    assert len(_sent_ids(sent)) == 2
+    assert [json.loads(body)["eventType"] for body in bodies] == [kind, kind]
+
+
+def test_send_file_sends_the_records_of_an_event_file(local_servers: LocalServers, queue: str, tmp_path: Path) -> None:
+    sent = _local(tmp_path, "send", "--file", "events/payment-single.json")
+    record = json.loads((REPO_ROOT / "events/payment-single.json").read_text())["Records"][0]
+    assert list(_on_the_queue(local_servers, queue).values()) == [record["body"]]
+    assert len(_sent_ids(sent)) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "said"),
+    [
+        (["--type", "InventoryReserved", "--payload", "{sku: 1}"], 2, "--payload is not JSON"),
+        (["--type", "InventoryReserved"], 2, "--type InventoryReserved needs --payload"),
+        (["--key", "k-1"], 2, "--key goes with --payload"),
+        (["--bodies", "bodies.jsonl"], 1, "bodies.jsonl line 3 is not a JSON body"),
+        (["--bodies", "missing.jsonl"], 1, "missing.jsonl cannot be read"),
+    ],
+)
+def test_send_refuses_bad_input_in_one_line_and_sends_nothing(
+    local_servers: LocalServers, queue: str, tmp_path: Path, args: list[str], status: int, said: str
+) -> None:
+    # The first line is a good body: a bad line further on must stop it too.
+    (tmp_path / "bodies.jsonl").write_text('{"eventType": "A", "payload": {}}\n\n{"eventType": \n')
+    refused = _local(tmp_path, "send", *(str(tmp_path / arg) if arg.endswith(".jsonl") else arg for arg in args))
+    assert refused.returncode == status, refused.stdout + refused.stderr
+    assert said in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert _on_the_queue(local_servers, queue) == {}
