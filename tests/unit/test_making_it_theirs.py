@@ -23,7 +23,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # tables, environment and grants, and the examples (which build the README's table).
 _SUITE = [
     "tests/unit/test_handler_registry.py",
-    "tests/unit/test_settings.py",
     "tests/unit/test_app.py",
     "tests/unit/test_examples.py",
     "tests/infrastructure/test_tables.py",
