@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -33,8 +34,13 @@ CANNOT_VERIFY = (
     "metrics and alarms: no EMF or SQS metrics, so the alarms and the dashboard stay without data",
     "the architecture: the function runs on this machine's interpreter whatever Architectures says (x86_64 here)",
     "batch sizes: the emulator's poller hands over batches of 1 or 2, never BatchSize",
-    "IAM: the role's policies are not enforced (the emulator's AUTH=true refuses an action AWS does not have)",
+    "IAM of what the emulator does as itself: polling the queue, writing the logs (PollConsumerQueue, WriteOwnLogs)",
+    "sqs:ChangeMessageVisibility covering ChangeMessageVisibilityBatch, as on AWS: the emulator's gap, granted above",
 )
+# Actions AWS does not have that AUTH=true asks the role for (AWS authorizes ChangeMessageVisibilityBatch with
+# sqs:ChangeMessageVisibility): each allowed after the deploy, outside the template, on its one resource (an output).
+EMULATOR_ONLY_ACTIONS = {"sqs:ChangeMessageVisibilityBatch": "ConsumerQueueArn"}
+REFUSAL = re.compile(r"not authorized to perform: ([\w:]+)")
 
 
 class Ministack(LoopbackServer):
@@ -50,6 +56,9 @@ class Ministack(LoopbackServer):
         # ``env`` execs the server, so the PID we hold is the emulator's own.
         settings = [f"GATEWAY_PORT={port}", f"BIND_HOST={LOOPBACK}", "IOT_MTLS_ENABLED=0", "SFTP_ENABLED=0"]
         settings.append(f"TMPDIR={self.scratch}")
+        # AUTH=true: every call of the function is authorized against its role. The key the rehearsal signs with is
+        # the emulator's root, allowed everything, as the deployer's own credentials would be.
+        settings += ["AUTH=true", f"AWS_ACCESS_KEY_ID={DUMMY_CREDENTIALS_ENV['AWS_ACCESS_KEY_ID']}"]
         return ["env", *settings, str(MINISTACK_PYTHON), "-m", "ministack"]
 
 
@@ -90,6 +99,45 @@ def _event_source_check(lambda_: Any, function: str, parameters: dict[str, str])
     return Check(read == wanted_read, f"the event source mapping (state, response types, batch size): {read}")
 
 
+def _balance(dynamodb: Any, table: str, account: str) -> int:
+    key = {"accountId": {"S": account}, "entryId": {"S": "BALANCE"}}
+    item = dynamodb.get_item(TableName=table, Key=key).get("Item")
+    return int(item["balanceCents"]["N"]) if item else 0
+
+
+def _refusals(logs: Any, group: str, term: str = "") -> set[str]:
+    """The actions the function's log lines (those holding ``term``) report its role was refused."""
+    events = logs.filter_log_events(logGroupName=group, filterPattern=f"AccessDenied {term}".strip())["events"]
+    return {found.group(1) if (found := REFUSAL.search(e["message"])) else e["message"][:300] for e in events}
+
+
+def _grant_emulator_gaps(iam: Any, role: str, outputs: dict[str, str]) -> None:
+    grants = [{"Effect": "Allow", "Action": a, "Resource": outputs[o]} for a, o in EMULATOR_ONLY_ACTIONS.items()]
+    document = json.dumps({"Version": "2012-10-17", "Statement": grants})
+    iam.put_role_policy(RoleName=role, PolicyName="emulator-gaps", PolicyDocument=document)
+    for grant in grants:
+        print(f"emulator gap: the role allowed {grant['Action']} (no such IAM action on AWS) on {grant['Resource']}")
+
+
+def _negative_control(url: str, outputs: dict[str, str], role: str, group: str) -> Check:
+    """Enforcement shown on in this run: the ledger grant taken away, a new payment must be refused, kept, not applied.
+    Also proves the log observable the positive run's "no refusal" check relies on."""
+    iam, sqs, logs, run = client("iam", url), client("sqs", url), client("logs", url), f"n{int(time.time())}"
+    document = iam.get_role_policy(RoleName=role, PolicyName="consumer")["PolicyDocument"]
+    document["Statement"] = [s for s in document["Statement"] if s.get("Sid") != "ApplyLedgerWrites"]
+    iam.put_role_policy(RoleName=role, PolicyName="consumer", PolicyDocument=json.dumps(document))
+    sqs.send_message(QueueUrl=outputs["ConsumerQueueUrl"], MessageBody=messages.payment(run, run, run, 1000).body)
+    wait(lambda: bool(_refusals(logs, group, run)), time.monotonic() + 30)
+    refused = _refusals(logs, group, run)
+    applied = _balance(client("dynamodb", url), outputs["LedgerTableName"], run)
+    kept = sum(messages.queue_counts(sqs, outputs["ConsumerQueueUrl"]))
+    return Check(
+        bool(refused) and not applied and kept == 1,
+        f"negative control, ApplyLedgerWrites taken away: a new payment refused ({sorted(refused)} in the function's "
+        f"log), not applied (balance {applied}), kept for a retry ({kept} message in the queue)",
+    )
+
+
 def _messages_checks(url: str, env: dict[str, str], outputs: dict[str, str], sink: WebhookSink) -> list[Check]:
     """Payments, a resend, a poison message and a receipt whose webhook always fails, pushed with the AWS CLI."""
     sqs, dynamodb, run = client("sqs", url), client("dynamodb", url), f"r{int(time.time())}"
@@ -103,9 +151,7 @@ def _messages_checks(url: str, env: dict[str, str], outputs: dict[str, str], sin
     expected = messages.expected_balances(sent)
 
     def balances() -> dict[str, int]:
-        keys = {account: {"accountId": {"S": account}, "entryId": {"S": "BALANCE"}} for account in expected}
-        items = {a: dynamodb.get_item(TableName=outputs["LedgerTableName"], Key=k).get("Item") for a, k in keys.items()}
-        return {account: int(item["balanceCents"]["N"]) if item else 0 for account, item in items.items()}
+        return {account: _balance(dynamodb, outputs["LedgerTableName"], account) for account in expected}
 
     def letter(body: str) -> dead_letters.DeadLetter | None:
         letters = dead_letters.peek(sqs, outputs["DeadLetterQueueUrl"])
@@ -146,6 +192,8 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
     function = outputs["ConsumerFunctionName"]
     configuration = client("lambda", url).get_function_configuration(FunctionName=function)
     runs_on = (configuration["Runtime"], configuration["Architectures"])
+    role, log_group = configuration["Role"].rsplit("/", 1)[-1], configuration["LoggingConfig"]["LogGroup"]
+    _grant_emulator_gaps(client("iam", url), role, outputs)
     checks = [
         Check(stack["StackStatus"] == "CREATE_COMPLETE", f"stack {STACK}: {stack['StackStatus']}"),
         Check({*OUTPUTS.values(), "ConsumerFunctionName"} <= outputs.keys(), f"outputs {sorted(outputs)}"),
@@ -154,7 +202,12 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
         *_messages_checks(url, env, outputs, sink),
     ]
     smoke = subprocess.run(["make", "smoke", f"STACK={STACK}"], cwd=REPO, env=env, check=False)
-    checks.append(Check(smoke.returncode == 0, f"make smoke STACK={STACK} against the emulator"))
+    refusals = _refusals(client("logs", url), log_group)
+    checks += [
+        Check(smoke.returncode == 0, f"make smoke STACK={STACK} against the emulator"),
+        Check(not refusals, f"IAM enforced (AUTH=true): no call of the function refused so far {sorted(refusals)}"),
+        _negative_control(url, outputs, role, log_group),  # last: sam delete follows, so the grant stays away
+    ]
     _run([str(REPO / ".venv-sam/bin/sam"), "delete", "--config-env", "rehearse", "--no-prompts"], env)
     tables = client("dynamodb", url).list_tables()["TableNames"]
     groups = [group["logGroupName"] for group in client("logs", url).describe_log_groups()["logGroups"]]
