@@ -178,7 +178,7 @@ $(MINISTACK_VENV)/.installed:
 	touch $@
 
 .PHONY: rehearse
-rehearse: venv $(SAM_VENV)/.installed $(MINISTACK_VENV)/.installed ## [product] sam build + sam deploy onto a local AWS emulator, messages pushed, checked, sam delete
+rehearse: venv $(SAM_VENV)/.installed $(MINISTACK_VENV)/.installed ## [product] sam build + sam deploy onto a local AWS emulator (IAM enforced), messages pushed, checked, sam delete
 	@$(LOCAL) rehearse
 
 .PHONY: deploy
