@@ -76,7 +76,10 @@ validate: venv $(SAM_VENV)/.installed ## [proof] cfn-lint (with the serverless r
 	SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --region $(REGION) --template-file template.yaml
 
 .PHONY: test
-test: lint validate node_modules/.installed $(LAMBDA_RUNTIME) ## [proof] everything CI runs: lint, template checks, unit, infrastructure and integration tests
+test: ## [proof] everything CI runs: lint, template checks, unit, infrastructure and integration tests
+	@# Side by side: the installs mostly wait on downloads, and the checks need only .venv and .venv-sam.
+	@$(MAKE) --no-print-directory -j3 --output-sync=target $(VENV)/.installed $(SAM_VENV)/.installed node_modules/.installed
+	@$(MAKE) --no-print-directory -j3 --output-sync=target lint validate lambda-venv
 	@# Two workers: the suite waits on servers and runtimes as much as it computes; each worker starts its own.
 	$(PY) -m pytest -n 2
 
