@@ -14,7 +14,7 @@ from testkit.servers import LocalServers
 # Short, with the rates doubled so that a couple of hundred messages meet every kind of fault.
 SHORT = ChaosConfig(
     seed=20240917,
-    messages=100,
+    messages=160,
     pollers=3,
     rates={kind: min(1.0, rate * 2) for kind, rate in DEFAULT_RATES.items()},
     # Generous: under a loaded CI machine (two test workers) draining takes longer, and a timeout proves nothing.
