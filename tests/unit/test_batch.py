@@ -13,6 +13,7 @@ from consumer.errors import TransientError
 from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.store import Claimed
 from consumer.idempotency.writes import Put
+from consumer.outcome import Outcome
 from testkit.dead_letters import reasons
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, Remaining, sqs_record
 from testkit.messages import payment_body, receipt_body
@@ -411,3 +412,24 @@ def test_exception_text_reaches_the_logs_bounded_and_without_what_sqs_refuses(
     assert result.reason is not None and len(result.reason) <= 1_000
     assert "\x00" not in result.reason and "\x08" not in result.reason
     assert result.reason.startswith("field \ufffd\ufffd x")
+
+
+def test_a_write_to_a_table_the_handler_does_not_declare_is_refused_and_retried(
+    dynamodb: Any, sqs: Any, clock: Clock
+) -> None:
+    class Undeclared(ExplodingHandler):
+        event_type: ClassVar[str] = "Undeclared"
+        mode: ClassVar[Mode] = Mode.OPTIMISTIC
+
+        def handle(self, payload: Empty, context: MessageContext) -> Effect:
+            # Its role grant and cold-start check follow ``tables``, which names nothing.
+            return Effect("sneaky", (Put(LEDGER_TABLE, {"accountId": "sneaky", "entryId": "WRITE"}),))
+
+    consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={"Undeclared": Undeclared(settings_for_tests())})
+
+    results = consumer.batch.process([sqs_record("u", empty_body("Undeclared", "k"))], consumer.remaining).results
+
+    assert [result.outcome for result in results] == [Outcome.RETRIED]
+    assert "writes table 'ledger', which is not one of its declared tables (none)" in (results[0].reason or "")
+    assert ledger_entries(dynamodb, "sneaky") == []
+    assert consumer.store.get("Undeclared#k") is None
