@@ -1,17 +1,18 @@
-"""The cold-start check of the runtime's botocore, against the real model and against older ones."""
+"""The cold-start checks: the runtime's botocore (against the real model and older ones) and the tables."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import botocore.session
 import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
 from botocore.model import ServiceModel
 
 from consumer.errors import ConfigurationError
-from consumer.sdk import MINIMUM_BOTOCORE, PARAMETER, missing_features, require_botocore
+from consumer.sdk import MINIMUM_BOTOCORE, PARAMETER, missing_features, require_botocore, require_tables
 
 
 class _SessionWith:
@@ -69,3 +70,27 @@ def test_an_old_model_lists_every_place_it_lacks_the_parameter() -> None:
         "TransactWriteItems.Delete",
         "TransactWriteItems.ConditionCheck",
     ]
+
+
+class _Describing:
+    """A DynamoDB client whose DescribeTable fails as given."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def describe_table(self, TableName: str) -> dict[str, Any]:  # noqa: N803 (boto3's parameter name)
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (ClientError({"Error": {"Code": "ResourceNotFoundException"}}, "DescribeTable"), "does not exist"),
+        (ClientError({"Error": {"Code": "AccessDeniedException"}}, "DescribeTable"), "cannot be reached: Access"),
+        (EndpointConnectionError(endpoint_url="https://dynamodb.example"), "cannot be reached: Could not connect"),
+    ],
+    ids=["missing", "not-granted", "unreachable"],
+)
+def test_a_table_the_function_cannot_use_is_a_configuration_error_naming_it(error: Exception, said: str) -> None:
+    with pytest.raises(ConfigurationError, match=rf"table InventoryTable \(INVENTORY_TABLE_NAME='inv'\) {said}"):
+        require_tables(cast(Any, _Describing(error)), {"InventoryTable": "inv"})
