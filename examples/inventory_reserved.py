@@ -12,17 +12,15 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
+from consumer.handlers.base import ID_PATTERN, Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import Put, Update
-
-_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 
 class InventoryReserved(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    reservationId: str = Field(pattern=_ID)
-    sku: str = Field(pattern=_ID)
+    reservationId: str = Field(pattern=ID_PATTERN)
+    sku: str = Field(pattern=ID_PATTERN)
     quantity: StrictInt = Field(gt=0, le=10**6)
 
 

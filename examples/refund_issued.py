@@ -13,15 +13,15 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
+from consumer.handlers.base import ID_PATTERN, Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import Put, Update
 
 
 class RefundIssued(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    refundId: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
-    accountId: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    refundId: str = Field(pattern=ID_PATTERN)
+    accountId: str = Field(pattern=ID_PATTERN)
     amountCents: StrictInt = Field(gt=0)
 
 

@@ -99,12 +99,6 @@ def _event_source_check(lambda_: Any, function: str, parameters: dict[str, str])
     return Check(read == wanted_read, f"the event source mapping (state, response types, batch size): {read}")
 
 
-def _balance(dynamodb: Any, table: str, account: str) -> int:
-    key = {"accountId": {"S": account}, "entryId": {"S": "BALANCE"}}
-    item = dynamodb.get_item(TableName=table, Key=key).get("Item")
-    return int(item["balanceCents"]["N"]) if item else 0
-
-
 def _refusals(logs: Any, group: str, term: str = "") -> set[str]:
     """The actions the function's log lines (those holding ``term``) report its role was refused."""
     events = logs.filter_log_events(logGroupName=group, filterPattern=f"AccessDenied {term}".strip())["events"]
@@ -129,7 +123,7 @@ def _negative_control(url: str, outputs: dict[str, str], role: str, group: str) 
     sqs.send_message(QueueUrl=outputs["ConsumerQueueUrl"], MessageBody=messages.payment(run, run, run, 1000).body)
     wait(lambda: bool(_refusals(logs, group, run)), time.monotonic() + 30)
     refused = _refusals(logs, group, run)
-    applied = _balance(client("dynamodb", url), outputs["LedgerTableName"], run)
+    applied = messages.ledger_balance(client("dynamodb", url), outputs["LedgerTableName"], run)
     kept = sum(messages.queue_counts(sqs, outputs["ConsumerQueueUrl"]))
     return Check(
         bool(refused) and not applied and kept == 1,
@@ -151,7 +145,7 @@ def _messages_checks(url: str, env: dict[str, str], outputs: dict[str, str], sin
     expected = messages.expected_balances(sent)
 
     def balances() -> dict[str, int]:
-        return {account: _balance(dynamodb, outputs["LedgerTableName"], account) for account in expected}
+        return {account: messages.ledger_balance(dynamodb, outputs["LedgerTableName"], account) for account in expected}
 
     def letter(body: str) -> dead_letters.DeadLetter | None:
         letters = dead_letters.peek(sqs, outputs["DeadLetterQueueUrl"])

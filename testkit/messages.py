@@ -169,6 +169,13 @@ def poison(per_kind: int, reused: Outgoing | None = None) -> list[Outgoing]:
     return made
 
 
+def ledger_balance(dynamodb: Any, table: str, account: str) -> int:
+    """An account's balance in the example ledger (0 before its first payment), read consistently."""
+    key = {"accountId": {"S": account}, "entryId": {"S": "BALANCE"}}
+    item = dynamodb.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
+    return int(item["balanceCents"]["N"]) if item else 0
+
+
 def expected_balances(messages: Iterable[Outgoing]) -> dict[str, int]:
     """Balance per account = the sum of its distinct payments, however often each was sent."""
     distinct = {m.payload["paymentId"]: m.payload for m in messages if m.kind == "payment" and m.payload}

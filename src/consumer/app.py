@@ -97,7 +97,7 @@ def wire(
     )
     dynamodb = cast("DynamoDBClient", _client(session, "dynamodb", client_config))
     if check_tables:
-        require_tables(dynamodb, {"IdempotencyTable": settings.idempotency_table_name, **settings.table_names})
+        require_tables(dynamodb, settings.every_table())
     store = IdempotencyStore(
         dynamodb,
         settings.idempotency_table_name,

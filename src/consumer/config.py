@@ -79,6 +79,10 @@ class Settings(BaseModel):
             raise refuse("conflict_retry_base_ms", "conflict_retry_max_ms", "the cap would undercut the base")
         return self
 
+    def every_table(self) -> dict[str, str]:
+        """Every table the function uses, by logical id: its idempotency table and the handlers' tables."""
+        return {"IdempotencyTable": self.idempotency_table_name, **self.table_names}
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, tables: Iterable[str] = ()) -> Settings:
         """Read and validate every setting, and the name of each of ``tables`` (logical ids the handlers

@@ -29,7 +29,7 @@ from consumer.idempotency.record import Status
 from consumer.idempotency.store import Claimed, IdempotencyStore
 from testkit import dead_letters
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, Remaining, sqs_record
-from testkit.messages import envelope, payment_payload, receipt_payload
+from testkit.messages import envelope, ledger_balance, payment_payload, receipt_payload
 from testkit.servers import LocalServers
 from testkit.webhook import Answer, WebhookSink
 from tests.utils import settings_for_tests
@@ -74,10 +74,7 @@ class Stack:
         return [failure["itemIdentifier"] for failure in response["batchItemFailures"]]
 
     def balance(self, account: str) -> int:
-        key = {"accountId": {"S": account}, "entryId": {"S": "BALANCE"}}
-        table = self.settings.table_names["LedgerTable"]
-        item = self.dynamodb.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
-        return int(item["balanceCents"]["N"]) if item else 0
+        return ledger_balance(self.dynamodb, self.settings.table_names["LedgerTable"], account)
 
     def entries(self) -> set[str]:
         items = self.dynamodb.scan(TableName=self.settings.table_names["LedgerTable"], ConsistentRead=True)["Items"]

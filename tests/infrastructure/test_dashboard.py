@@ -45,15 +45,14 @@ REQUIRED = {
 # Runs the real handler on an empty batch in a process of its own, with the function's environment, and prints
 # the EMF documents it writes: every outcome is counted, at zero, under the namespace and dimensions it deploys with.
 _EMIT = """
-import os, boto3, moto
-from consumer.config import table_variable
+import boto3, moto
+from consumer.config import Settings
 from consumer.handlers import declared_tables
 from testkit.tables import create_template_tables
 
 # The tables the function checks at cold start, in moto: this test is about what it prints.
 moto.mock_aws().start()
-tables = ("IdempotencyTable", *declared_tables())
-create_template_tables(boto3.client("dynamodb"), {table: os.environ[table_variable(table)] for table in tables})
+create_template_tables(boto3.client("dynamodb"), Settings.from_env(tables=declared_tables()).every_table())
 from consumer import app
 
 class Context:

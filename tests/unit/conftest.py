@@ -23,6 +23,7 @@ from consumer.handlers import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
 from testkit.dead_letters import DeadLetter, drain
 from testkit.lambda_sqs import REGION, Remaining
+from testkit.messages import ledger_balance
 from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
 from testkit.tables import create_template_tables
 from tests.utils import IDEMPOTENCY_TABLE, LEDGER_TABLE, settings_for_tests
@@ -76,10 +77,7 @@ def store(dynamodb: Any, clock: Clock) -> IdempotencyStore:
 
 
 def balance(dynamodb: Any, account_id: str) -> int:
-    item = dynamodb.get_item(
-        TableName=LEDGER_TABLE, Key={"accountId": {"S": account_id}, "entryId": {"S": "BALANCE"}}, ConsistentRead=True
-    ).get("Item")
-    return int(item["balanceCents"]["N"]) if item else 0
+    return ledger_balance(dynamodb, LEDGER_TABLE, account_id)
 
 
 def ledger_entries(dynamodb: Any, account_id: str) -> list[str]:

@@ -38,10 +38,7 @@ def function_env(dynamodb: Any, sqs: Any, monkeypatch: pytest.MonkeyPatch) -> It
 
 def table_environment() -> dict[str, str]:
     """The variables naming the function's tables (each a registered handler declares), as the tests name them."""
-    settings = settings_for_tests()
-    return {"IDEMPOTENCY_TABLE_NAME": settings.idempotency_table_name} | {
-        table_variable(table): name for table, name in settings.table_names.items()
-    }
+    return {table_variable(table): name for table, name in settings_for_tests().every_table().items()}
 
 
 def run(event: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -180,9 +177,7 @@ def test_in_lambdas_runtime_the_consumer_is_built_at_init_unless_a_check_fails(
         **table_environment(),
         "DEAD_LETTER_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/dlq",
     }
-    settings = settings_for_tests()
-    names = {"IdempotencyTable": settings.idempotency_table_name, **settings.table_names}
-    tables = names if tables_exist else {}
+    tables = settings_for_tests().every_table() if tables_exist else {}
     script = (
         "import boto3, moto; moto.mock_aws().start();"
         " from testkit.tables import create_template_tables;"

@@ -46,6 +46,8 @@ class MessageContext:
 
 
 PayloadT = TypeVar("PayloadT", bound=BaseModel)
+# An identifier in a payload (an account, a payment, a SKU): what a key or a log line can carry as it is.
+ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 
 class MessageHandler(ABC, Generic[PayloadT]):

@@ -14,17 +14,15 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
+from consumer.handlers.base import ID_PATTERN, Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import Put, Update
-
-_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 
 class PaymentReceived(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    paymentId: str = Field(pattern=_ID)
-    accountId: str = Field(pattern=_ID)
+    paymentId: str = Field(pattern=ID_PATTERN)
+    accountId: str = Field(pattern=ID_PATTERN)
     amountCents: StrictInt = Field(gt=0, le=10**12)
     currency: str = Field(pattern=r"^[A-Z]{3}$")
 

@@ -15,19 +15,17 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from consumer.config import Settings
 from consumer.errors import ConfigurationError, TransientError
-from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
+from consumer.handlers.base import ID_PATTERN, Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import Put
 from consumer.webhook import SigningKey, WebhookClient
-
-_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 
 class ReceiptRequested(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    receiptId: str = Field(pattern=_ID)
-    paymentId: str = Field(pattern=_ID)
-    accountId: str = Field(pattern=_ID)
+    receiptId: str = Field(pattern=ID_PATTERN)
+    paymentId: str = Field(pattern=ID_PATTERN)
+    accountId: str = Field(pattern=ID_PATTERN)
     amountCents: StrictInt = Field(gt=0, le=10**12)
     currency: str = Field(pattern=r"^[A-Z]{3}$")
     email: str | None = Field(default=None, max_length=254)
