@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
@@ -19,10 +19,19 @@ from consumer.config import Settings
 from consumer.conflicts import ConflictCount, ConflictRetry
 from consumer.dead_letter import DeadLetterQueue
 from consumer.envelope import Message, Record, parse_message, schema_violation, sqs_text
-from consumer.errors import ConfigurationError, ErrorType, LeaseLost, PoisonMessage, TransactionConflict, TransientError
+from consumer.errors import (
+    BusinessConditionFailed,
+    ConfigurationError,
+    ErrorType,
+    LeaseLost,
+    PoisonMessage,
+    TransactionConflict,
+    TransientError,
+)
 from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.lease import lease_duration
-from consumer.idempotency.store import Applied, Claimed, Duplicate, IdempotencyStore, InFlight, PayloadMismatch
+from consumer.idempotency.store import Applied, Claimed, Duplicate, IdempotencyStore, InFlight, PayloadMismatch, Refused
+from consumer.idempotency.writes import Write
 from consumer.outcome import Outcome, RecordResult
 
 # Exception text can quote what came from outside (a field name, a server's words): a log line
@@ -65,6 +74,10 @@ class RecordProcessor:
         conflicts: ConflictRetry,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        for event_type, handler in handlers.items():
+            if handler.mode is Mode.OPTIMISTIC and type(handler).guard is not MessageHandler.guard:
+                # It would never run: an optimistic handler's conditions go in its writes.
+                raise ConfigurationError(f"handler of {event_type} defines a guard, which only lock mode runs")
         self._store = store
         self._handlers = handlers
         self._dead_letters = dead_letters
@@ -177,12 +190,20 @@ class RecordProcessor:
             max_ms=settings.lease_max_ms,
         )
         message = item.message
+        guard = item.handler.guard(item.payload, self._context(item, remaining_ms))
+        reserve, undo = (tuple(guard.writes), tuple(guard.undo)) if guard else ((), ())
+        self._check_tables(item, (*reserve, *undo))
         claim = self._conflicts.run(
-            lambda: self._store.claim(message.record_id, message.payload_hash, lease_ms), remaining_ms, conflicts
+            lambda: self._store.claim(message.record_id, message.payload_hash, lease_ms, reserve),
+            remaining_ms,
+            conflicts,
         )
         match claim:
             case Claimed():
                 pass
+            case Refused():
+                # Nothing was claimed or reserved, and handle never ran: no call was made.
+                return self.dead_letter(item.record, BusinessConditionFailed(claim.write), message.idempotency_key)
             case Duplicate() | InFlight() | PayloadMismatch():
                 return self._settled_elsewhere(item, claim)
             case _:
@@ -194,7 +215,7 @@ class RecordProcessor:
         try:
             effect = self._handle(item, lease_remaining_ms)
         except Exception:
-            self._release_quietly(item, claim, remaining_ms)
+            self._release_quietly(item, claim, undo, remaining_ms)
             raise
         try:
             # Fenced by the owner token, and the same request each time: repeating it is safe,
@@ -216,32 +237,42 @@ class RecordProcessor:
             raise
         except Exception:
             # Safe even when the commit was in fact applied: release is fenced on IN_PROGRESS.
-            # (A process that dies releases nothing; its lease runs out instead.)
-            self._release_quietly(item, claim, remaining_ms)
+            # (A process that dies releases nothing; its lease runs out instead, and the guard's
+            # reservation waits for the redelivery that takes the claim over.)
+            self._release_quietly(item, claim, undo, remaining_ms)
             raise
         return self._done(item, Outcome.APPLIED)
 
-    def _handle(self, item: Prepared, remaining_ms: Callable[[], int]) -> Effect:
-        context = MessageContext(
+    @staticmethod
+    def _context(item: Prepared, remaining_ms: Callable[[], int]) -> MessageContext:
+        return MessageContext(
             message_id=item.message.message_id,
             idempotency_key=item.message.idempotency_key,
             receive_count=item.message.receive_count,
             remaining_ms=remaining_ms,
         )
-        effect = item.handler.handle(item.payload, context)
+
+    def _handle(self, item: Prepared, remaining_ms: Callable[[], int]) -> Effect:
+        effect = item.handler.handle(item.payload, self._context(item, remaining_ms))
+        self._check_tables(item, effect.writes)
+        return effect
+
+    @staticmethod
+    def _check_tables(item: Prepared, writes: Sequence[Write]) -> None:
         declared = item.handler.table_names.values()
-        for write in effect.writes:
+        for write in writes:
             if write.table not in declared:
                 # The role's grants and the cold-start check follow the declaration: keep them honest.
                 raise ConfigurationError(
                     f"handler of {item.message.event_type} writes table {write.table!r}, which is not one of its"
                     f" declared tables ({', '.join(item.handler.tables) or 'none'})"
                 )
-        return effect
 
-    def _release_quietly(self, item: Prepared, claim: Claimed, remaining_ms: Callable[[], int]) -> None:
+    def _release_quietly(
+        self, item: Prepared, claim: Claimed, undo: Sequence[Write], remaining_ms: Callable[[], int]
+    ) -> None:
         try:
-            if not self._conflicts.run(lambda: self._store.release(claim), remaining_ms, ConflictCount()):
+            if not self._conflicts.run(lambda: self._store.release(claim, undo), remaining_ms, ConflictCount()):
                 self._logger.warning(
                     "release found no claim of ours (taken over, or an earlier release lost its answer)",
                     extra=self._log_keys(item),

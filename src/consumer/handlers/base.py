@@ -36,6 +36,26 @@ class Effect:
 
 
 @dataclass(frozen=True)
+class Guard:
+    """What a lock-mode handler needs to hold before its side effect, committed with the claim.
+
+    ``writes`` are the conditions that must hold (``ConditionCheck`` on business items) and
+    the writes that reserve what the call will consume (a renewal marked pending under this
+    idempotency key, an amount held). They go in one transaction with the claim: if any
+    condition fails, nothing is claimed or written, ``handle`` never runs, and the message is
+    dead-lettered as ``BusinessConditionFailed`` with that write's ``reason``. ``undo`` takes
+    the reservation back; it is applied with the release, in the same transaction fenced on
+    the claim, when the message fails before its commit. The commit's own writes must turn the
+    reservation into the final state. Mark the reservation with the idempotency key and let
+    the guard accept a reservation carrying it: a worker that crashed leaves its reservation,
+    and the redelivery that takes its claim over must pass its own guard.
+    """
+
+    writes: Sequence[Write]
+    undo: Sequence[Write] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
 class MessageContext:
     message_id: str
     # The raw key (not namespaced): pass it downstream as the ``Idempotency-Key``.
@@ -73,5 +93,14 @@ class MessageHandler(ABC, Generic[PayloadT]):
 
         Records of one batch with the same key run one after another instead of racing
         for the item in parallel transactions, which DynamoDB would cancel as conflicts.
+        """
+        return None
+
+    def guard(self, payload: PayloadT, context: MessageContext) -> Guard | None:
+        """Lock mode: the checks and reservations to commit with the claim, before ``handle`` runs.
+
+        ``None`` (the default) claims with a single ``UpdateItem``; a guard makes the claim a
+        transaction (each of its items two write units). Build it from the payload and the
+        context alone, without I/O: it is built again on every delivery, duplicates included.
         """
         return None

@@ -8,6 +8,7 @@ from consumer.idempotency.store import (
     IdempotencyStore,
     InFlight,
     PayloadMismatch,
+    Refused,
 )
 from consumer.idempotency.writes import ConditionCheck, Delete, Put, Update, Write
 
@@ -23,6 +24,7 @@ __all__ = [
     "InFlight",
     "PayloadMismatch",
     "Put",
+    "Refused",
     "Status",
     "Update",
     "Write",

@@ -8,6 +8,10 @@
 
     (absent | expired) --apply_once--> COMPLETED        (optimistic mode)
 
+A lock-mode claim may carry a guard (conditions and reservations on business items): then
+the claim and the guard are one transaction, the record first, and commit and release carry
+what settles the reservation under the same fence.
+
 Every transition is a single conditional write, so DynamoDB, which applies each
 item's conditional writes one at a time, is the arbiter. Commit and release are
 fenced by the claim's ``ownerToken``: a worker whose lease ran out and was taken
@@ -85,6 +89,7 @@ _TRANSIENT_CODES = frozenset(
 _CONFLICT_CODE = "TransactionConflictException"
 
 _COMMIT_TOKEN_NAMESPACE = uuid.UUID("6f1c2f4e-4b0a-4a53-9a43-1c3c8e0e9d11")
+_RELEASE_TOKEN_NAMESPACE = uuid.UUID("d67b0bae-1ab0-4361-b58c-7d489a5dd5fc")
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,8 @@ class Claimed:
     record_id: str
     owner_token: str
     lease_expires_at_ms: int
-    attempts: int
+    # None after a claim with a guard: a transaction returns no attributes.
+    attempts: int | None
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,21 @@ class PayloadMismatch:
     record: IdempotencyRecord
 
 
-ClaimResult = Claimed | Duplicate | InFlight | PayloadMismatch
+@dataclass(frozen=True)
+class Refused:
+    """A guard's condition failed: nothing was claimed or written, and the message must not run."""
+
+    write: Write
+
+
+@dataclass(frozen=True)
+class _RecordRefused:
+    """A transaction's record condition failed; ``record`` is as it was (None when absent)."""
+
+    record: IdempotencyRecord | None
+
+
+ClaimResult = Claimed | Duplicate | InFlight | PayloadMismatch | Refused
 ApplyResult = Applied | Duplicate | InFlight | PayloadMismatch
 
 
@@ -154,38 +174,49 @@ class IdempotencyStore:
 
     # -- transitions ---------------------------------------------------------------
 
-    def claim(self, record_id: str, payload_hash: str, lease_ms: int) -> ClaimResult:
-        """Lock mode, step 1: take the key for ``lease_ms`` (one round trip either way)."""
+    def claim(self, record_id: str, payload_hash: str, lease_ms: int, guard: Sequence[Write] = ()) -> ClaimResult:
+        """Lock mode, step 1: take the key for ``lease_ms`` (one round trip either way).
+
+        With ``guard`` (a handler's checks and reservations), the claim and those writes are
+        one transaction, the record first: ``Refused`` when a guard's condition failed and
+        the key was free, in which case nothing at all was written.
+        """
         if lease_ms <= 0:
             raise ValueError(f"lease must be positive, got {lease_ms} ms")
         now_ms = self._now_ms()
         token = self._new_token()
         lease_end = now_ms + lease_ms
-        try:
-            response = self._call(
-                self._client.update_item,
-                TableName=self._table,
-                Key={Attr.ID: {"S": record_id}},
-                UpdateExpression=CLAIM_UPDATE,
-                ConditionExpression=_CLAIMABLE,
-                ExpressionAttributeNames=_NAMES,
-                ExpressionAttributeValues={
-                    **self._claim_values(now_ms, token, payload_hash),
-                    ":lease": {"N": str(lease_end)},
-                },
-                ReturnValues="UPDATED_NEW",
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
-        except ClientError as error:
-            current = self._failed_condition_item(error)
-            if current.owner_token == token:
-                # Ambiguous success: botocore retried a claim whose first attempt was
-                # applied but whose answer was lost. The item carries our token: ours.
-                lease_end = current.lease_expires_at_ms or lease_end
-                return Claimed(record_id, token, lease_end, current.attempts)
-            return self._conflict(current, payload_hash)
-        attempts = int(response.get("Attributes", {}).get(Attr.ATTEMPTS, {}).get("N", "1"))
-        return Claimed(record_id, token, lease_end, attempts)
+        claim_write = self._claiming_write(
+            record_id, CLAIM_UPDATE, now_ms, token, payload_hash, {":lease": {"N": str(lease_end)}}
+        )
+        if guard:
+            # ClientRequestToken: the claim's own token, new for every claim.
+            cancelled = self._transact_with_record({"Update": claim_write}, guard, token)
+            if cancelled is None:
+                return Claimed(record_id, token, lease_end, None)
+            if isinstance(cancelled, Refused):
+                # The key was free and the guard refused. The record's reason is read first, so a
+                # completed key (whose commit may have moved the business item past the guard)
+                # stays a duplicate.
+                return cancelled
+            if cancelled.record is None:
+                # "Claimable" holds for an absent item, so this cannot happen; retry if it does.
+                raise TransientError(f"claim of {record_id} failed and no item came back")
+            current = cancelled.record
+        else:
+            try:
+                response = self._call(self._client.update_item, **claim_write, ReturnValues="UPDATED_NEW")
+            except ClientError as error:
+                current = self._failed_condition_item(error)
+            else:
+                attempts = int(response.get("Attributes", {}).get(Attr.ATTEMPTS, {}).get("N", "1"))
+                return Claimed(record_id, token, lease_end, attempts)
+        if current.owner_token == token:
+            # Ambiguous success: botocore retried a claim whose first attempt was
+            # applied but whose answer was lost. The item carries our token: ours.
+            lease_end = current.lease_expires_at_ms or lease_end
+            return Claimed(record_id, token, lease_end, current.attempts)
+        return self._conflict(current, payload_hash)
 
     def commit(self, claim: Claimed, result: Any = None, writes: Sequence[Write] = ()) -> None:
         """Lock mode, step 2: complete the record, with the business writes, if still ours.
@@ -220,28 +251,39 @@ class IdempotencyStore:
                 self._raise_unless_committed_by(claim, self._failed_condition_item_or_none(error))
             return
         token = str(uuid.uuid5(_COMMIT_TOKEN_NAMESPACE, claim.owner_token))
-        applied, current = self._transact_with_record(completion, writes, token)
-        if not applied:
-            self._raise_unless_committed_by(claim, current)
+        cancelled = self._transact_with_record({"Update": completion}, writes, token)
+        if isinstance(cancelled, Refused):
+            raise BusinessConditionFailed(cancelled.write)
+        if cancelled is not None:
+            self._raise_unless_committed_by(claim, cancelled.record)
 
-    def release(self, claim: Claimed) -> bool:
+    def release(self, claim: Claimed, undo: Sequence[Write] = ()) -> bool:
         """Lock mode, on failure: delete the record if still ours, so a retry can claim at once.
 
-        Returns False when the claim was already taken over: the newer owner's record
-        is left alone.
+        ``undo`` (a guard's, taking its reservation back) goes in the same transaction, fenced
+        by the same condition: the reservation goes with the claim, or neither does. Returns
+        False when the claim was already taken over: the newer owner's record, and the
+        reservation it took over with it, are left alone. Raises ``BusinessConditionFailed``
+        when an undo write's condition failed: nothing was released, and the lease runs out.
         """
+        delete: dict[str, Any] = {
+            "TableName": self._table,
+            "Key": {Attr.ID: {"S": claim.record_id}},
+            "ConditionExpression": _OWNED,
+            "ExpressionAttributeNames": _RELEASE_NAMES,
+            "ExpressionAttributeValues": {
+                OWNER: {"S": claim.owner_token},
+                ":in_progress": {"S": Status.IN_PROGRESS.value},
+            },
+        }
+        if undo:
+            token = str(uuid.uuid5(_RELEASE_TOKEN_NAMESPACE, claim.owner_token))
+            cancelled = self._transact_with_record({"Delete": delete}, undo, token)
+            if isinstance(cancelled, Refused):
+                raise BusinessConditionFailed(cancelled.write)
+            return cancelled is None
         try:
-            self._call(
-                self._client.delete_item,
-                TableName=self._table,
-                Key={Attr.ID: {"S": claim.record_id}},
-                ConditionExpression=_OWNED,
-                ExpressionAttributeNames=_RELEASE_NAMES,
-                ExpressionAttributeValues={
-                    OWNER: {"S": claim.owner_token},
-                    ":in_progress": {"S": Status.IN_PROGRESS.value},
-                },
-            )
+            self._call(self._client.delete_item, **delete)
         except ClientError as error:
             if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
@@ -259,22 +301,23 @@ class IdempotencyStore:
         """
         now_ms = self._now_ms()
         token = self._new_token()
-        record_write: dict[str, Any] = {
-            "TableName": self._table,
-            "Key": {Attr.ID: {"S": record_id}},
-            "UpdateExpression": APPLY_UPDATE,
-            "ConditionExpression": _CLAIMABLE,
-            "ExpressionAttributeNames": _NAMES,
-            "ExpressionAttributeValues": {
-                **self._claim_values(now_ms, token, payload_hash),
+        record_write = self._claiming_write(
+            record_id,
+            APPLY_UPDATE,
+            now_ms,
+            token,
+            payload_hash,
+            {
                 ":completed": {"S": Status.COMPLETED.value},
                 ":result": {"S": encode_result(result, self._result_max_bytes)},
             },
-            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-        }
+        )
         if writes:
-            applied, current = self._transact_with_record(record_write, writes, token)
-            if not applied and current is None:
+            cancelled = self._transact_with_record({"Update": record_write}, writes, token)
+            if isinstance(cancelled, Refused):
+                raise BusinessConditionFailed(cancelled.write)
+            current = None if cancelled is None else cancelled.record
+            if cancelled is not None and current is None:
                 # "Claimable" holds for an absent item, so this cannot happen; retry if it does.
                 raise TransientError(f"condition on {record_id} failed and no item came back")
         else:
@@ -301,17 +344,28 @@ class IdempotencyStore:
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def _claim_values(self, now_ms: int, token: str, payload_hash: str) -> dict[str, dict[str, str]]:
-        """The values ``_CLAIMABLE`` and a claiming update need, shared by claim and apply_once."""
+    def _claiming_write(
+        self, record_id: str, update: str, now_ms: int, token: str, payload_hash: str, values: dict[str, Any]
+    ) -> dict[str, Any]:
+        """An update that takes the key if ``_CLAIMABLE``, shared by claim and apply_once; ``values`` its own."""
         return {
-            ":in_progress": {"S": Status.IN_PROGRESS.value},
-            ":expires_at": {"N": str(now_ms // 1000 + self._ttl_seconds)},
-            OWNER: {"S": token},
-            ":hash": {"S": payload_hash},
-            ":zero": {"N": "0"},
-            ":one": {"N": "1"},
-            ":now_s": {"N": str(now_ms // 1000)},
-            ":now_ms": {"N": str(now_ms)},
+            "TableName": self._table,
+            "Key": {Attr.ID: {"S": record_id}},
+            "UpdateExpression": update,
+            "ConditionExpression": _CLAIMABLE,
+            "ExpressionAttributeNames": _NAMES,
+            "ExpressionAttributeValues": {
+                ":in_progress": {"S": Status.IN_PROGRESS.value},
+                ":expires_at": {"N": str(now_ms // 1000 + self._ttl_seconds)},
+                OWNER: {"S": token},
+                ":hash": {"S": payload_hash},
+                ":zero": {"N": "0"},
+                ":one": {"N": "1"},
+                ":now_s": {"N": str(now_ms // 1000)},
+                ":now_ms": {"N": str(now_ms)},
+                **values,
+            },
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
 
     @staticmethod
@@ -329,26 +383,19 @@ class IdempotencyStore:
         raise LeaseLost(claim.record_id, current)
 
     def _transact_with_record(
-        self, record_write: dict[str, Any], writes: Sequence[Write], token: str
-    ) -> tuple[bool, IdempotencyRecord | None]:
-        """The record's own item first, then the business writes: ``_transact`` with the record read back."""
-        items = [{"Update": record_write}, *(write.to_transact_item() for write in writes)]
-        applied, failed_item = self._transact(items, token, dict(enumerate(writes, start=1)))
-        return applied, IdempotencyRecord.from_item(failed_item) if failed_item else None
+        self, record_item: dict[str, Any], writes: Sequence[Write], token: str
+    ) -> _RecordRefused | Refused | None:
+        """Apply one transaction: the record's own item (first), then the business writes.
 
-    def _transact(
-        self, items: list[dict[str, Any]], token: str, business: Mapping[int, Write]
-    ) -> tuple[bool, Mapping[str, Any] | None]:
-        """Apply the transaction holding the record (first) and the business writes (by index).
-
-        Returns ``(True, None)`` on success, or ``(False, the item as it was)`` when the
-        record's own condition failed (``None`` when no item came back, e.g. released by
-        the owner that took a zombie's key over). ``ClientRequestToken`` makes a retried
-        transaction idempotent for ten minutes, which settles most ambiguous successes at
-        the source.
+        Returns None on success; ``_RecordRefused`` when the record's own condition failed,
+        with the record as it was (None when no item came back, e.g. released by the owner
+        that took a zombie's key over); ``Refused`` when a business write's condition failed.
+        ``ClientRequestToken`` makes a retried transaction idempotent for ten minutes, which
+        settles most ambiguous successes at the source.
         """
-        if len(business) > MAX_BUSINESS_WRITES:
-            raise ValueError(f"at most {MAX_BUSINESS_WRITES} business writes per message, got {len(business)}")
+        if len(writes) > MAX_BUSINESS_WRITES:
+            raise ValueError(f"at most {MAX_BUSINESS_WRITES} business writes per message, got {len(writes)}")
+        items = [record_item, *(write.to_transact_item() for write in writes)]
         try:
             self._call(self._client.transact_write_items, TransactItems=items, ClientRequestToken=token)
         except ClientError as error:
@@ -358,15 +405,15 @@ class IdempotencyStore:
             record_reason = reasons[0] if reasons else {}
             if record_reason.get("Code") == "ConditionalCheckFailed":
                 item = record_reason.get("Item")
-                return False, item if isinstance(item, Mapping) and item else None
-            for index, reason in enumerate(reasons):
-                if index in business and reason.get("Code") == "ConditionalCheckFailed":
-                    raise BusinessConditionFailed(business[index]) from None
+                return _RecordRefused(IdempotencyRecord.from_item(item) if isinstance(item, Mapping) and item else None)
+            for index, reason in enumerate(reasons[1 : len(writes) + 1]):
+                if reason.get("Code") == "ConditionalCheckFailed":
+                    return Refused(writes[index])
             codes = sorted({str(reason.get("Code")) for reason in reasons} - {"None"})
             if "TransactionConflict" in codes:
                 raise TransactionConflict(f"transaction cancelled: {', '.join(codes)}") from None
             raise TransientError(f"transaction cancelled: {', '.join(codes) or 'no reason given'}") from None
-        return True, None
+        return None
 
     @staticmethod
     def _failed_condition_item_or_none(error: ClientError) -> IdempotencyRecord | None:

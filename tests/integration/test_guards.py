@@ -1,0 +1,349 @@
+"""A lock-mode guard on DynamoDB Local (behind the conflict emulation): no call when the rule fails.
+
+The handler is the core's own, defined here: a charge against an account's balance through
+an outside call (recorded by ``Billing``), with a hold on the account, marked with the
+idempotency key, as its reservation. Each path of the claim is driven: refused (no call,
+first delivery and redrive), accepted (one call, hold settled by the commit), a transient
+failure (hold undone with the release), a crash after the hold (taken over and settled), a
+zombie's release (fenced: the newer owner's hold stays). The negative controls run the same
+trials without the guard, or with the core's undo dropped, and see the checks fail.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from consumer.config import Settings
+from consumer.errors import BusinessConditionFailed, ConfigurationError, TransientError
+from consumer.handlers.base import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
+from consumer.idempotency.record import Status
+from consumer.idempotency.store import Claimed, IdempotencyStore, Refused
+from consumer.idempotency.writes import Update, Write
+from consumer.outcome import Outcome
+from testkit.dynamodb_local import DynamoDBLocal
+from tests.conftest import TableFactory
+from tests.lock_rig import Crash, LockRig
+from tests.utils import settings_for_tests
+
+LEASE_MS = 30_000
+
+
+class Charge(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    accountId: str = Field(pattern=ID_PATTERN)
+    amountCents: StrictInt = Field(gt=0)
+
+
+class Billing:
+    """The outside call: records each charge's key; ``fail_next`` scripts what the next calls do."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self._script: list[str] = []
+
+    def fail_next(self, *how: str) -> None:
+        self._script.extend(how)
+
+    def charge(self, key: str) -> None:
+        how = self._script.pop(0) if self._script else "ok"
+        if how == "crash before the call":
+            raise Crash
+        self.calls.append(key)
+        if how == "transient":
+            raise TransientError("billing answered 503")
+        if how == "crash after the call":
+            raise Crash
+
+
+class ChargeHandler(MessageHandler[Charge]):
+    event_type: ClassVar[str] = "ChargeRequested"
+    mode: ClassVar[Mode] = Mode.LOCK
+    payload_model: ClassVar[type[BaseModel]] = Charge
+    tables: ClassVar[tuple[str, ...]] = ("AccountTable",)
+
+    def __init__(self, settings: Settings, billing: Billing, *, guarded: bool = True) -> None:
+        super().__init__(settings)
+        self.billing = billing
+        self.guarded = guarded
+
+    def _hold_write(self, payload: Charge, key: str, expression: str, condition: str, **values: Any) -> Update:
+        return Update(
+            self.table_names["AccountTable"],
+            {"id": payload.accountId},
+            expression,
+            condition=condition,
+            values={":key": key, **values},
+            reason=f"balance of {payload.accountId} below {payload.amountCents} cents, or held by another charge",
+        )
+
+    def guard(self, payload: Charge, context: MessageContext) -> Guard | None:
+        if not self.guarded:
+            return None
+        key = context.idempotency_key
+        hold = self._hold_write(
+            payload,
+            key,
+            "SET holdKey = :key, holdCents = :amount",
+            # Its own hold passes: the redelivery that takes a dead worker's claim over.
+            "(attribute_not_exists(holdKey) AND balanceCents >= :amount) OR holdKey = :key",
+            **{":amount": payload.amountCents},
+        )
+        undo = self._hold_write(payload, key, "REMOVE holdKey, holdCents", "holdKey = :key")
+        return Guard(writes=(hold,), undo=(undo,))
+
+    def handle(self, payload: Charge, context: MessageContext) -> Effect:
+        self.billing.charge(context.idempotency_key)
+        minus = {":minus": -payload.amountCents}
+        if self.guarded:
+            settle = self._hold_write(
+                payload,
+                context.idempotency_key,
+                "ADD balanceCents :minus REMOVE holdKey, holdCents",
+                "holdKey = :key",
+                **minus,
+            )
+        else:
+            # README's lock mode before guards: the rule is only checked at the commit, after the call.
+            settle = Update(
+                self.table_names["AccountTable"],
+                {"id": payload.accountId},
+                "ADD balanceCents :minus",
+                condition="balanceCents >= :amount",
+                values={**minus, ":amount": payload.amountCents},
+            )
+        return Effect(result={"charged": payload.amountCents}, writes=(settle,))
+
+
+class Accounts:
+    def __init__(self, rig: LockRig, table: str) -> None:
+        self.rig = rig
+        self.table = table
+
+    def open(self, balance: int) -> str:
+        account = f"acc-{uuid.uuid4().hex[:8]}"
+        self.rig.dynamodb.put_item(
+            TableName=self.table, Item={"id": {"S": account}, "balanceCents": {"N": str(balance)}}
+        )
+        return account
+
+    def state(self, account: str) -> tuple[int, str | None]:
+        """The balance and the key holding it, if any."""
+        item = self.rig.item(self.table, {"id": {"S": account}})
+        assert item is not None
+        return int(item["balanceCents"]["N"]), item.get("holdKey", {}).get("S")
+
+
+Make = Callable[..., tuple[LockRig, Billing, Accounts]]
+
+
+@pytest.fixture(scope="module")
+def tables(id_table: TableFactory) -> tuple[str, str]:
+    return id_table("guard-records"), id_table("guard-accounts")
+
+
+@pytest.fixture
+def make(dynamodb_local: DynamoDBLocal, tables: tuple[str, str]) -> Make:
+    def build(*, guarded: bool = True) -> tuple[LockRig, Billing, Accounts]:
+        records, accounts = tables
+        settings = settings_for_tests(table_names={"AccountTable": accounts})
+        billing = Billing()
+        rig = LockRig(dynamodb_local, records, ChargeHandler(settings, billing, guarded=guarded), settings)
+        return rig, billing, Accounts(rig, accounts)
+
+    return build
+
+
+def key() -> str:
+    return f"charge-{uuid.uuid4().hex[:8]}"
+
+
+def refused_trial(make: Make, *, guarded: bool) -> list[str]:
+    """A charge over the balance, delivered and redriven: the calls billing received."""
+    rig, billing, accounts = make(guarded=guarded)
+    account = accounts.open(500)
+    charge = {"accountId": account, "amountCents": 1000}
+    first = rig.deliver(k := key(), charge)
+    redrive = rig.deliver(k, charge)
+    assert (first.outcome, redrive.outcome) == (Outcome.POISON, Outcome.POISON)
+    assert [letter["ErrorType"] for letter in rig.dead_letters.sent] == ["BusinessConditionFailed"] * 2
+    assert accounts.state(account) == (500, None)
+    assert rig.store.get(rig.handler.event_type + "#" + k) is None
+    return billing.calls
+
+
+def test_a_refused_charge_makes_no_call_on_delivery_or_redrive(make: Make) -> None:
+    assert refused_trial(make, guarded=True) == []
+
+
+def test_negative_control_without_the_guard_the_refused_charge_calls_each_time(make: Make) -> None:
+    assert len(refused_trial(make, guarded=False)) == 2
+
+
+def test_the_refusal_says_the_guards_reason(make: Make) -> None:
+    rig, _, accounts = make()
+    account = accounts.open(10)
+    rig.deliver(key(), {"accountId": account, "amountCents": 11})
+    assert f"balance of {account} below 11 cents, or held by another charge" in rig.dead_letters.sent[0]["ErrorMessage"]
+
+
+def test_an_accepted_charge_calls_once_and_the_commit_settles_its_hold(make: Make) -> None:
+    rig, billing, accounts = make()
+    account = accounts.open(5000)
+    charge = {"accountId": account, "amountCents": 3000}
+
+    k = key()
+    assert rig.deliver(k, charge).outcome is Outcome.APPLIED
+    assert billing.calls == [k]
+    assert accounts.state(account) == (2000, None)
+    record = rig.store.get(f"ChargeRequested#{k}")
+    assert record is not None and record.status is Status.COMPLETED
+
+    # The guard now fails (2000 < 3000), but the key is completed: a duplicate, not a refusal.
+    assert rig.deliver(k, charge).outcome is Outcome.DUPLICATE
+    assert billing.calls == [k]
+    assert rig.dead_letters.sent == []
+
+
+def transient_trial(make: Make) -> tuple[LockRig, Billing, Accounts, str, str]:
+    rig, billing, accounts = make()
+    account = accounts.open(5000)
+    billing.fail_next("transient")
+    k = key()
+    assert rig.deliver(k, {"accountId": account, "amountCents": 1000}).outcome is Outcome.RETRIED
+    return rig, billing, accounts, account, k
+
+
+def test_a_transient_failure_releases_the_claim_and_its_hold_together(make: Make) -> None:
+    rig, billing, accounts, account, k = transient_trial(make)
+    assert rig.store.get(f"ChargeRequested#{k}") is None
+    assert accounts.state(account) == (5000, None)
+    # Another charge is not blocked by a hold left behind, and the retry applies at once.
+    assert rig.deliver(key(), {"accountId": account, "amountCents": 100}).outcome is Outcome.APPLIED
+    assert rig.deliver(k, {"accountId": account, "amountCents": 1000}).outcome is Outcome.APPLIED
+    assert accounts.state(account) == (3900, None)
+    assert billing.calls.count(k) == 2
+
+
+def test_negative_control_a_release_without_the_undo_leaves_the_hold(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = IdempotencyStore.release
+
+    def release_without_undo(store: IdempotencyStore, claim: Claimed, undo: tuple[Write, ...] = ()) -> bool:
+        return release(store, claim)
+
+    monkeypatch.setattr(IdempotencyStore, "release", release_without_undo)
+    rig, _, accounts, account, k = transient_trial(make)
+    assert rig.store.get(f"ChargeRequested#{k}") is None
+    assert accounts.state(account) == (5000, k)  # what the test above refuses
+
+
+@pytest.mark.parametrize(("crash", "calls"), [("crash before the call", 1), ("crash after the call", 2)])
+def test_a_crash_after_the_hold_is_taken_over_and_settled(make: Make, crash: str, calls: int) -> None:
+    rig, billing, accounts = make()
+    account = accounts.open(5000)
+    charge = {"accountId": account, "amountCents": 1000}
+    billing.fail_next(crash)
+    rig.crash(k := key(), charge)
+    assert accounts.state(account) == (5000, k)
+
+    # While the dead worker's lease runs, the key is in flight: no second call.
+    assert rig.deliver(k, charge, receive_count=2).outcome is Outcome.IN_FLIGHT
+    rig.advance_past_the_lease()
+    # The takeover passes its own hold; the commit settles it. At-least-once: a crash after
+    # the call calls again, with the same key.
+    assert rig.deliver(k, charge, receive_count=3).outcome is Outcome.APPLIED
+    assert billing.calls == [k] * calls
+    assert accounts.state(account) == (4000, None)
+
+
+def test_a_guard_writing_an_undeclared_table_is_retried_before_any_claim(make: Make) -> None:
+    rig, billing, accounts = make()
+    account = accounts.open(5000)
+    stray = Update("NotDeclared", {"id": "x"}, "SET a = :a", values={":a": 1})
+    rig.handler.guard = lambda payload, context: Guard(writes=(stray,))  # type: ignore[method-assign]
+
+    result = rig.deliver(k := key(), {"accountId": account, "amountCents": 1000})
+
+    assert result.outcome is Outcome.RETRIED
+    assert "NotDeclared" in (result.reason or "")
+    assert billing.calls == []
+    assert rig.store.get(f"ChargeRequested#{k}") is None
+
+
+# -- the store, transition by transition ------------------------------------------------------
+
+
+def hold(rig: LockRig, account: str, k: str) -> Guard:
+    guard = rig.handler.guard(Charge(accountId=account, amountCents=1000), context(k))
+    assert guard is not None
+    return guard
+
+
+def context(k: str) -> MessageContext:
+    return MessageContext(message_id="m", idempotency_key=k, receive_count=1, remaining_ms=lambda: LEASE_MS)
+
+
+def test_a_zombies_release_leaves_the_newer_owners_claim_and_hold(make: Make) -> None:
+    rig, _, accounts = make()
+    account = accounts.open(5000)
+    guard = hold(rig, account, k := key())
+    record_id = f"ChargeRequested#{k}"
+    zombie = rig.store.claim(record_id, "h", LEASE_MS, guard.writes)
+    assert isinstance(zombie, Claimed) and zombie.attempts is None
+    rig.advance_past_the_lease()
+    owner = rig.store.claim(record_id, "h", LEASE_MS, guard.writes)
+    assert isinstance(owner, Claimed)
+
+    assert rig.store.release(zombie, guard.undo) is False
+    assert accounts.state(account) == (5000, k)
+    current = rig.store.get(record_id)
+    assert current is not None and current.owner_token == owner.owner_token
+
+    assert rig.store.release(owner, guard.undo) is True
+    assert accounts.state(account) == (5000, None)
+    assert rig.store.get(record_id) is None
+
+
+def test_a_guard_refusal_on_a_free_key_writes_nothing(make: Make) -> None:
+    rig, _, accounts = make()
+    account = accounts.open(999)
+    guard = hold(rig, account, k := key())
+
+    result = rig.store.claim(f"ChargeRequested#{k}", "h", LEASE_MS, guard.writes)
+
+    assert result == Refused(guard.writes[0])
+    assert rig.store.get(f"ChargeRequested#{k}") is None
+    assert accounts.state(account) == (999, None)
+
+
+def test_an_undo_whose_condition_fails_releases_nothing(make: Make) -> None:
+    rig, _, accounts = make()
+    account = accounts.open(5000)
+    guard = hold(rig, account, k := key())
+    claim = rig.store.claim(f"ChargeRequested#{k}", "h", LEASE_MS, guard.writes)
+    assert isinstance(claim, Claimed)
+    other = hold(rig, account, "someone-else")
+
+    with pytest.raises(BusinessConditionFailed):
+        rig.store.release(claim, other.undo)
+
+    record = rig.store.get(f"ChargeRequested#{k}")
+    assert record is not None and record.owner_token == claim.owner_token
+    assert accounts.state(account) == (5000, k)
+
+
+def test_an_optimistic_handler_with_a_guard_is_refused_at_start(make: Make, dynamodb_local: DynamoDBLocal) -> None:
+    class Optimistic(ChargeHandler):
+        mode: ClassVar[Mode] = Mode.OPTIMISTIC
+
+    rig, billing, _ = make()
+    settings = settings_for_tests(table_names=dict(rig.handler.table_names))
+    with pytest.raises(ConfigurationError, match="defines a guard, which only lock mode runs"):
+        LockRig(dynamodb_local, "unused", Optimistic(settings, billing), settings)
