@@ -1,0 +1,108 @@
+"""SubscriptionRenewed (lock): charge a renewal through a billing endpoint, only if the paid-up period moves forward.
+
+The charge leaves DynamoDB, so the rule must hold before it, not only at the commit: the guard,
+committed in one transaction with the claim, requires the new period to be later than the paid
+one and marks the renewal pending under this idempotency key. A renewal that would move the
+period backwards is dead-lettered (``BusinessConditionFailed``) and billing is never called, on
+its first delivery or a redrive. The commit sets the period and clears the mark; a failure
+before it clears the mark with the release; a worker that dies leaves the mark, and the
+redelivery that takes its claim over passes the guard with it (same key) and settles it.
+
+What stays at-least-once: a crash after the charge and before the commit charges again, with
+the same ``Idempotency-Key``, which billing must honour. While one renewal of a subscription is
+pending, another (under another key) is refused as well: renewals of one subscription are
+serial, and a refused one can be redriven once the first is settled.
+
+Not registered: to use it, add it to ``HANDLERS``, a ``SubscriptionTable`` keyed by
+``subscriptionId`` (S) to template.yaml with its variable and grants (README's checklist "A
+handler with its own table"), and ``BILLING_WEBHOOK_URL``. Tests:
+``tests/examples/test_subscription_renewed.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from consumer.config import Settings
+from consumer.errors import ConfigurationError
+from consumer.handlers.base import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
+from consumer.idempotency.writes import Update
+from consumer.webhook import SigningKey, WebhookClient
+
+BILLING_URL_VARIABLE = "BILLING_WEBHOOK_URL"
+
+
+class SubscriptionRenewed(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    subscriptionId: str = Field(pattern=ID_PATTERN)
+    # The period paid up to after this renewal, e.g. 202407 for July 2024.
+    paidThrough: StrictInt = Field(gt=0, le=999_999)
+    amountCents: StrictInt = Field(gt=0, le=10**9)
+
+
+class SubscriptionRenewedHandler(MessageHandler[SubscriptionRenewed]):
+    event_type: ClassVar[str] = "SubscriptionRenewed"
+    mode: ClassVar[Mode] = Mode.LOCK
+    payload_model: ClassVar[type[BaseModel]] = SubscriptionRenewed
+    tables: ClassVar[tuple[str, ...]] = ("SubscriptionTable",)
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self._timeout_ms = settings.webhook_timeout_ms
+        url = os.environ.get(BILLING_URL_VARIABLE, "")
+        if not url:
+            raise ConfigurationError(f"{BILLING_URL_VARIABLE} is not set: renewals have nowhere to be charged")
+        key = SigningKey(settings.webhook_secret_arn) if settings.webhook_secret_arn else None
+        self._billing = WebhookClient(url, BILLING_URL_VARIABLE, signing_key=key)
+        if key is None and self._billing.leaves_host:
+            raise ConfigurationError(
+                f"{BILLING_URL_VARIABLE} beyond loopback needs WEBHOOK_SECRET_ARN to sign its calls"
+            )
+
+    def contention_key(self, payload: SubscriptionRenewed) -> str:
+        return f"SubscriptionTable/{payload.subscriptionId}"
+
+    def _write(self, payload: SubscriptionRenewed, context: MessageContext, expression: str, condition: str) -> Update:
+        values = {":key": context.idempotency_key, ":through": payload.paidThrough}
+        return Update(
+            table=self.table_names["SubscriptionTable"],
+            key={"subscriptionId": payload.subscriptionId},
+            expression=expression,
+            condition=condition,
+            # DynamoDB refuses a value the expressions do not use.
+            values={name: value for name, value in values.items() if name in expression + condition},
+            reason=(
+                f"renewal of {payload.subscriptionId} through {payload.paidThrough} would not move its paid-up"
+                " period forward, or another renewal of it is pending"
+            ),
+        )
+
+    def guard(self, payload: SubscriptionRenewed, context: MessageContext) -> Guard:
+        reserve = self._write(
+            payload,
+            context,
+            "SET pendingKey = :key, pendingThrough = :through",
+            # Its own mark passes: the redelivery that takes a dead worker's claim over.
+            "(attribute_not_exists(pendingKey) OR pendingKey = :key)"
+            " AND (attribute_not_exists(paidThrough) OR paidThrough < :through)",
+        )
+        undo = self._write(payload, context, "REMOVE pendingKey, pendingThrough", "pendingKey = :key")
+        return Guard(writes=(reserve,), undo=(undo,))
+
+    def handle(self, payload: SubscriptionRenewed, context: MessageContext) -> Effect:
+        # Never outlive the lease: past it another worker may already be charging.
+        deadline_s = max(0.1, min(self._timeout_ms, context.remaining_ms()) / 1000)
+        body = json.dumps(payload.model_dump(mode="json")).encode("utf-8")
+        status = self._billing.post(body, context.idempotency_key, deadline_s)
+        settle = self._write(
+            payload,
+            context,
+            "SET paidThrough = :through REMOVE pendingKey, pendingThrough",
+            "pendingKey = :key",
+        )
+        return Effect(result={"paidThrough": payload.paidThrough, "billingStatus": status}, writes=(settle,))
