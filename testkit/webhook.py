@@ -1,6 +1,8 @@
-"""A receipt webhook sink on loopback: records every POST and answers as a test tells it to.
+"""A webhook sink on loopback: records every POST, verifies its signature, answers as a test tells it to.
 
-``GET /requests`` returns what was received as JSON (for ``make run`` users and other
+Each POST is checked with the reference ``standardwebhooks`` library against the sink's own
+``secret`` (the local stack signs with it): ``verified`` is False for an unsigned or badly
+signed call. ``GET /requests`` returns what was received as JSON (for ``make run`` users and other
 processes); in-process, ``WebhookSink.received`` does the same. ``answer_next`` plans
 the next answers (status, delay, seconds between its bytes), for any request or for one ``Idempotency-Key``,
 so tests can make the downstream fail, stall or reject; once a plan runs out the POST
@@ -9,8 +11,10 @@ gets the ``default`` answer.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import os
 import sys
 import threading
 import time
@@ -19,6 +23,8 @@ from dataclasses import asdict, dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from testkit.processes import LOOPBACK
 
@@ -40,6 +46,7 @@ class ReceivedRequest:
     headers: dict[str, str]
     status: int
     received_at: float
+    verified: bool = False
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -55,8 +62,9 @@ class _Server(ThreadingHTTPServer):
 class WebhookSink:
     """An HTTP server on 127.0.0.1 in a daemon thread of this process."""
 
-    def __init__(self, default: Answer = Answer()) -> None:
+    def __init__(self, default: Answer = Answer(), secret: str | None = None) -> None:
         self.default = default
+        self.secret = secret or "whsec_" + base64.b64encode(os.urandom(32)).decode()
         self._lock = threading.Lock()
         self._received: list[ReceivedRequest] = []
         self._plan: deque[Answer] = deque()
@@ -73,11 +81,15 @@ class WebhookSink:
 
     @property
     def receipts_url(self) -> str:
-        return f"{self.url}/receipts"
+        return f"{self.url}/ReceiptWebhookUrl"
 
     def received(self) -> list[ReceivedRequest]:
         with self._lock:
             return list(self._received)
+
+    def unverified(self) -> list[ReceivedRequest]:
+        """The calls that were unsigned or whose signature does not verify with ``secret``."""
+        return [request for request in self.received() if not request.verified]
 
     def keys(self) -> list[str | None]:
         """The ``Idempotency-Key`` of every POST received, in order."""
@@ -139,6 +151,11 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
                 # The caller died mid-request (a crash fault): a receiver acts on no half of a request.
                 self.close_connection = True
                 return
+            try:
+                Webhook(sink.secret).verify(raw, dict(self.headers.items()), json_parse=False)
+                verified = True
+            except (WebhookVerificationError, ValueError):
+                verified = False
             body = raw.decode("utf-8", "replace")
             answer = sink._next_answer(self.headers.get("Idempotency-Key"))
             sink._record(
@@ -149,6 +166,7 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
                     headers=dict(self.headers.items()),
                     status=int(answer.status),
                     received_at=time.time(),
+                    verified=verified,
                 )
             )
             if answer.delay_s:

@@ -110,7 +110,9 @@ def test_a_receipt_reaches_the_webhook_with_its_idempotency_key_and_survives_a_5
     calls = webhook_sink.received()
     assert [call.status for call in calls] == [503, 200]
     assert {call.idempotency_key for call in calls} == {"rcpt-e2e-1"}
-    assert {call.path for call in calls} == {"/receipts"}
+    assert {call.path for call in calls} == {"/ReceiptWebhookUrl"}
+    # Signed by the function with the secret the local stack put in Secrets Manager, every try.
+    assert all(call.verified for call in calls)
     assert calls[-1].json()["receiptId"] == "r-e2e-1"
     recorded = _ledger_item(stack, "acc-r", "RECEIPT#r-e2e-1")
     assert recorded is not None
