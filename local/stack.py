@@ -105,9 +105,7 @@ def deploy_stack(
     """
     overrides = dict(parameter_overrides or {})
     if webhook is not None:
-        secret = servers.client("secretsmanager").create_secret(
-            Name=f"webhook-{uuid.uuid4().hex}", SecretString=webhook.secret
-        )
+        secret = servers.client("secretsmanager").create_secret(Name=uuid.uuid4().hex, SecretString=webhook.secret)
         overrides.setdefault("WebhookSecretArn", secret["ARN"])
         for name in load_template(template_path).get("Parameters", {}):
             if name.endswith("WebhookUrl"):

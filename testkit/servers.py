@@ -1,7 +1,4 @@
-"""The two servers of the local stack together, and deploying the template onto them.
-
-moto's server also holds the stack's Secrets Manager (the webhook's signing secret).
-"""
+"""The local stack's two servers (moto's holds SQS and Secrets Manager), and deploying the template onto them."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """A webhook sink on loopback: records every POST, verifies its signature, answers as a test tells it to.
 
-Each POST is checked with the reference ``standardwebhooks`` library against the sink's own
-``secret`` (the local stack signs with it): ``verified`` is False for an unsigned or badly
-signed call. ``GET /requests`` returns what was received as JSON (for ``make run`` users and other
+``verified``: the reference ``standardwebhooks`` library accepts its signature with ``secret`` (the
+local stack's signing secret). ``GET /requests`` returns what was received as JSON (for ``make run`` users and other
 processes); in-process, ``WebhookSink.received`` does the same. ``answer_next`` plans
 the next answers (status, delay, seconds between its bytes), for any request or for one ``Idempotency-Key``,
 so tests can make the downstream fail, stall or reject; once a plan runs out the POST
@@ -22,11 +21,11 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from testkit.processes import LOOPBACK
+from testkit.processes import LOOPBACK, Lifecycle
 
 _MAX_BODY_BYTES = 1024 * 1024
 
@@ -59,12 +58,12 @@ class _Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-class WebhookSink:
+class WebhookSink(Lifecycle):
     """An HTTP server on 127.0.0.1 in a daemon thread of this process."""
 
-    def __init__(self, default: Answer = Answer(), secret: str | None = None) -> None:
+    def __init__(self, default: Answer = Answer()) -> None:
         self.default = default
-        self.secret = secret or "whsec_" + base64.b64encode(os.urandom(32)).decode()
+        self.secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
         self._lock = threading.Lock()
         self._received: list[ReceivedRequest] = []
         self._plan: deque[Answer] = deque()
@@ -107,7 +106,7 @@ class WebhookSink:
             self._plan.clear()
             self._plans_by_key.clear()
 
-    def start(self) -> WebhookSink:
+    def start(self) -> Self:
         self._server = _Server((LOOPBACK, 0), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="webhook-sink", daemon=True)
@@ -121,12 +120,6 @@ class WebhookSink:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._server, self._thread = None, None
-
-    def __enter__(self) -> WebhookSink:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     def _next_answer(self, key: str | None) -> Answer:
         with self._lock:
@@ -151,24 +144,15 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
                 # The caller died mid-request (a crash fault): a receiver acts on no half of a request.
                 self.close_connection = True
                 return
-            try:
-                Webhook(sink.secret).verify(raw, dict(self.headers.items()), json_parse=False)
+            headers = dict(self.headers.items())
+            verified = False
+            with contextlib.suppress(WebhookVerificationError, ValueError):
+                Webhook(sink.secret).verify(raw, headers, json_parse=False)
                 verified = True
-            except (WebhookVerificationError, ValueError):
-                verified = False
+            key = self.headers.get("Idempotency-Key")
+            answer = sink._next_answer(key)
             body = raw.decode("utf-8", "replace")
-            answer = sink._next_answer(self.headers.get("Idempotency-Key"))
-            sink._record(
-                ReceivedRequest(
-                    path=self.path,
-                    idempotency_key=self.headers.get("Idempotency-Key"),
-                    body=body,
-                    headers=dict(self.headers.items()),
-                    status=int(answer.status),
-                    received_at=time.time(),
-                    verified=verified,
-                )
-            )
+            sink._record(ReceivedRequest(self.path, key, body, headers, int(answer.status), time.time(), verified))
             if answer.delay_s:
                 time.sleep(answer.delay_s)
             self._reply(answer.status, {"status": int(answer.status)}, answer.trickle_s)
