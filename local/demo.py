@@ -137,6 +137,7 @@ def _checks(
             f"{len(receipt_keys)} receipts accepted by the webhook and recorded once",
         ),
         Check(all(r.idempotency_key for r in sink.received()), "every webhook call carried an Idempotency-Key header"),
+        Check(not sink.unverified(), f"every webhook call signed and verified ({len(sink.unverified())} failed)"),
         Check(waiting + in_flight == 0, "nothing left in the queue"),
     ]
 

@@ -5,6 +5,7 @@ Each poller invokes an execution environment of its own, as Lambda runs one per 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
@@ -14,7 +15,7 @@ from local.poller import BatchReport, Poller, PollerGroup, PollerStats
 from testkit.lambda_runtime import LambdaEnvironment, LambdaFleet
 from testkit.resources import LocalResources, QueueResource
 from testkit.servers import LocalServers
-from testkit.template import TEMPLATE_PATH
+from testkit.template import TEMPLATE_PATH, load_template
 from testkit.webhook import WebhookSink
 
 
@@ -98,12 +99,17 @@ def deploy_stack(
 ) -> DeployedStack:
     """Create the template's resources and make its function ready against them.
 
-    With a ``webhook`` sink, ``ReceiptWebhookUrl`` points at it unless overridden;
-    ``memory_mb`` overrides ``MemorySize`` (and with it the CPU share).
+    With a ``webhook`` sink, every parameter named ``*WebhookUrl`` points at ``<sink>/<its name>``
+    and ``WebhookSecretArn`` at a secret holding the sink's, unless overridden; ``memory_mb``
+    overrides ``MemorySize`` (and with it the CPU share).
     """
     overrides = dict(parameter_overrides or {})
     if webhook is not None:
-        overrides.setdefault("ReceiptWebhookUrl", webhook.receipts_url)
+        secret = servers.client("secretsmanager").create_secret(Name=uuid.uuid4().hex, SecretString=webhook.secret)
+        overrides.setdefault("WebhookSecretArn", secret["ARN"])
+        for name in load_template(template_path).get("Parameters", {}):
+            if name.endswith("WebhookUrl"):
+                overrides.setdefault(name, f"{webhook.url}/{name}")
     resources = servers.deploy(template_path, stack_name=stack_name, parameter_overrides=overrides)
     function = resources.function()
     fleet = LambdaFleet(function, servers.function_environment(function), memory_mb=memory_mb, log_sink=log_sink)

@@ -120,16 +120,3 @@ class LambdaContext:
 
     def timed_out(self) -> bool:
         return time.monotonic() >= self._deadline
-
-
-class Remaining:
-    """A remaining time the test sets: fixed, or read from a script and then its last value."""
-
-    def __init__(self, ms: int = 30_000, then: list[int] | None = None) -> None:
-        self.ms = ms
-        self._script = list(then or [])
-
-    def __call__(self) -> int:
-        if self._script:
-            self.ms = self._script.pop(0)
-        return self.ms

@@ -1,4 +1,4 @@
-"""The two servers of the local stack together, and deploying the template onto them."""
+"""The local stack's two servers (moto's holds SQS and Secrets Manager), and deploying the template onto them."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ class LocalServers(Lifecycle):
             self.dynamodb.stop()
 
     def client(self, service: str, **options: Any) -> Any:
-        endpoints = {"dynamodb": self.dynamodb_endpoint_url, "sqs": self.sqs_endpoint_url}
+        moto = self.sqs_endpoint_url
+        endpoints = {"dynamodb": self.dynamodb_endpoint_url, "sqs": moto, "secretsmanager": moto}
         if service not in endpoints:
             raise ValueError(f"the local stack has no {service}")
         return client(service, endpoints[service], **options)
@@ -78,4 +79,5 @@ class LocalServers(Lifecycle):
             **function.environment,
             "AWS_ENDPOINT_URL_DYNAMODB": self.dynamodb_endpoint_url,
             "AWS_ENDPOINT_URL_SQS": self.sqs_endpoint_url,
+            "AWS_ENDPOINT_URL_SECRETS_MANAGER": self.sqs_endpoint_url,
         }

@@ -1,6 +1,7 @@
-"""A receipt webhook sink on loopback: records every POST and answers as a test tells it to.
+"""A webhook sink on loopback: records every POST, verifies its signature, answers as a test tells it to.
 
-``GET /requests`` returns what was received as JSON (for ``make run`` users and other
+``verified``: the reference ``standardwebhooks`` library accepts its signature with ``secret`` (the
+local stack's signing secret). ``GET /requests`` returns what was received as JSON (for ``make run`` users and other
 processes); in-process, ``WebhookSink.received`` does the same. ``answer_next`` plans
 the next answers (status, delay, seconds between its bytes), for any request or for one ``Idempotency-Key``,
 so tests can make the downstream fail, stall or reject; once a plan runs out the POST
@@ -9,8 +10,10 @@ gets the ``default`` answer.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import os
 import sys
 import threading
 import time
@@ -18,9 +21,11 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
-from testkit.processes import LOOPBACK
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from testkit.processes import LOOPBACK, Lifecycle
 
 _MAX_BODY_BYTES = 1024 * 1024
 
@@ -40,6 +45,7 @@ class ReceivedRequest:
     headers: dict[str, str]
     status: int
     received_at: float
+    verified: bool = False
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -52,11 +58,12 @@ class _Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-class WebhookSink:
+class WebhookSink(Lifecycle):
     """An HTTP server on 127.0.0.1 in a daemon thread of this process."""
 
     def __init__(self, default: Answer = Answer()) -> None:
         self.default = default
+        self.secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
         self._lock = threading.Lock()
         self._received: list[ReceivedRequest] = []
         self._plan: deque[Answer] = deque()
@@ -73,11 +80,15 @@ class WebhookSink:
 
     @property
     def receipts_url(self) -> str:
-        return f"{self.url}/receipts"
+        return f"{self.url}/ReceiptWebhookUrl"
 
     def received(self) -> list[ReceivedRequest]:
         with self._lock:
             return list(self._received)
+
+    def unverified(self) -> list[ReceivedRequest]:
+        """The calls that were unsigned or whose signature does not verify with ``secret``."""
+        return [request for request in self.received() if not request.verified]
 
     def keys(self) -> list[str | None]:
         """The ``Idempotency-Key`` of every POST received, in order."""
@@ -95,7 +106,7 @@ class WebhookSink:
             self._plan.clear()
             self._plans_by_key.clear()
 
-    def start(self) -> WebhookSink:
+    def start(self) -> Self:
         self._server = _Server((LOOPBACK, 0), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="webhook-sink", daemon=True)
@@ -109,12 +120,6 @@ class WebhookSink:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._server, self._thread = None, None
-
-    def __enter__(self) -> WebhookSink:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     def _next_answer(self, key: str | None) -> Answer:
         with self._lock:
@@ -139,18 +144,15 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
                 # The caller died mid-request (a crash fault): a receiver acts on no half of a request.
                 self.close_connection = True
                 return
+            headers = dict(self.headers.items())
+            verified = False
+            with contextlib.suppress(WebhookVerificationError, ValueError):
+                Webhook(sink.secret).verify(raw, headers, json_parse=False)
+                verified = True
+            key = self.headers.get("Idempotency-Key")
+            answer = sink._next_answer(key)
             body = raw.decode("utf-8", "replace")
-            answer = sink._next_answer(self.headers.get("Idempotency-Key"))
-            sink._record(
-                ReceivedRequest(
-                    path=self.path,
-                    idempotency_key=self.headers.get("Idempotency-Key"),
-                    body=body,
-                    headers=dict(self.headers.items()),
-                    status=int(answer.status),
-                    received_at=time.time(),
-                )
-            )
+            sink._record(ReceivedRequest(self.path, key, body, headers, int(answer.status), time.time(), verified))
             if answer.delay_s:
                 time.sleep(answer.delay_s)
             self._reply(answer.status, {"status": int(answer.status)}, answer.trickle_s)

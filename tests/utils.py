@@ -46,3 +46,16 @@ def readme_checklist() -> list[str]:
     blocks = re.findall(r"^```\w*\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
     assert len(blocks) == 5, "README's checklist changed shape: update tests/utils.py and the tests that follow it"
     return blocks[:4]
+
+
+class Remaining:
+    """A remaining time the test sets: fixed, or read from a script and then its last value."""
+
+    def __init__(self, ms: int = 30_000, then: list[int] | None = None) -> None:
+        self.ms = ms
+        self._script = list(then or [])
+
+    def __call__(self) -> int:
+        if self._script:
+            self.ms = self._script.pop(0)
+        return self.ms

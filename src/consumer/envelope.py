@@ -175,7 +175,8 @@ def _parse_body(record: Record) -> dict[str, Any]:
         raise PoisonMessage(ErrorType.BODY_TOO_LARGE, f"body is {size} bytes, the limit is {MAX_BODY_BYTES}")
     try:
         parsed = json.loads(body)
-    except json.JSONDecodeError as error:
+    # ValueError, not only JSONDecodeError: an integer of more than 4,300 digits raises it too.
+    except ValueError as error:
         raise PoisonMessage(ErrorType.INVALID_JSON, f"body is not JSON: {error}") from None
     except RecursionError:
         raise PoisonMessage(

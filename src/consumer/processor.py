@@ -156,7 +156,8 @@ class RecordProcessor:
             reason = _bounded(f"dead-letter send failed: {error}")
             self._logger.error("dead-letter send failed", extra={**keys, "error": reason})
             return RecordResult(message_id, Outcome.RETRIED, reason)
-        self._logger.warning("dead-lettered", extra={**keys, "error_type": poison.error_type, "reason": poison.message})
+        reason = _bounded(poison.message)
+        self._logger.warning("dead-lettered", extra={**keys, "error_type": poison.error_type, "reason": reason})
         return RecordResult(message_id, Outcome.POISON, f"{poison.error_type}: {poison.message}", poison=poison)
 
     # -- the two modes ----------------------------------------------------------------

@@ -21,9 +21,16 @@ accepts (non-ASCII, CR/LF) can thus be sent, the same on every try; the keys mad
 Signed as Standard Webhooks signs (https://www.standardwebhooks.com/): ``webhook-timestamp``
 (epoch seconds of this try) and ``webhook-signature: v1,<base64 HMAC-SHA256 of
 "<webhook-id>.<webhook-timestamp>.<body>">``, keyed by a secret ``whsec_<base64>`` held in
-Secrets Manager. ``SigningKey`` reads it once per cold start through Powertools' parameters
-utility; a secret that cannot be read or is not of that form is a ``ConfigurationError``, and
-no request goes out unsigned.
+Secrets Manager. ``SigningKey`` reads it through Powertools' parameters utility on first use and
+again once ``SECRET_MAX_AGE_S`` has passed, with its previous value while Secrets Manager keeps
+one: a call then carries both signatures, space-separated as the specification allows, so a
+receiver verifies it before and after moving to the new secret. A secret that cannot be read or
+is not of that form is a ``ConfigurationError``, and no request goes out unsigned.
+
+Headers a caller adds go beside ours, never over them: a name that is one of ours in any case
+is a ``ConfigurationError``, and a name or value HTTP cannot carry (CR, LF, other control
+characters, beyond Latin-1) is ``PoisonMessage(WebhookRejected)`` naming the header, never
+quoting the value.
 """
 
 from __future__ import annotations
@@ -35,16 +42,24 @@ import hashlib
 import hmac
 import http.client
 import ipaddress
+import re
 import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from consumer.errors import ConfigurationError, ErrorType, PoisonMessage, TransientError
 
 _RETRYABLE_4XX = frozenset({408, 425, 429})
 _KEY_SAFE = "!#$&'()*+,-./:;<=>?@[]^_`{|}~"
+# Ours, and HTTP's framing: a caller's copy in another case would be sent beside them.
+_OWN_HEADERS = frozenset(
+    {"content-type", "content-length", "transfer-encoding", "idempotency-key"}
+    | {"webhook-id", "webhook-timestamp", "webhook-signature"}
+)
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 
 
 def header_key(key: str) -> str:
@@ -53,16 +68,23 @@ def header_key(key: str) -> str:
 
 
 _SECRET_PREFIX = "whsec_"  # noqa: S105 (the format's prefix, not a secret)
-# Standard Webhooks asks for 24 to 64 bytes of key.
+# Standard Webhooks asks for 24 to 64 bytes of key; longer keys work with the reference (HMAC hashes them).
 _MIN_KEY_BYTES = 24
+# How long a container signs with what it read: a rotation reaches every container within this.
+SECRET_MAX_AGE_S = 300.0
 
 
 def signing_key(secret: str, name: str) -> bytes:
-    """The HMAC key of a Standard Webhooks secret ``whsec_<base64>``."""
+    """The HMAC key of a Standard Webhooks secret ``whsec_<base64>``.
+
+    As the reference library reads it: line breaks (``base64`` wraps at 76 columns, so a 64-byte
+    key spans two lines) and missing padding are accepted; any other character is refused.
+    """
     try:
         if not secret.startswith(_SECRET_PREFIX):
             raise ValueError("no whsec_ prefix")
-        key = base64.b64decode(secret.removeprefix(_SECRET_PREFIX), validate=True)
+        encoded = "".join(secret.removeprefix(_SECRET_PREFIX).split())
+        key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
     except (ValueError, binascii.Error):
         raise ConfigurationError(f"secret {name} is not a Standard Webhooks secret (whsec_<base64>)") from None
     if len(key) < _MIN_KEY_BYTES:
@@ -76,24 +98,47 @@ def signature(key: bytes, webhook_id: str, timestamp: int, body: bytes) -> str:
 
 
 class SigningKey:
-    """The webhook secret named by its ARN, read on first use and kept for the container's life."""
+    """The webhook secret named by its ARN: its current key, then its previous one if Secrets Manager keeps one.
 
-    def __init__(self, secret_arn: str) -> None:
+    Read on first use and again once ``max_age_s`` has passed since the last read.
+    """
+
+    def __init__(
+        self, secret_arn: str, max_age_s: float = SECRET_MAX_AGE_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._arn = secret_arn
-        self._key: bytes | None = None
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._keys: tuple[bytes, ...] = ()
+        self._read_at = 0.0
 
-    def __call__(self) -> bytes:
-        if self._key is None:
-            # Only a signing function pays for the parameters utility, and only when it first signs.
-            from aws_lambda_powertools.utilities import parameters  # noqa: PLC0415
+    def __call__(self) -> tuple[bytes, ...]:
+        if not self._keys or self._clock() - self._read_at >= self._max_age_s:
+            keys = [signing_key(self._value("AWSCURRENT") or "", self._arn)]
+            if (previous := self._value("AWSPREVIOUS")) is not None:
+                # A malformed previous value is one a fix replaced: it signs nothing.
+                with contextlib.suppress(ConfigurationError):
+                    keys.append(signing_key(previous, self._arn))
+            self._keys = tuple(dict.fromkeys(keys))
+            self._read_at = self._clock()
+        return self._keys
 
-            try:
-                secret = parameters.get_secret(self._arn)
-            except parameters.GetParameterError as error:
-                cause = type(error.__cause__).__name__ if error.__cause__ else "no value"
-                raise ConfigurationError(f"webhook secret {self._arn} cannot be read ({cause})") from None
-            self._key = signing_key(str(secret), self._arn)
-        return self._key
+    def _value(self, stage: str) -> str | None:
+        # Only a signing function pays for the parameters utility, and only when it first signs.
+        from aws_lambda_powertools.utilities import parameters  # noqa: PLC0415
+
+        try:
+            # force_fetch: the utility caches by name alone, whatever the version stage.
+            return str(parameters.get_secret(self._arn, force_fetch=True, VersionStage=stage))
+        except parameters.GetParameterError as error:
+            # The utility raises it while handling the SDK's error, without ``from``.
+            cause = error.__cause__ or error.__context__
+            code = getattr(cause, "response", {}).get("Error", {}).get("Code")
+            if stage == "AWSPREVIOUS" and code == "ResourceNotFoundException":
+                return None
+            raise ConfigurationError(
+                f"webhook secret {self._arn} cannot be read ({type(cause).__name__ if cause else 'no value'})"
+            ) from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -110,7 +155,7 @@ class WebhookClient:
         self,
         url: str,
         setting: str = "webhook URL",
-        signing_key: Callable[[], bytes] | None = None,
+        signing_key: Callable[[], Sequence[bytes]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         parts = urllib.parse.urlsplit(url)
@@ -130,15 +175,14 @@ class WebhookClient:
 
     def post(self, body: bytes, idempotency_key: str, deadline_s: float, headers: Mapping[str, str] = {}) -> int:
         """POST ``body``; the status of a 2xx answer, or raise as the module's docstring maps it."""
+        _check_headers(headers)
         key = header_key(idempotency_key)
         sent = {**headers, "Content-Type": "application/json", "Idempotency-Key": key, "webhook-id": key}
         if self._signing_key is not None:
             # Before any connection: a secret that cannot be read stops the call, never an unsigned one.
             timestamp = int(self._clock())
-            sent |= {
-                "webhook-timestamp": str(timestamp),
-                "webhook-signature": signature(self._signing_key(), key, timestamp, body),
-            }
+            signatures = (signature(secret, key, timestamp, body) for secret in self._signing_key())
+            sent |= {"webhook-timestamp": str(timestamp), "webhook-signature": " ".join(signatures)}
         connection_type = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         connection = connection_type(self._host, self._port, timeout=deadline_s)
         expired = threading.Event()
@@ -165,6 +209,20 @@ class WebhookClient:
         if expired.is_set():
             raise TransientError(f"webhook call passed its {deadline_s:.1f} s deadline")
         return _outcome(status)
+
+
+def _check_headers(headers: Mapping[str, str]) -> None:
+    for name, value in headers.items():
+        if not _HEADER_NAME.fullmatch(name):
+            raise PoisonMessage(ErrorType.WEBHOOK_REJECTED, "a header name holds characters HTTP cannot carry")
+        if name.lower() in _OWN_HEADERS:
+            raise ConfigurationError(f"header {name} is set by WebhookClient; a caller cannot send its own")
+        if not _HEADER_VALUE.fullmatch(value):
+            # The value may come from the message: named, never quoted into the log.
+            raise PoisonMessage(
+                ErrorType.WEBHOOK_REJECTED,
+                f"header {name}: value holds CR, LF, another control character or one beyond Latin-1",
+            )
 
 
 def _outcome(status: int) -> int:

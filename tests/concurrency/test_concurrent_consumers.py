@@ -22,11 +22,11 @@ import pytest
 from consumer.app import wire
 from consumer.batch import BatchRunner
 from consumer.config import Settings
-from testkit.lambda_sqs import Remaining, sqs_record
+from testkit.lambda_sqs import sqs_record
 from testkit.messages import payment_body, receipt_body
 from testkit.servers import LocalServers
 from testkit.webhook import Answer, WebhookSink
-from tests.utils import settings_for_tests
+from tests.utils import Remaining, settings_for_tests
 
 CONSUMERS = 4
 BATCH_SIZE = 10

@@ -28,11 +28,11 @@ from consumer.errors import LeaseLost
 from consumer.idempotency.record import Status
 from consumer.idempotency.store import Claimed, IdempotencyStore
 from testkit import dead_letters
-from testkit.lambda_sqs import FIFO_QUEUE_ARN, Remaining, sqs_record
+from testkit.lambda_sqs import FIFO_QUEUE_ARN, sqs_record
 from testkit.messages import envelope, ledger_balance, payment_payload, receipt_payload
 from testkit.servers import LocalServers
 from testkit.webhook import Answer, WebhookSink
-from tests.utils import settings_for_tests
+from tests.utils import Remaining, settings_for_tests
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 Record = dict[str, Any]

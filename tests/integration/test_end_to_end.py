@@ -9,11 +9,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from local.stack import DeployedStack
 from testkit import dead_letters, messages
 from testkit.aws import DUMMY_CREDENTIALS_ENV
+from testkit.template import REPO_ROOT
 from testkit.webhook import Answer, WebhookSink
+from tests.integration.template_copies import function_properties, template_copy
 
 AWS_CLI = Path(sys.executable).parent / "aws"
 
@@ -110,8 +113,33 @@ def test_a_receipt_reaches_the_webhook_with_its_idempotency_key_and_survives_a_5
     calls = webhook_sink.received()
     assert [call.status for call in calls] == [503, 200]
     assert {call.idempotency_key for call in calls} == {"rcpt-e2e-1"}
-    assert {call.path for call in calls} == {"/receipts"}
+    assert {call.path for call in calls} == {"/ReceiptWebhookUrl"}
+    # Signed by the function with the secret the local stack put in Secrets Manager, every try.
+    assert all(call.verified for call in calls)
     assert calls[-1].json()["receiptId"] == "r-e2e-1"
     recorded = _ledger_item(stack, "acc-r", "RECEIPT#r-e2e-1")
     assert recorded is not None
     assert recorded["webhookStatus"] == {"N": "200"}
+
+
+def test_every_webhook_url_parameter_points_at_the_sink_and_the_stack_signs_with_the_sinks_secret(
+    make_stack: Callable[..., DeployedStack], webhook_sink: WebhookSink, tmp_path: Path
+) -> None:
+    def add_a_handlers_webhook(document: dict[str, Any]) -> None:
+        document["Parameters"]["MyWebhookUrl"] = {"Type": "String", "Default": ""}
+        document["Parameters"]["OtherWebhookUrl"] = {"Type": "String", "Default": ""}
+        function_properties(document)["CodeUri"] = str(REPO_ROOT / "src")
+        variables = function_properties(document)["Environment"]["Variables"]
+        variables |= {"MY_WEBHOOK_URL": {"Ref": "MyWebhookUrl"}, "OTHER_WEBHOOK_URL": {"Ref": "OtherWebhookUrl"}}
+
+    stack = make_stack(
+        template_path=template_copy(tmp_path, add_a_handlers_webhook),
+        parameter_overrides={"OtherWebhookUrl": "https://receiver.example/hook"},
+    )
+
+    environment = stack.function_environment
+    assert environment["MY_WEBHOOK_URL"] == f"{webhook_sink.url}/MyWebhookUrl"
+    assert environment["RECEIPT_WEBHOOK_URL"] == webhook_sink.receipts_url
+    assert environment["OTHER_WEBHOOK_URL"] == "https://receiver.example/hook"  # a given value wins
+    secret = stack.servers.client("secretsmanager").get_secret_value(SecretId=environment["WEBHOOK_SECRET_ARN"])
+    assert secret["SecretString"] == webhook_sink.secret

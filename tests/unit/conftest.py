@@ -22,11 +22,11 @@ from consumer.config import Settings
 from consumer.handlers import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
 from testkit.dead_letters import DeadLetter, drain
-from testkit.lambda_sqs import REGION, Remaining
+from testkit.lambda_sqs import REGION
 from testkit.messages import ledger_balance
 from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
 from testkit.tables import create_template_tables
-from tests.utils import IDEMPOTENCY_TABLE, LEDGER_TABLE, settings_for_tests
+from tests.utils import IDEMPOTENCY_TABLE, LEDGER_TABLE, Remaining, settings_for_tests
 
 
 class Clock:

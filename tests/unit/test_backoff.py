@@ -15,9 +15,10 @@ from consumer.batch import BatchRunner
 from consumer.envelope import payload_hash
 from consumer.idempotency.store import Claimed
 from consumer.outcome import Outcome, RecordResult
-from testkit.lambda_sqs import Remaining, record_from_message
+from testkit.lambda_sqs import record_from_message
 from testkit.messages import payment_body, receipt_body
 from tests.unit.conftest import Clock, Consumer, make_consumer
+from tests.utils import Remaining
 
 QUEUE = "consumer-queue"
 

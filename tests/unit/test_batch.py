@@ -15,11 +15,11 @@ from consumer.idempotency.store import Claimed
 from consumer.idempotency.writes import Put
 from consumer.outcome import Outcome
 from testkit.dead_letters import reasons
-from testkit.lambda_sqs import FIFO_QUEUE_ARN, Remaining, sqs_record
+from testkit.lambda_sqs import FIFO_QUEUE_ARN, sqs_record
 from testkit.messages import payment_body, receipt_body
 from testkit.webhook import Answer, WebhookSink
 from tests.unit.conftest import LEDGER_TABLE, Clock, Consumer, balance, ledger_entries, make_consumer
-from tests.utils import settings_for_tests
+from tests.utils import Remaining, settings_for_tests
 
 
 @pytest.fixture

@@ -23,10 +23,11 @@ from consumer.errors import TransactionConflict
 from consumer.idempotency.record import Status
 from consumer.outcome import Outcome
 from consumer.processor import Prepared, Rejected
-from testkit.lambda_sqs import REGION, Remaining, sqs_record
+from testkit.lambda_sqs import REGION, sqs_record
 from testkit.messages import payment_body, receipt_body
 from testkit.webhook import WebhookSink
 from tests.unit.conftest import Clock, Consumer, balance, make_consumer
+from tests.utils import Remaining
 
 
 class Conflicts:

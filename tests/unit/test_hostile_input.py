@@ -53,6 +53,7 @@ HOSTILE_BODIES = [
     pytest.param("null", ErrorType.SCHEMA_VIOLATION, id="null"),
     pytest.param("[1,2]", ErrorType.SCHEMA_VIOLATION, id="array"),
     pytest.param("\ud800", ErrorType.INVALID_JSON, id="lone-surrogate-text"),
+    pytest.param(body_with({"n": 1}).replace("1", "1" * 4_301), ErrorType.INVALID_JSON, id="integer-past-4300-digits"),
     pytest.param(body_with({"paymentId": "p", "accountId": "a", "amountCents": float("nan"), "currency": "EUR"}),
                  ErrorType.SCHEMA_VIOLATION, id="nan-amount"),
     pytest.param(body_with({"paymentId": "p", "accountId": "a", "amountCents": 10**30, "currency": "EUR"}),

@@ -42,7 +42,7 @@ def test_a_redirect_is_not_followed_and_the_receipt_is_dead_lettered_with_the_re
     (letter,) = receipts.dead_letters()
     assert letter.error_type == ErrorType.WEBHOOK_REJECTED
     assert letter.error_message == "HTTP 302: redirect not followed"
-    assert [request.path for request in sink.received()] == ["/receipts"]
+    assert [request.path for request in sink.received()] == ["/ReceiptWebhookUrl"]
     assert ledger_entries(receipts.dynamodb, "acc-1") == []
 
 
