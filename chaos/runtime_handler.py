@@ -66,8 +66,7 @@ class Environment:
 
         zombies = Zombies(run_dir, plan.max_paused, plan.max_pause_s, owner_of)
         rates = {FaultKind(kind): rate for kind, rate in plan.rates.items()}
-        forced = Counter({FaultKind(kind): count for kind, count in plan.forced.items()})
-        forced.subtract(Counter({FaultKind(kind): count for kind, count in self.journal.injected.items()}))
+        forced = Counter({FaultKind(kind): count - self.journal.injected[kind] for kind, count in plan.forced.items()})
         self.faults = FaultPolicy(rates, random.Random(self._rng.random()), self.journal, table, zombies, +forced)
         self._deadline_margin_ms = plan.deadline_margin_ms
         session = boto3.session.Session()
