@@ -75,13 +75,22 @@ validate: venv $(SAM_VENV)/.installed ## [proof] cfn-lint (with the serverless r
 	$(VENV)/bin/cfn-lint --append-rules cfn_lint_serverless.rules -- template.yaml
 	SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --region $(REGION) --template-file template.yaml
 
+# The checks a change to the template, the handlers' registry or the settings can fail, with no server or runtime:
+# the template, its tables, environment and IAM against the code (tests/infrastructure), the registry and settings.
+STATIC_TESTS := tests/infrastructure tests/unit/test_handler_registry.py tests/unit/test_settings.py
+
+.PHONY: static
+static: venv ## [proof] the static checks' tests alone, short messages (TEMPLATE=<a copy> checks another template)
+	$(if $(TEMPLATE),STATIC_CHECKS_TEMPLATE=$(TEMPLATE)) $(PY) -m pytest -p no:xdist -q --tb=short $(STATIC_TESTS)
+
 .PHONY: test
-test: ## [proof] everything CI runs: lint, template checks, unit, infrastructure and integration tests
+test: ## [proof] everything CI runs: the static checks first (lint, template, tables, IAM), then unit and integration tests
 	@# Side by side: the installs mostly wait on downloads, and the checks need only .venv and .venv-sam.
 	@$(MAKE) --no-print-directory -j3 --output-sync=target $(VENV)/.installed $(SAM_VENV)/.installed node_modules/.installed
-	@$(MAKE) --no-print-directory -j3 --output-sync=target lint validate lambda-venv
+	@# The static stage: a mistake there stops make test here, before any server or runtime starts.
+	@$(MAKE) --no-print-directory -j3 --output-sync=target lint validate static lambda-venv
 	@# Two workers: the suite waits on servers and runtimes as much as it computes; each worker starts its own.
-	$(PY) -m pytest -n 2
+	$(PY) -m pytest -n 2 $(addprefix --ignore=,$(STATIC_TESTS))
 
 .PHONY: fuzz
 fuzz: venv ## [proof] the whole handler fuzzed with hostile batches for about 20 minutes (make test runs a bounded sample)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import pkgutil
+import random
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
@@ -48,8 +49,11 @@ def parse(argv: Sequence[str]) -> ChaosConfig:
     numbers = [field.name for field in fields(ChaosConfig) if field.type in ("int", "float")]
     for name in numbers:
         default = getattr(_DEFAULTS, name)
+        if name == "seed":  # exploration: each run draws from a new seed, printed first, which --seed replays
+            default = random.SystemRandom().randrange(1 << 32)
+        shown = "a new one each run, printed" if name == "seed" else default
         parser.add_argument(
-            f"--{name.replace('_', '-')}", type=type(default), default=default, help=f"(default {default})"
+            f"--{name.replace('_', '-')}", type=type(default), default=default, help=f"(default {shown})"
         )
     parser.add_argument("--rate", type=_rate, action="append", default=[], help="KIND=RATE, repeatable")
     parser.add_argument("--fault-scale", type=float, default=1.0, help="multiply every default rate (default 1)")
@@ -69,6 +73,7 @@ def parse(argv: Sequence[str]) -> ChaosConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse(sys.argv[1:] if argv is None else argv)
+    print(f"chaos run: seed {config.seed} (the same arguments and --seed {config.seed} replay it)", flush=True)
     # A delete after a redelivery fails by design (stale receipt handle); the report counts what matters.
     logging.getLogger("local.poller").setLevel(logging.ERROR)
     with LocalServers() as servers:

@@ -10,6 +10,7 @@ import os
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -79,6 +80,9 @@ _TRANSPORT_FAULTS: Mapping[FaultKind, TransportFault] = {
     FaultKind.LOST_ANSWER: TransportFault.LOST_ANSWER,
     FaultKind.READ_TIMEOUT: TransportFault.READ_TIMEOUT,
 }
+# Where an answer lost or timed out matters: a request that changed something. A forced one lands on a write.
+_WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems"})
+_AMBIGUOUS = (FaultKind.LOST_ANSWER, FaultKind.READ_TIMEOUT)
 # The exit code of a runtime killed by a crash fault; the emulator reports it as Runtime.ExitError.
 _CRASH_EXIT_CODE = 86
 _OWNER_POLL_S = 0.05
@@ -131,13 +135,17 @@ class Zombies:
 
 @dataclass
 class FaultPolicy:
-    """The transport policy of one runtime process: one decision per state-machine step, then per request."""
+    """The transport policy of one runtime process: one decision per state-machine step, then per request.
+
+    ``forced``: per kind, the faults this environment still owes whatever the draws, each taken at the kind's
+    next opportunity (a first attempt), so that a short run injects every kind by construction."""
 
     rates: Mapping[FaultKind, float]
     rng: random.Random
     journal: Journal
     idempotency_table: str
     zombies: Zombies
+    forced: Counter[FaultKind] = field(default_factory=Counter)
     # Records this invocation touched: a crash cuts off whatever the other threads were doing to them.
     _touched: set[str] = field(default_factory=set, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
@@ -146,11 +154,15 @@ class FaultPolicy:
         with self._lock:
             self._touched.clear()
 
-    def roll(self, kind: FaultKind) -> bool:
+    def roll(self, kind: FaultKind, forcible: bool = True) -> bool:
+        if forcible and self.forced[kind] > 0:
+            return True  # owed until injected: an opportunity that comes to nothing (no free pause slot) passes it on
         rate = self.rates.get(kind, 0.0)
         return rate > 0 and self._draw() < rate
 
     def inject(self, kind: FaultKind, record_id: str | None = None) -> None:
+        with self._lock:
+            self.forced[kind] -= min(1, self.forced[kind])
         self.journal.write("fault", kind=kind, record=record_id)
 
     def __call__(self, call: TransportCall) -> TransportPlan | None:
@@ -162,10 +174,11 @@ class FaultPolicy:
             plan = self._state_machine_fault(store_call, call.attempt)
             if plan is not None:
                 return plan
+        write = call.service == "dynamodb" and call.operation in _WRITES
         for kind, fault in _TRANSPORT_FAULTS.items():
             if fault is TransportFault.TRANSACTION_CONFLICT and call.operation != "TransactWriteItems":
                 continue
-            if self.roll(kind):
+            if self.roll(kind, forcible=call.attempt == 1 and (write or kind not in _AMBIGUOUS)):
                 self.inject(kind, store_call.record_id)
                 return TransportPlan(fault=fault)
         return None

@@ -7,6 +7,7 @@ short leases and backoff, a high ``MaxReceiveCount`` so that redrive only catche
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -60,6 +61,9 @@ class ChaosConfig:
     duplicate_ratio: float = 0.2  # resends: the same key and body again, with a new messageId
     poison_ratio: float = 0.02  # of ``messages``; one in four of them reuses a payment's key with another amount
     rates: Mapping[FaultKind, float] = field(default_factory=lambda: dict(DEFAULT_RATES))
+    # Per kind, faults injected at their first opportunities whatever the draws: in each execution environment,
+    # and for the webhook's kinds at the head of its answers. Empty: every fault drawn at its rate.
+    forced: Mapping[FaultKind, int] = field(default_factory=dict)
     consumer: str = "consumer.app:wire"  # module:callable(settings, session, *, clock) building the consumer
     visibility_timeout_s: int = 2
     max_receive_count: int = 30
@@ -107,20 +111,26 @@ def build_workload(config: ChaosConfig, rng: random.Random, run_id: str) -> list
 
 
 def _webhook_plan(config: ChaosConfig, rng: random.Random, calls: int) -> list[tuple[FaultKind | None, Answer]]:
-    """Answers for the sink, drawn in advance: 5xx, slow (within the timeout), or too slow (a 504 late)."""
+    """Answers for the sink, in advance: the forced faults first, then drawn: 5xx, slow (within the timeout), or
+    too slow (a 504 late)."""
     timeout_s = config.webhook_timeout_ms / 1000
-    error = config.rates.get(FaultKind.WEBHOOK_ERROR, 0.0)
-    slow = error + config.rates.get(FaultKind.WEBHOOK_SLOW, 0.0)
-    too_slow = slow + config.rates.get(FaultKind.WEBHOOK_TIMEOUT, 0.0)
+    kinds = (FaultKind.WEBHOOK_ERROR, FaultKind.WEBHOOK_SLOW, FaultKind.WEBHOOK_TIMEOUT)
+    forced = [kind for kind in kinds for _ in range(config.forced.get(kind, 0))]
+    bands = list(itertools.accumulate(config.rates.get(kind, 0.0) for kind in kinds))
     plan: list[tuple[FaultKind | None, Answer]] = []
-    for _ in range(calls):
+    for index in range(calls):
         draw = rng.random()
-        if draw < error:
-            plan.append((FaultKind.WEBHOOK_ERROR, Answer(HTTPStatus.SERVICE_UNAVAILABLE)))
-        elif draw < slow:
-            plan.append((FaultKind.WEBHOOK_SLOW, Answer(HTTPStatus.OK, delay_s=rng.uniform(0.01, timeout_s / 4))))
-        elif draw < too_slow:
-            plan.append((FaultKind.WEBHOOK_TIMEOUT, Answer(HTTPStatus.GATEWAY_TIMEOUT, delay_s=timeout_s * 2.5)))
+        kind = (
+            forced[index]
+            if index < len(forced)
+            else next((k for k, b in zip(kinds, bands, strict=True) if draw < b), None)
+        )
+        if kind is FaultKind.WEBHOOK_ERROR:
+            plan.append((kind, Answer(HTTPStatus.SERVICE_UNAVAILABLE)))
+        elif kind is FaultKind.WEBHOOK_SLOW:
+            plan.append((kind, Answer(HTTPStatus.OK, delay_s=rng.uniform(0.01, timeout_s / 4))))
+        elif kind is FaultKind.WEBHOOK_TIMEOUT:
+            plan.append((kind, Answer(HTTPStatus.GATEWAY_TIMEOUT, delay_s=timeout_s * 2.5)))
         else:
             plan.append((None, Answer(HTTPStatus.OK)))
     return plan
@@ -178,6 +188,7 @@ def _environments(
             # Long enough for a zombie's message to come back and another runtime to claim it.
             max_pause_s=config.visibility_timeout_s + (config.lease_max_ms + 2 * config.max_skew_ms) / 1000 + 5,
             deadline_margin_ms=config.deadline_margin_ms,
+            forced={kind.value: count for kind, count in config.forced.items()},
         )
         variables = {**shared, PLAN_VARIABLE: json.dumps(asdict(plan))}
         environments.append(LambdaEnvironment(packaged, variables, python=python, name=f"chaos-{index}"))

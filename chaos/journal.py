@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,11 @@ class Journal:
     """Append-only JSON lines: one file per execution environment, whose runtime processes follow one another."""
 
     def __init__(self, path: Path) -> None:
+        before = list(read([path]))
         # The environment's cold starts before this one: with its seed, what this process draws its faults from.
-        self.cold_starts = sum(entry["event"] == "init" for entry in read([path]))
+        self.cold_starts = sum(entry["event"] == "init" for entry in before)
+        # The faults its earlier processes injected: a forced one is owed once per environment, not per process.
+        self.injected = Counter(str(entry["kind"]) for entry in before if entry["event"] == "fault")
         self._descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     def write(self, event: str, **fields: Any) -> None:

@@ -9,6 +9,7 @@ import os
 import pkgutil
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -42,6 +43,7 @@ class Plan:
     max_paused: int
     max_pause_s: float
     deadline_margin_ms: int
+    forced: dict[str, int]  # fault kind -> the faults each environment injects at their first opportunities
 
 
 class Environment:
@@ -64,7 +66,8 @@ class Environment:
 
         zombies = Zombies(run_dir, plan.max_paused, plan.max_pause_s, owner_of)
         rates = {FaultKind(kind): rate for kind, rate in plan.rates.items()}
-        self.faults = FaultPolicy(rates, random.Random(self._rng.random()), self.journal, table, zombies)
+        forced = Counter({FaultKind(kind): count - self.journal.injected[kind] for kind, count in plan.forced.items()})
+        self.faults = FaultPolicy(rates, random.Random(self._rng.random()), self.journal, table, zombies, +forced)
         self._deadline_margin_ms = plan.deadline_margin_ms
         session = boto3.session.Session()
         install_faults(session, self.faults, services=("dynamodb", "sqs"))

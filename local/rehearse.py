@@ -99,10 +99,22 @@ def _event_source_check(lambda_: Any, function: str, parameters: dict[str, str])
     return Check(read == wanted_read, f"the event source mapping (state, response types, batch size): {read}")
 
 
-def _refusals(logs: Any, group: str, term: str = "") -> set[str]:
-    """The actions the function's log lines (those holding ``term``) report its role was refused."""
-    events = logs.filter_log_events(logGroupName=group, filterPattern=f"AccessDenied {term}".strip())["events"]
-    return {found.group(1) if (found := REFUSAL.search(e["message"])) else e["message"][:300] for e in events}
+def _refusals(url: str, group: str, role: str, outputs: dict[str, str], term: str = "") -> set[str]:
+    """What the function's log lines (those holding ``term``) report its role was refused, each as ``refusal`` says."""
+    filtered = client("logs", url).filter_log_events(logGroupName=group, filterPattern=f"AccessDenied {term}".strip())
+    statements = client("iam", url).get_role_policy(RoleName=role, PolicyName="consumer")["PolicyDocument"]["Statement"]
+    tables = [name for key, name in outputs.items() if key.endswith("TableName")]
+    return {refusal(event["message"], statements, tables) for event in filtered["events"]}
+
+
+def refusal(message: str, statements: list[dict[str, Any]], tables: list[str]) -> str:
+    """``<action> on table <name>``: the emulator's refusal names the action only, so the table is each of the stack's
+    ``tables`` that no statement allows that action on."""
+    if not (found := REFUSAL.search(message)):
+        return message[:300]
+    allowed = {str(s["Resource"]) for s in statements if found[1] in s["Action"] or found[1] == s["Action"]}
+    ungranted = [table for table in tables if not any(arn.endswith(f"/{table}") for arn in allowed)]
+    return f"{found[1]} on table {' or '.join(ungranted) or '?'}"
 
 
 def _grant_emulator_gaps(iam: Any, role: str, outputs: dict[str, str]) -> None:
@@ -116,13 +128,13 @@ def _grant_emulator_gaps(iam: Any, role: str, outputs: dict[str, str]) -> None:
 def _negative_control(url: str, outputs: dict[str, str], role: str, group: str) -> Check:
     """Enforcement shown on in this run: the ledger grant taken away, a new payment must be refused, kept, not applied.
     Also proves the log observable the positive run's "no refusal" check relies on."""
-    iam, sqs, logs, run = client("iam", url), client("sqs", url), client("logs", url), f"n{int(time.time())}"
+    iam, sqs, run = client("iam", url), client("sqs", url), f"n{int(time.time())}"
     document = iam.get_role_policy(RoleName=role, PolicyName="consumer")["PolicyDocument"]
     document["Statement"] = [s for s in document["Statement"] if s.get("Sid") != "ApplyLedgerWrites"]
     iam.put_role_policy(RoleName=role, PolicyName="consumer", PolicyDocument=json.dumps(document))
     sqs.send_message(QueueUrl=outputs["ConsumerQueueUrl"], MessageBody=messages.payment(run, run, run, 1000).body)
-    wait(lambda: bool(_refusals(logs, group, run)), time.monotonic() + 30)
-    refused = _refusals(logs, group, run)
+    wait(lambda: bool(_refusals(url, group, role, outputs, run)), time.monotonic() + 30)
+    refused = _refusals(url, group, role, outputs, run)
     applied = messages.ledger_balance(client("dynamodb", url), outputs["LedgerTableName"], run)
     kept = sum(messages.queue_counts(sqs, outputs["ConsumerQueueUrl"]))
     return Check(
@@ -196,7 +208,7 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
         *_messages_checks(url, env, outputs, sink),
     ]
     smoke = subprocess.run(["make", "smoke", f"STACK={STACK}"], cwd=REPO, env=env, check=False)
-    refusals = _refusals(client("logs", url), log_group)
+    refusals = _refusals(url, log_group, role, outputs)
     checks += [
         Check(smoke.returncode == 0, f"make smoke STACK={STACK} against the emulator"),
         Check(not refusals, f"IAM enforced (AUTH=true): no call of the function refused so far {sorted(refusals)}"),

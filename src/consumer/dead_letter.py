@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from consumer.envelope import MAX_BODY_BYTES, Record, message_attributes, message_group_id, sqs_text
-from consumer.errors import ErrorType
+from consumer.errors import MAX_REASON_CHARS, ErrorType
 
 if TYPE_CHECKING:
     from types_boto3_sqs import SQSClient
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 # SQS allows 10 message attributes; ours take up to 7, the original ones fill the rest.
 _MAX_ATTRIBUTES = 10
-_MAX_REASON_CHARS = 1_000
 # The whole message, body and attributes, as SQS counts it.
 MAX_MESSAGE_BYTES = MAX_BODY_BYTES
 _OURS = frozenset(
@@ -89,7 +88,7 @@ class DeadLetterQueue:
         """Send the original body with ``ErrorType`` and ``ErrorMessage``; raises on failure."""
         message_id = str(record.get("messageId") or "(none)")
         # The reason may echo outside text (a field name, an exception): SQS would refuse the whole send.
-        reason = sqs_text(error_message[:_MAX_REASON_CHARS])[0] or error_type
+        reason = sqs_text(error_message[:MAX_REASON_CHARS])[0] or error_type
         ours: dict[str, MessageAttributeValueTypeDef] = {
             "ErrorType": {"DataType": "String", "StringValue": error_type.value},
             "ErrorMessage": {"DataType": "String", "StringValue": reason},

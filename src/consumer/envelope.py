@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from consumer.errors import ErrorType, PoisonMessage
+from consumer.errors import MAX_REASON_CHARS, ErrorType, PoisonMessage
 
 MAX_BODY_BYTES = 1024 * 1024
 MAX_NESTING_DEPTH = 32
@@ -140,11 +140,18 @@ def payload_hash(payload: dict[str, Any]) -> str:
 
 
 def schema_violation(error: ValidationError, prefix: str = "") -> PoisonMessage:
-    """The first validation error, with where it is, as poison (the rest are counted)."""
-    first = error.errors()[0]
-    where = ".".join([*([prefix] if prefix else []), *(str(part) for part in first["loc"])]) or "body"
-    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return PoisonMessage(ErrorType.SCHEMA_VIOLATION, f"{where}: {first['msg']}{more}")
+    """Every validation error, with where it is, as poison: as many as a dead letter's reason holds, then a count."""
+    found = [
+        f"{'.'.join([*([prefix] if prefix else []), *(str(part) for part in item['loc'])]) or 'body'}: {item['msg']}"
+        for item in error.errors()
+    ]
+    shown, reason = len(found), "; ".join(found)
+    while len(reason) > MAX_REASON_CHARS and shown > 0:
+        shown -= 1
+        reason = "; ".join(
+            [*found[:shown], f"{len(found) - shown} more past the reason's {MAX_REASON_CHARS} characters"]
+        )
+    return PoisonMessage(ErrorType.SCHEMA_VIOLATION, reason)
 
 
 def _nesting_depth(value: Any) -> int:

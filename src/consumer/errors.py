@@ -34,6 +34,10 @@ class ErrorType(StrEnum):
     UNPROCESSABLE_RECORD = "UnprocessableRecord"
 
 
+# The longest reason a dead letter carries (its ErrorMessage attribute): a reason is written to fit it.
+MAX_REASON_CHARS = 1_000
+
+
 class PoisonMessage(Exception):
     """The message can never be applied (bad JSON, schema, unknown type, key reuse...)."""
 

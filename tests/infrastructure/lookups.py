@@ -75,21 +75,31 @@ def policy_statements(template: Mapping[str, Any], role_id: str, **overrides: An
     return [statement for document in documents for statement in as_list(document["Statement"])]
 
 
-def grants_by_resource(template: Mapping[str, Any], role_id: str, **overrides: Any) -> dict[str, set[str]]:
-    """Allowed actions per logical id of the stack resource they apply to (via its Arn), or per
-    exact ARN for what lives outside the stack and a parameter names (the webhook secret)."""
+def grants_by_statement(template: Mapping[str, Any], role_id: str, **overrides: Any) -> dict[str, dict[str, set[str]]]:
+    """Allowed actions per statement (its Sid, or its index) and per logical id of the stack resource they apply to
+    (via its Arn), or per exact ARN for what lives outside the stack and a parameter names (the webhook secret)."""
     reading = read(template, **overrides)
-    grants: dict[str, set[str]] = {}
-    for statement in policy_statements(template, role_id, **overrides):
+    grants: dict[str, dict[str, set[str]]] = {}
+    for index, statement in enumerate(policy_statements(template, role_id, **overrides)):
         if statement["Effect"] != "Allow":
             continue
+        by_resource = grants.setdefault(statement.get("Sid") or f"statement {index}", {})
         for resource in as_list(reading.resolve(statement["Resource"])):
             if isinstance(resource, ResourceRef) and resource.attribute == "Arn":
-                grants.setdefault(resource.logical_id, set()).update(as_list(statement["Action"]))
+                by_resource.setdefault(resource.logical_id, set()).update(as_list(statement["Action"]))
             elif isinstance(resource, str) and resource.startswith("arn:") and "*" not in resource:
-                grants.setdefault(resource, set()).update(as_list(statement["Action"]))
+                by_resource.setdefault(resource, set()).update(as_list(statement["Action"]))
             else:
                 raise AssertionError(f"statement {statement.get('Sid')} grants on {resource!r}, not a stack resource")
+    return grants
+
+
+def grants_by_resource(template: Mapping[str, Any], role_id: str, **overrides: Any) -> dict[str, set[str]]:
+    """Allowed actions per resource (as ``grants_by_statement`` names them), whichever statement allows them."""
+    grants: dict[str, set[str]] = {}
+    for by_resource in grants_by_statement(template, role_id, **overrides).values():
+        for resource, actions in by_resource.items():
+            grants.setdefault(resource, set()).update(actions)
     return grants
 
 

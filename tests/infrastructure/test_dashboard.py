@@ -74,9 +74,9 @@ def dashboard(transformed_template: dict[str, Any], resolver: Template) -> dict[
 
 
 @pytest.fixture(scope="module")
-def emitted(transformed_template: dict[str, Any], resolver: Template) -> list[dict[str, Any]]:
+def emitted(function_variables: dict[str, Any], resolver: Template) -> list[dict[str, Any]]:
     """The ``_aws.CloudWatchMetrics`` directives of what the function prints, with their dimension values."""
-    variables = resolver.resolve(properties(transformed_template, "ConsumerFunction")["Environment"]["Variables"])
+    variables = resolver.resolve(function_variables)
     environment = {name: str(value) for name, value in variables.items()}
     result = subprocess.run(
         [sys.executable, "-c", _EMIT],

@@ -2,47 +2,17 @@
 
 from __future__ import annotations
 
-import ast
 import importlib
-import re
+from pathlib import Path
 from typing import Any
 
-from consumer.config import Settings, table_variable
+import pytest
+
+from consumer.config import Settings
 from consumer.handlers import declared_tables
 from testkit.template import REPO_ROOT, ResourceRef, Template
+from tests.infrastructure.environment import FUNCTION, environment_mistakes
 from tests.infrastructure.lookups import parameter_name, properties, read
-from tests.infrastructure.source_scan import package_modules
-
-_VARIABLE_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
-# The variables the function is documented to take from its stack.
-STACK_PROVIDED_VARIABLES = {
-    "IDEMPOTENCY_TABLE_NAME",
-    "LEDGER_TABLE_NAME",
-    "DEAD_LETTER_QUEUE_URL",
-    "RECEIPT_WEBHOOK_URL",
-    "IDEMPOTENCY_TTL_SECONDS",
-    "POWERTOOLS_SERVICE_NAME",
-    "POWERTOOLS_METRICS_NAMESPACE",
-    "POWERTOOLS_LOG_LEVEL",
-}
-
-
-def _variables_the_code_reads() -> set[str]:
-    """Settings' fields (read as upper-case variables), the declared tables' variables, and names passed
-    to ``env.get`` or ``os.environ.get``."""
-    names = {field.upper() for field in Settings.model_fields if field != "table_names"}
-    names.update(table_variable(table) for table in declared_tables())
-    for tree in package_modules().values():
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
-                names.update(
-                    arg.value
-                    for arg in node.args
-                    if isinstance(arg, ast.Constant)
-                    and isinstance(arg.value, str)
-                    and _VARIABLE_NAME.fullmatch(arg.value)
-                )
-    return names
 
 
 def _as_environment_value(value: Any) -> str:
@@ -69,20 +39,19 @@ def test_function_runs_the_handler_on_python_3_12_arm64(
     assert callable(getattr(importlib.import_module(module_name), attribute))
 
 
-def test_environment_provides_what_the_function_reads_and_nothing_it_does_not(
-    transformed_template: dict[str, Any],
-) -> None:
-    variables = set(properties(transformed_template, "ConsumerFunction")["Environment"]["Variables"])
-    assert variables >= STACK_PROVIDED_VARIABLES
-    # A misspelt name is silently ignored by the code; here it is an error.
-    unread = {name for name in variables - _variables_the_code_reads() if not name.startswith("POWERTOOLS_")}
-    assert unread == set()
+def test_environment_is_what_the_code_reads(transformed_template: dict[str, Any], template_path: Path) -> None:
+    # Every variable the code needs, each table's as a !Ref to it; and nothing it does not read: a misspelt name
+    # is silently ignored by the code, so here it is an error, with the line to fix.
+    variables = properties(transformed_template, FUNCTION)["Environment"]["Variables"]
+    mistakes = environment_mistakes(template_path, variables)
+    if mistakes:
+        pytest.fail("\n".join(mistakes), pytrace=False)
 
 
 def test_environment_at_the_defaults_is_accepted_by_the_settings(
-    transformed_template: dict[str, Any], resolver: Template
+    function_variables: dict[str, Any], resolver: Template
 ) -> None:
-    variables = resolver.resolve(properties(transformed_template, "ConsumerFunction")["Environment"]["Variables"])
+    variables = resolver.resolve(function_variables)
     environment = {name: _as_environment_value(value) for name, value in variables.items()}
     settings = Settings.from_env(environment, tables=declared_tables())
     assert settings.idempotency_table_name == "IdempotencyTable-after-deployment"

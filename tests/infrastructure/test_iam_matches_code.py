@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import shutil
 from collections import defaultdict
+from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
-from tests.infrastructure.lookups import EVENT_SOURCE_POLLING, grants_by_resource
+import pytest
+
+from tests.infrastructure.lookups import EVENT_SOURCE_POLLING, grants_by_statement, policy_statements
 from tests.infrastructure.source_scan import (
     PACKAGE_ROOT,
     TRANSACTION_ITEM_ACTIONS,
@@ -78,8 +81,46 @@ def _expected_grants(root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
     return expected
 
 
+def grant_mistakes(template: dict[str, Any], expected: dict[str, set[str]]) -> list[str]:
+    """Each grant the code needs and the role lacks, and each the role has and no code needs, with the statement
+    to change (the one granting on that resource; the role when none does)."""
+    statements = grants_by_statement(template, ROLE)
+    mistakes = []
+    for resource in sorted(expected.keys() | {r for by_resource in statements.values() for r in by_resource}):
+        granted = {sid: by_resource[resource] for sid, by_resource in statements.items() if resource in by_resource}
+        missing = expected.get(resource, set()).difference(*granted.values())
+        if missing:
+            where, hint = (" or ".join(granted), "") if granted else (ROLE, " (no statement grants on it: add one)")
+            mistakes.append(f"missing grant: {where} needs {', '.join(sorted(missing))} on {resource}{hint}")
+        for sid, actions in granted.items():
+            if extra := sorted(actions - expected.get(resource, set())):
+                mistakes.append(
+                    f"extra grant: {sid} allows {', '.join(extra)} on {resource}, which no code calls: remove it"
+                )
+    return mistakes
+
+
 def test_role_grants_exactly_what_the_code_calls(transformed_template: dict[str, Any]) -> None:
-    assert grants_by_resource(transformed_template, ROLE) == _expected_grants()
+    mistakes = grant_mistakes(transformed_template, _expected_grants())
+    if mistakes:
+        pytest.fail("\n".join(mistakes), pytrace=False)
+
+
+def _statement(template: dict[str, Any], sid: str) -> dict[str, Any]:
+    (statement,) = [statement for statement in policy_statements(template, ROLE) if statement.get("Sid") == sid]
+    return statement
+
+
+def test_a_grant_taken_away_or_added_is_named_with_its_statement_and_table(
+    transformed_template: dict[str, Any],
+) -> None:
+    template = deepcopy(transformed_template)
+    _statement(template, "ApplyLedgerWrites")["Action"].remove("dynamodb:PutItem")
+    _statement(template, "FenceIdempotencyRecords")["Action"].append("dynamodb:Scan")
+    assert grant_mistakes(template, _expected_grants()) == [
+        "extra grant: FenceIdempotencyRecords allows dynamodb:Scan on IdempotencyTable, which no code calls: remove it",
+        "missing grant: ApplyLedgerWrites needs dynamodb:PutItem on LedgerTable",
+    ]
 
 
 def test_operator_only_operations_are_not_reachable_from_the_function() -> None:
@@ -102,5 +143,6 @@ def test_a_new_call_without_its_permission_is_caught(tmp_path: Path, transformed
         encoding="utf-8",
     )
     expected = _expected_grants(copy)
-    assert "sqs:PurgeQueue" in expected["ConsumerDeadLetterQueue"]
-    assert grants_by_resource(transformed_template, ROLE) != expected
+    assert grant_mistakes(transformed_template, expected) == [
+        "missing grant: ParkPoisonMessages needs sqs:PurgeQueue on ConsumerDeadLetterQueue"
+    ]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import BaseModel, ValidationError, create_model
 
-from consumer.envelope import KeySource, parse_message, payload_hash
-from consumer.errors import PoisonMessage
+from consumer.envelope import KeySource, parse_message, payload_hash, schema_violation
+from consumer.errors import MAX_REASON_CHARS, ErrorType, PoisonMessage
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, sqs_record
 
 PAYLOAD = {"paymentId": "p-1", "accountId": "acc-1", "amountCents": 1250, "currency": "EUR"}
@@ -95,3 +96,35 @@ def test_an_overlong_key_is_poison() -> None:
 
     with pytest.raises(PoisonMessage, match="longer than 512"):
         parse_message(sqs_record("m-1", body(metadata={}), message_attributes=attributes))
+
+
+class _Payload(BaseModel):
+    count: int
+    label: str
+
+
+def test_a_schema_violation_lists_every_field_error() -> None:
+    with pytest.raises(ValidationError) as error:
+        _Payload.model_validate({"count": "many", "label": 7})
+
+    poison = schema_violation(error.value, prefix="payload")
+
+    assert poison.error_type == ErrorType.SCHEMA_VIOLATION
+    assert poison.message == (
+        "payload.count: Input should be a valid integer, unable to parse string as an integer; "
+        "payload.label: Input should be a valid string"
+    )
+
+
+def test_a_schema_violation_beyond_a_dead_letters_reason_lists_what_fits_then_counts_the_rest() -> None:
+    many = {f"field_{index:03}": (int, ...) for index in range(200)}
+    with pytest.raises(ValidationError) as error:
+        create_model("Wide", **many).model_validate({})  # type: ignore[call-overload]
+
+    message = schema_violation(error.value).message
+
+    assert len(message) <= MAX_REASON_CHARS
+    listed = message.split("; ")
+    assert listed[0] == "field_000: Field required"
+    assert listed[-1] == f"{200 - len(listed) + 1} more past the reason's {MAX_REASON_CHARS} characters"
+    assert listed[:-1] == [f"field_{index:03}: Field required" for index in range(len(listed) - 1)]

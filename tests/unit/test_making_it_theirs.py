@@ -117,7 +117,7 @@ def test_a_handler_with_its_own_table_added_as_the_readme_says_passes_and_is_rou
     [
         (_REGISTRATION, None, "tests/unit/test_handler_registry.py", "register each handler file"),
         (_GRANT, None, "tests/infrastructure/test_iam_matches_code.py", "InventoryTable"),
-        (None, ("INVENTORY_", "INVENTRY_"), "tests/infrastructure/test_tables.py", "INVENTORY_TABLE_NAME"),
+        (None, ("INVENTORY_", "INVENTRY_"), "tests/infrastructure/test_function.py", "INVENTORY_TABLE_NAME"),
         (_VARIABLE, None, "tests/infrastructure/test_function.py", "INVENTORY_TABLE_NAME"),
     ],
     ids=["unregistered-file", "missing-grant", "mistyped-variable", "missing-variable"],
