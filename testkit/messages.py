@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from consumer.errors import ErrorType
+from consumer.handlers import MessageHandler
 
 CURRENCY = "EUR"
 _SEND_BATCH = 10
@@ -62,7 +63,9 @@ class Outgoing:
     """One message to send, and what it should come to."""
 
     body: str
-    kind: str  # "payment", "receipt", "poison", "custom" (make send --payload) or "from-file"
+    kind: (
+        str  # "drawn" (testkit.payloads), "payment", "receipt", "poison", "custom" (make send --payload) or "from-file"
+    )
     key: str | None = None
     # What the consumer should dead-letter it for, for poison.
     expected_error: ErrorType | None = None
@@ -96,6 +99,11 @@ class Outgoing:
             return self.group
         account = (self.payload or {}).get("accountId")
         return account if isinstance(account, str) and account else NO_ACCOUNT_GROUP
+
+
+def drawn(handler: type[MessageHandler[Any]], key: str, payload: dict[str, Any]) -> Outgoing:
+    """A message of any handler (its payload from ``testkit.payloads``); its FIFO group is its key."""
+    return Outgoing(envelope(handler.event_type, key, payload), "drawn", key, group=key)
 
 
 def payment(key: str, payment_id: str, account_id: str, amount_cents: int) -> Outgoing:
