@@ -313,12 +313,7 @@ def parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="a realistic workload end to end, checked")
     demo.add_argument("--pollers", type=int, default=4)
     demo.add_argument("--memory", type=int, default=None, metavar="MB", help=MEMORY_HELP)
-    demo.add_argument("--payments", type=int, default=400)
-    demo.add_argument("--accounts", type=int, default=12)
-    demo.add_argument(
-        "--hot-share", type=float, default=0.25, help="share of the payments on one hot account (default 0.25)"
-    )
-    demo.add_argument("--receipts", type=int, default=30)
+    demo.add_argument("--messages", type=int, default=150, help="per registered handler")
     demo.add_argument("--duplicates", type=float, default=0.25)
     demo.add_argument("--seed", type=int, default=7)
     demo.add_argument("--fifo", action="store_true", help=FIFO_HELP + ", and check each group's order")

@@ -15,7 +15,7 @@ import pytest
 
 from consumer.envelope import KeySource, parse_message
 from local import state
-from testkit import dead_letters
+from testkit import dead_letters, payloads
 from testkit.processes import alive
 from testkit.servers import LocalServers
 
@@ -129,12 +129,12 @@ def test_invoke_without_a_running_stack_starts_one_and_prints_the_response(tmp_p
 
 
 def test_demo_passes_its_checks_on_a_small_workload(tmp_path: Path) -> None:
-    answer = _local(tmp_path, "demo", "--payments", "40", "--receipts", "4", "--pollers", "2", timeout_s=240)
+    answer = _local(tmp_path, "demo", "--messages", "20", "--pollers", "2", timeout_s=240)
     assert answer.returncode == 0, answer.stdout + answer.stderr
     assert "all checks passed" in answer.stdout
     assert "FAIL" not in answer.stdout
-    # Three kinds twice, the rejected receipt, and four reused keys (each for another amount and for another payment).
-    assert "dead-lettered          11:" in answer.stdout
+    # Invalid JSON, an unknown event type, and per registered handler a refused payload and two reused keys.
+    assert f"dead-lettered          {2 + 3 * len(payloads.registered())}:" in answer.stdout
 
 
 @pytest.mark.parametrize(
