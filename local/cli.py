@@ -200,8 +200,6 @@ def cmd_send(args: argparse.Namespace) -> int:
         return 0
     keys = {message.key for message in outgoing if message.key}
     print(f"sent {len(ids)} message(s) to {running.queue_url} ({len(keys)} distinct idempotency keys)")
-    if balances := messages.expected_balances(outgoing):
-        print(f"they credit {len(balances)} account(s) with {sum(balances.values())} cents in total, each payment once")
     return 0
 
 
