@@ -1,4 +1,5 @@
-"""End to end over real HTTP: a producer, the queue, the pollers, the function, DynamoDB, the webhook."""
+"""End to end over real HTTP, for every registered handler: a producer, the queue, the pollers, the function,
+DynamoDB. The examples' own end-to-end checks (the ledger's balance, the receipt's webhook) are in tests/examples/."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from local.stack import DeployedStack
 from testkit import dead_letters, messages
 from testkit.aws import DUMMY_CREDENTIALS_ENV
-from testkit.webhook import Answer, WebhookSink
+from tests.integration import generic
 
 AWS_CLI = Path(sys.executable).parent / "aws"
 
@@ -31,11 +34,6 @@ def _queue_empty(stack: DeployedStack) -> bool:
         AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
     )["Attributes"]
     return attributes["ApproximateNumberOfMessages"] == attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
-
-
-def _ledger_item(stack: DeployedStack, account: str, entry: str) -> dict | None:
-    key = {"accountId": {"S": account}, "entryId": {"S": entry}}
-    return stack.servers.client("dynamodb").get_item(TableName=stack.table_name("LedgerTable"), Key=key).get("Item")
 
 
 def _aws_cli_send(stack: DeployedStack, body: str) -> str:
@@ -62,20 +60,27 @@ def _aws_cli_send(stack: DeployedStack, body: str) -> str:
     return json.loads(answer.stdout)["MessageId"]
 
 
-def test_the_same_message_sent_twice_by_the_aws_cli_is_applied_once(stack: DeployedStack) -> None:
-    body = messages.payment("pay-cli-1", "p-cli-1", "acc-cli", 2500).body
-    first, second = _aws_cli_send(stack, body), _aws_cli_send(stack, body)
-    assert first != second  # SQS sees two messages
-
+@pytest.mark.parametrize("handler", generic.HANDLERS, ids=generic.IDS)
+def test_the_same_message_sent_twice_by_the_aws_cli_is_applied_once(
+    stack: DeployedStack, handler: generic.Handler
+) -> None:
+    message = generic.drawn(stack, handler, f"cli-{handler.event_type}")
     with stack.pollers(2):
+        first = _aws_cli_send(stack, message.body)
+        _wait_until(lambda: stack.stats.deleted == 1 and _queue_empty(stack))
+        found, once = generic.outcome(stack, message), generic.declared_items(stack)
+        second = _aws_cli_send(stack, message.body)
         _wait_until(lambda: stack.stats.deleted == 2 and _queue_empty(stack))
 
-    balance = _ledger_item(stack, "acc-cli", "BALANCE")
-    assert balance is not None
-    assert balance["balanceCents"] == {"N": "2500"}
-    entry = _ledger_item(stack, "acc-cli", "PAYMENT#p-cli-1")
-    assert entry is not None
-    assert entry["messageId"]["S"] in {first, second}
+    assert first != second  # SQS sees two messages
+    assert found is not None, f"{handler.event_type}: neither applied nor dead-lettered"
+    assert generic.declared_items(stack) == once, f"{handler.event_type}: the resend changed a declared table"
+    parked = generic.letters(stack)
+    if found == "applied":
+        assert parked == []
+    else:  # dead-lettered by a business condition: the resend is too, for the same reason
+        assert [letter.body for letter in parked] == [message.body] * 2
+        assert len({letter.error_type for letter in parked}) == 1
 
 
 def test_poison_lands_in_the_dead_letter_queue_with_its_reason(stack: DeployedStack) -> None:
@@ -94,24 +99,3 @@ def test_poison_lands_in_the_dead_letter_queue_with_its_reason(stack: DeployedSt
     assert parked["InvalidJson"].body == "{not json"
     assert "LoyaltyPointsAwarded" in (parked["UnknownEventType"].error_message or "")
     assert _queue_empty(stack)
-
-
-def test_a_receipt_reaches_the_webhook_with_its_idempotency_key_and_survives_a_5xx(
-    stack: DeployedStack, webhook_sink: WebhookSink
-) -> None:
-    message = messages.receipt("rcpt-e2e-1", "r-e2e-1", "acc-r", "p-e2e-1", 800)
-    webhook_sink.answer_next(Answer(503), key="rcpt-e2e-1")
-    stack.servers.client("sqs").send_message(QueueUrl=stack.queue.url, MessageBody=message.body)
-
-    with stack.pollers(1):
-        # The 503 is transient: the record is retried after its backoff and then accepted.
-        _wait_until(lambda: _queue_empty(stack) and stack.stats.deleted == 1, timeout_s=60)
-
-    calls = webhook_sink.received()
-    assert [call.status for call in calls] == [503, 200]
-    assert {call.idempotency_key for call in calls} == {"rcpt-e2e-1"}
-    assert {call.path for call in calls} == {"/receipts"}
-    assert calls[-1].json()["receiptId"] == "r-e2e-1"
-    recorded = _ledger_item(stack, "acc-r", "RECEIPT#r-e2e-1")
-    assert recorded is not None
-    assert recorded["webhookStatus"] == {"N": "200"}
