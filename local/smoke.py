@@ -91,7 +91,7 @@ def poison_body(run_id: str) -> str:
     return f'{{"smokeRun": "{run_id}", "eventType": "smoke", "payload": '
 
 
-def _send(target: Target, body: str, group: str) -> None:
+def send(target: Target, body: str, group: str) -> None:
     request: dict[str, Any] = {"QueueUrl": target.queue_url, "MessageBody": body}
     if target.fifo:
         # A new deduplication id per send: the resend must reach the consumer, not be dropped by SQS.
@@ -140,14 +140,14 @@ def run_smoke(target: Target, *, run_id: str | None = None, timeout_s: float = D
     try:
         for handler, message in zip(payloads.registered(), sent, strict=True):
             payloads.put_seeds(target.dynamodb, target.tables, payloads.seed_items(handler, message.payload or {}))
-            _send(target, message.body, message.group_id)
-        _send(target, poison, "smoke")
+            send(target, message.body, message.group_id)
+        send(target, poison, "smoke")
         ended = wait(lambda: all(outcome(target, m) for m in sent), deadline)
         outcomes = {m.event_type: outcome(target, m) for m in sent}
         parked = wait(lambda: bool(_letters(target, poison)), deadline)
         applied = table_items(target.dynamodb, target.tables)
         for message in sent:  # the producer's resend: the same body, so the same key, as a new message
-            _send(target, message.body, message.group_id)
+            send(target, message.body, message.group_id)
         # A resend's outcome leaves no trace of its own: wait until the queue has handled everything.
         idle = wait(lambda: sum(messages.queue_counts(target.sqs, target.queue_url)) == 0, deadline)
         resent = table_items(target.dynamodb, target.tables)
