@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from local import fifo
+from local import fifo, state
 from local.event_files import load_event
+from local.session import describe
 from local.stack import DeployedStack
 from testkit import messages
+from testkit.webhook import WebhookSink
 from tests.integration.test_end_to_end import _aws_cli_send, _queue_empty, _wait_until
 from tests.integration.test_events import dead_letter_types, invoke
 
@@ -109,3 +111,15 @@ def test_on_a_fifo_stack_each_payment_is_applied_by_its_first_copy(make_stack: C
         if entry.startswith("PAYMENT#") and "messageId" in item
     }
     assert fifo.not_first_copies(sent, applied_by) == []
+
+
+def test_send_file_keeps_the_fifo_samples_message_groups(
+    make_stack: Callable[..., DeployedStack], webhook_sink: WebhookSink, tmp_path: Path
+) -> None:
+    from tests.integration.test_fifo import FIFO, _drain, _send  # noqa: PLC0415
+
+    stack = make_stack(parameter_overrides=FIFO)
+    state.write(describe(stack, webhook_sink), tmp_path / "state.json")
+    _send(tmp_path, "--file", "events/fifo-batch.json")
+    from_file = _drain(stack.servers.client("sqs"), stack.queue.url)
+    assert sorted(m["Attributes"]["MessageGroupId"] for m in from_file) == ["acc-4", "acc-4", "acc-5", "acc-5"]
