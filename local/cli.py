@@ -22,21 +22,17 @@ from local.function_output import command_output
 from local.poller import BatchReport
 from local.session import FUNCTION_LOG, running_stack
 from local.stack import DeployedStack
-from testkit import dead_letters, messages
+from testkit import dead_letters, messages, payloads
 from testkit.aws import DUMMY_CREDENTIALS_ENV, client
 from testkit.invocation import Invocation
 from testkit.lambda_runtime import EmulatorExited, LambdaFleet, RuntimeStartError
 from testkit.lambda_venv import LambdaPythonMissing, LambdaVenvError
-from testkit.tables import LEDGER_TABLE
 from testkit.webhook import WebhookSink
 
-FIFO_HELP = "deploy with QueueType=fifo (a FIFO queue and DLQ, one message group per account)"
+FIFO_HELP = "deploy with QueueType=fifo (a FIFO queue and DLQ, one message group per key)"
 MEMORY_HELP = "the function's MemorySize instead of the template's (its CPU share follows: 1769 MB = 1 vCPU)"
 # A runtime that cannot start says why in one line; nothing it started is left running.
 RUNTIME_ERRORS = (RuntimeStartError, EmulatorExited, LambdaPythonMissing, LambdaVenvError, EventFileError)
-EXAMPLE_BODY = messages.payment("pay-2024-000017", "p-17", "acc-1", 1250).body
-# An account's balance as PaymentReceived keeps it: enough for examples/refund_issued.py to debit.
-EXAMPLE_ITEM = '{"accountId":{"S":"acc-1"},"entryId":{"S":"BALANCE"},"balanceCents":{"N":"5000"}}'
 
 
 def _parameters(pairs: list[str], *, fifo: bool = False) -> dict[str, str]:
@@ -63,10 +59,15 @@ def _running() -> state.StackState:
 def _banner(stack: DeployedStack, sink: WebhookSink, pollers: int) -> str:
     credentials = " ".join(f"{name}={value}" for name, value in DUMMY_CREDENTIALS_ENV.items() if name != "AWS_REGION")
     aws = f"{credentials} \\\n    .venv/bin/aws"
-    dynamodb = f"--endpoint-url {stack.servers.dynamodb_endpoint_url} --table-name {stack.table_name(LEDGER_TABLE)}"
+    handler = payloads.registered()[0]
+    example = messages.drawn(handler, "example-1", payloads.valid_payloads(handler, 1)[0])
+    table = stack.table_name(handler.tables[0])
+    dynamodb = f"--endpoint-url {stack.servers.dynamodb_endpoint_url} --table-name {table}"
+    keys = stack.servers.client("dynamodb").describe_table(TableName=table)["Table"]["KeySchema"]
+    item = json.dumps({key["AttributeName"]: {"S": "..."} for key in keys})
     send_cli = (
         f"{aws} sqs send-message --endpoint-url {stack.servers.sqs_endpoint_url} \\\n"
-        f"    --queue-url {stack.queue.url} \\\n    --message-body {shlex.quote(EXAMPLE_BODY)}"
+        f"    --queue-url {stack.queue.url} \\\n    --message-body {shlex.quote(example.body)}"
     )
     if stack.queue.fifo:
         # A FIFO queue refuses a send without a group; content-based deduplication is off, so an id too.
@@ -89,14 +90,14 @@ one execution environment per poller, {_cpu_line(stack)}
   state file          {state.STATE_FILE}
 
 Push messages from another terminal:
-  make send ARGS="--count 100 --duplicates 0.2 --type PaymentReceived"
-  make send ARGS="--type InventoryReserved --payload '{{\\"sku\\":\\"sku-1\\",\\"quantity\\":2}}'"
-  make send ARGS="--file events/payment-single.json"   (or --bodies FILE: one JSON body per line)
+  make send ARGS="--count 100 --duplicates 0.2 --type {handler.event_type}"   (drawn from its payload model)
+  make send ARGS="--type {handler.event_type} --payload '{{...}}'"   (or --type poison: payloads the models refuse)
+  make send ARGS="--file events/poison-invalid-json.json"   (or --bodies FILE: one JSON body per line)
   {send_cli}
-Then: make dlq | make redrive | make invoke EVENT=events/payment-single.json
+Then: make dlq | make redrive | make invoke EVENT=events/poison-invalid-json.json
 Inspect and seed any table the same way (all in memory: `make run` starts empty and loses everything at exit):
   {aws} dynamodb scan {dynamodb}
-  {aws} dynamodb put-item {dynamodb} --item {shlex.quote(EXAMPLE_ITEM)}
+  {aws} dynamodb put-item {dynamodb} --item {shlex.quote(item)}
 """
 
 
@@ -149,17 +150,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 # -- send ----------------------------------------------------------------------------------
 
 
-_GENERATED = {"PaymentReceived": messages.payments, "ReceiptRequested": messages.receipts}
-
-
 def _refuse(why: str) -> NoReturn:
     """A send that cannot be made as asked: one line, nothing sent, argparse's status for a bad argument."""
     print(f"error: {why}", file=sys.stderr)
     raise SystemExit(2)
 
 
+def _poison(per_kind: int) -> list[messages.Outgoing]:
+    """Invalid JSON, an unknown event type and, per handler, a payload its model refuses (``testkit.payloads``)."""
+    made = [messages.Outgoing('{"eventType": "Cut", "payload": ', "poison")]
+    made.append(messages.Outgoing(messages.envelope("NoSuchEvent", f"unknown-{time.time_ns()}", {}), "poison"))
+    for handler in payloads.registered():
+        refused = payloads.invalid_payloads(handler)[0].payload
+        made.append(
+            messages.Outgoing(messages.envelope(handler.event_type, f"refused-{time.time_ns()}", refused), "poison")
+        )
+    return made * per_kind
+
+
 def _generated(args: argparse.Namespace) -> list[messages.Outgoing]:
-    rng = random.Random(args.seed)
+    rng, handlers = random.Random(args.seed), {h.event_type: h for h in payloads.registered()}
     count = args.count if args.count is not None else 1 if args.payload is not None else 10
     if args.payload is not None:
         try:
@@ -171,11 +181,14 @@ def _generated(args: argparse.Namespace) -> list[messages.Outgoing]:
     elif args.key is not None:
         _refuse("--key goes with --payload (the generated kinds make their own keys)")
     elif args.type == "poison":
-        originals = messages.poison(max(1, count // 3))  # one of each kind per 3
-    elif args.type in _GENERATED:
-        originals = _GENERATED[args.type](count, args.accounts, rng, prefix=f"{args.prefix}-{int(time.time())}")
+        originals = _poison(max(1, count // 3))  # one of each kind per 3
+    elif args.type is None or args.type in handlers:
+        chosen = [handlers[args.type]] if args.type else list(handlers.values())
+        run, seed = f"{args.prefix}-{int(time.time())}", args.seed or 0
+        drawn = [(h, p) for h in chosen for p in payloads.valid_payloads(h, -(-count // len(chosen)), seed)][:count]
+        originals = [messages.drawn(h, f"{run}-{h.event_type}-{n}", p) for n, (h, p) in enumerate(drawn)]
     else:
-        _refuse(f"--type {args.type} needs --payload (make send generates only {', '.join(_GENERATED)} and poison)")
+        _refuse(f"--type {args.type} needs --payload (make send draws only {', '.join(handlers)} and poison)")
     sent = messages.with_resends(originals, args.duplicates, rng)
     if args.tenants:
         # A fair queue's tenant is the producer's MessageGroupId on a standard queue.
@@ -200,8 +213,6 @@ def cmd_send(args: argparse.Namespace) -> int:
         return 0
     keys = {message.key for message in outgoing if message.key}
     print(f"sent {len(ids)} message(s) to {running.queue_url} ({len(keys)} distinct idempotency keys)")
-    if balances := messages.expected_balances(outgoing):
-        print(f"they credit {len(balances)} account(s) with {sum(balances.values())} cents in total, each payment once")
     return 0
 
 
@@ -289,9 +300,10 @@ def parser() -> argparse.ArgumentParser:
     send = commands.add_parser("send", help="push messages to the running stack")
     send.add_argument("--count", type=int, default=None, help="messages to send (default 10, 1 with --payload)")
     send.add_argument("--duplicates", type=float, default=0.0, help="fraction resent by the producer")
-    send.add_argument("--type", default="PaymentReceived", help="the eventType (any, with --payload)")
+    send.add_argument(
+        "--type", default=None, help="a registered eventType (default: each), any with --payload, or poison"
+    )
     send.add_argument("--key", help="the idempotency key of every message (default: a new one each)")
-    send.add_argument("--accounts", type=int, default=5)
     send.add_argument("--seed", type=int, default=None)
     send.add_argument("--prefix", default="send", help="idempotency keys start with this")
     send.add_argument("--tenants", type=int, default=0, help="spread the messages over N fair-queue tenants")
@@ -313,12 +325,7 @@ def parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="a realistic workload end to end, checked")
     demo.add_argument("--pollers", type=int, default=4)
     demo.add_argument("--memory", type=int, default=None, metavar="MB", help=MEMORY_HELP)
-    demo.add_argument("--payments", type=int, default=400)
-    demo.add_argument("--accounts", type=int, default=12)
-    demo.add_argument(
-        "--hot-share", type=float, default=0.25, help="share of the payments on one hot account (default 0.25)"
-    )
-    demo.add_argument("--receipts", type=int, default=30)
+    demo.add_argument("--messages", type=int, default=150, help="per registered handler")
     demo.add_argument("--duplicates", type=float, default=0.25)
     demo.add_argument("--seed", type=int, default=7)
     demo.add_argument("--fifo", action="store_true", help=FIFO_HELP + ", and check each group's order")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from local.poller import BatchReport
 from testkit.messages import Outgoing
@@ -57,17 +56,6 @@ def out_of_order(sent: Mapping[str, Outgoing], completed: Mapping[str, int]) -> 
         if previous is None or position > previous[0]:
             latest[group] = (position, message_id)
     return problems
-
-
-def payment_entries(dynamodb: Any, ledger_table: str) -> dict[str, str]:
-    """paymentId -> the messageId its ledger entry records."""
-    entries: dict[str, str] = {}
-    for page in dynamodb.get_paginator("scan").paginate(TableName=ledger_table):
-        for item in page["Items"]:
-            entry = item["entryId"]["S"]
-            if entry.startswith("PAYMENT#") and "messageId" in item:
-                entries[entry.removeprefix("PAYMENT#")] = item["messageId"]["S"]
-    return entries
 
 
 def not_first_copies(sent: Mapping[str, Outgoing], applied_by: Mapping[str, str]) -> list[str]:

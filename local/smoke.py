@@ -1,8 +1,11 @@
-"""``make smoke``: one payment, a resend of it and one poison message through a stack, checked, then removed.
+"""``make smoke``: a message of each registered handler, its resend and one poison message through a stack, checked.
 
-Against a deployed stack (``STACK=<name>``) its queues and tables come from its CloudFormation
-outputs; without one, the local stack is started for the run. Everything the run writes carries
-a run id, so the clean-up removes only its own items and dead letter, even on a stack in use.
+Against a deployed stack (``STACK=<name>``) its queues come from its CloudFormation outputs and its tables from the
+function's variables; without one, the local stack is started for the run. Each handler's payload is drawn from its
+model (``testkit.payloads``), with the seed items its author gives, under a key carrying the run id. The checks
+hold for any handler: each message ends applied once or dead-lettered with a reason, its resend changes no item of
+the declared tables (scanned: a stack without other traffic, as the rehearsal's), the poison is dead-lettered.
+The clean-up puts every item the run changed back as it was, and removes its records and dead letters.
 """
 
 from __future__ import annotations
@@ -11,26 +14,28 @@ import argparse
 import sys
 import time
 import uuid
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from consumer.config import table_variable
+from consumer.handlers import declared_tables
 from local.demo import Check, show_checks
 from local.state import STATE_DIR
-from testkit import dead_letters, messages
+from testkit import dead_letters, messages, payloads
 
 # The template's Outputs the smoke test needs, by the role they play here.
 OUTPUTS = {
     "queue_url": "ConsumerQueueUrl",
     "dead_letter_queue_url": "DeadLetterQueueUrl",
-    "ledger_table": "LedgerTableName",
     "idempotency_table": "IdempotencyTableName",
 }
-AMOUNT_CENTS = 1234
 POISON_ERROR_TYPE = "InvalidJson"  # consumer.errors.ErrorType.INVALID_JSON
 # Lambda's pollers and the queue's backoff on a cold stack take seconds, not minutes.
 DEFAULT_TIMEOUT_S = 120.0
 _POLL_S = 0.5
+Items = dict[str, list[dict[str, Any]]]  # each declared table's items, by logical id
 
 
 class SmokeError(Exception):
@@ -39,19 +44,19 @@ class SmokeError(Exception):
 
 @dataclass(frozen=True)
 class Target:
-    """Where the smoke test sends and looks: clients and the stack's resource names."""
+    """Where the smoke test sends and looks: clients, the queues and the tables (logical id -> name)."""
 
     sqs: Any
     dynamodb: Any
     queue_url: str
     dead_letter_queue_url: str
-    ledger_table: str
     idempotency_table: str
+    tables: Mapping[str, str]
     fifo: bool = False
 
 
-def target_from_stack(cloudformation: Any, sqs: Any, dynamodb: Any, stack_name: str) -> Target:
-    """The target named by a deployed stack's outputs (``describe_stacks``)."""
+def target_from_stack(cloudformation: Any, lambda_: Any, sqs: Any, dynamodb: Any, stack_name: str) -> Target:
+    """The target named by a deployed stack's outputs, and its tables by the function's variables."""
     from botocore.exceptions import ClientError  # noqa: PLC0415 (only the deployed form needs it)
 
     try:
@@ -59,33 +64,34 @@ def target_from_stack(cloudformation: Any, sqs: Any, dynamodb: Any, stack_name: 
     except ClientError as error:
         raise SmokeError(f"cannot describe stack {stack_name!r}: {error}") from error
     outputs = {o["OutputKey"]: o["OutputValue"] for o in (stacks[0].get("Outputs") or [])} if stacks else {}
-    missing = [name for name in OUTPUTS.values() if name not in outputs]
+    missing = [name for name in (*OUTPUTS.values(), "ConsumerFunctionName") if name not in outputs]
     if missing:
         raise SmokeError(f"stack {stack_name!r} has no output {', '.join(missing)} (is it this project's template?)")
+    function = lambda_.get_function_configuration(FunctionName=outputs["ConsumerFunctionName"])
+    variables = (function.get("Environment") or {}).get("Variables") or {}
+    unset = [table_variable(table) for table in declared_tables() if table_variable(table) not in variables]
+    if unset:
+        raise SmokeError(f"the function of stack {stack_name!r} has no variable {', '.join(unset)}")
     values = {role: outputs[name] for role, name in OUTPUTS.items()}
-    return Target(sqs=sqs, dynamodb=dynamodb, fifo=values["queue_url"].endswith(".fifo"), **values)
+    tables = {table: variables[table_variable(table)] for table in declared_tables()}
+    return Target(sqs=sqs, dynamodb=dynamodb, tables=tables, fifo=values["queue_url"].endswith(".fifo"), **values)
 
 
-@dataclass(frozen=True)
-class SmokeRun:
-    """What one run writes: every name carries its run id."""
-
-    account_id: str  # also the payment's idempotency key
-    payment_id: str
-    poison_body: str
-
-    @classmethod
-    def new(cls, run_id: str) -> SmokeRun:
-        # The poison is cut short on purpose: invalid JSON, yet recognisable in the dead-letter queue.
-        poison = f'{{"smokeRun": "{run_id}", "eventType": "PaymentReceived", "payload": '
-        return cls(f"smoke-{run_id}", f"smoke-p-{run_id}", poison)
-
-    @property
-    def payment(self) -> messages.Outgoing:
-        return messages.payment(self.account_id, self.payment_id, self.account_id, AMOUNT_CENTS)
+def run_messages(run_id: str) -> list[messages.Outgoing]:
+    """One message per registered handler, drawn from the run id, under a key that carries it."""
+    seed = zlib.crc32(run_id.encode())
+    return [
+        messages.drawn(handler, f"smoke-{run_id}-{index}", payloads.valid_payloads(handler, 1, seed)[0])
+        for index, handler in enumerate(payloads.registered())
+    ]
 
 
-def _send(target: Target, body: str, group: str) -> None:
+def poison_body(run_id: str) -> str:
+    # Cut short on purpose: invalid JSON, yet recognisable in the dead-letter queue.
+    return f'{{"smokeRun": "{run_id}", "eventType": "smoke", "payload": '
+
+
+def send(target: Target, body: str, group: str) -> None:
     request: dict[str, Any] = {"QueueUrl": target.queue_url, "MessageBody": body}
     if target.fifo:
         # A new deduplication id per send: the resend must reach the consumer, not be dropped by SQS.
@@ -93,31 +99,20 @@ def _send(target: Target, body: str, group: str) -> None:
     target.sqs.send_message(**request)
 
 
-def _ledger_key(run: SmokeRun, entry_id: str) -> dict[str, Any]:
-    return {"accountId": {"S": run.account_id}, "entryId": {"S": entry_id}}
+def table_items(dynamodb: Any, tables: Mapping[str, str]) -> Items:
+    pages = {table: dynamodb.get_paginator("scan").paginate(TableName=name) for table, name in tables.items()}
+    return {table: sorted((i for p in found for i in p["Items"]), key=repr) for table, found in pages.items()}
 
 
-def _ledger_item(target: Target, run: SmokeRun, entry_id: str) -> dict[str, Any] | None:
-    answer = target.dynamodb.get_item(
-        TableName=target.ledger_table, Key=_ledger_key(run, entry_id), ConsistentRead=True
-    )
-    item: dict[str, Any] | None = answer.get("Item")
-    return item
+def _record(target: Target, message: messages.Outgoing) -> str | None:
+    """The status of the message's idempotency record (the consumer's id: event type and key)."""
+    key = {"id": {"S": f"{message.event_type}#{message.key}"}}
+    item = target.dynamodb.get_item(TableName=target.idempotency_table, Key=key, ConsistentRead=True).get("Item")
+    return item["status"]["S"] if item else None
 
 
-def _count_payment_entries(target: Target, run: SmokeRun) -> int:
-    answer = target.dynamodb.query(
-        TableName=target.ledger_table,
-        KeyConditionExpression="accountId = :a AND begins_with(entryId, :p)",
-        ExpressionAttributeValues={":a": {"S": run.account_id}, ":p": {"S": "PAYMENT#"}},
-        ConsistentRead=True,
-    )
-    return int(answer["Count"])
-
-
-def _our_dead_letter(target: Target, run: SmokeRun) -> dead_letters.DeadLetter | None:
-    parked = dead_letters.peek(target.sqs, target.dead_letter_queue_url)
-    return next((letter for letter in parked if letter.body == run.poison_body), None)
+def _letters(target: Target, body: str) -> list[dead_letters.DeadLetter]:
+    return [letter for letter in dead_letters.peek(target.sqs, target.dead_letter_queue_url) if letter.body == body]
 
 
 def wait(condition: Callable[[], bool], deadline: float) -> bool:
@@ -128,52 +123,72 @@ def wait(condition: Callable[[], bool], deadline: float) -> bool:
     return True
 
 
+def outcome(target: Target, message: messages.Outgoing) -> str | None:
+    """Applied (its record completed), dead-lettered with a reason, or ``None`` while neither."""
+    if _record(target, message) == "COMPLETED":
+        return "applied once"
+    letters = _letters(target, message.body)
+    return f"dead-lettered: {letters[0].reason}" if letters and letters[0].error_type else None
+
+
 def run_smoke(target: Target, *, run_id: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Check]:
-    """Send, wait (one deadline for the whole run), check, then remove what the run wrote."""
-    run = SmokeRun.new(run_id or uuid.uuid4().hex[:12])
+    """Send, wait (one deadline for the whole run), resend, check, then put back what the run changed."""
+    run_id = run_id or uuid.uuid4().hex[:12]
+    sent, poison = run_messages(run_id), poison_body(run_id)
     deadline = time.monotonic() + timeout_s
-    payment_entry = f"PAYMENT#{run.payment_id}"
+    before = table_items(target.dynamodb, target.tables)
     try:
-        _send(target, run.payment.body, run.account_id)
-        # The producer's resend: the same body, so the same idempotency key, as a new message.
-        _send(target, run.payment.body, run.account_id)
-        _send(target, run.poison_body, run.account_id)
-        applied = wait(lambda: _ledger_item(target, run, payment_entry) is not None, deadline)
-        parked = wait(lambda: _our_dead_letter(target, run) is not None, deadline)
-        # The resend's outcome leaves no trace of its own: wait until the queue has handled everything.
+        for handler, message in zip(payloads.registered(), sent, strict=True):
+            payloads.put_seeds(target.dynamodb, target.tables, payloads.seed_items(handler, message.payload or {}))
+            send(target, message.body, message.group_id)
+        send(target, poison, "smoke")
+        ended = wait(lambda: all(outcome(target, m) for m in sent), deadline)
+        outcomes = {m.event_type: outcome(target, m) for m in sent}
+        parked = wait(lambda: bool(_letters(target, poison)), deadline)
+        applied = table_items(target.dynamodb, target.tables)
+        for message in sent:  # the producer's resend: the same body, so the same key, as a new message
+            send(target, message.body, message.group_id)
+        # A resend's outcome leaves no trace of its own: wait until the queue has handled everything.
         idle = wait(lambda: sum(messages.queue_counts(target.sqs, target.queue_url)) == 0, deadline)
-        balance = _ledger_item(target, run, "BALANCE")
-        balance_cents = int(balance["balanceCents"]["N"]) if balance else None
-        entries = _count_payment_entries(target, run)
-        letter = _our_dead_letter(target, run)
+        resent = table_items(target.dynamodb, target.tables)
+        letter = next(iter(_letters(target, poison)), None)
         error_type = letter.error_type if letter else None
         return [
-            Check(applied, f"ledger entry ({run.account_id}, {payment_entry}) written within {timeout_s:.0f}s"),
-            Check(entries == 1, f"exactly one payment entry for the account (found {entries})"),
-            Check(
-                balance_cents == AMOUNT_CENTS,
-                f"balance moved once: {AMOUNT_CENTS} cents expected, found {balance_cents}",
+            *(
+                Check(bool(found), f"{event} ends {found or f'neither applied nor dead-lettered in {timeout_s:.0f}s'}")
+                for event, found in outcomes.items()
             ),
-            Check(idle, f"the queue drained within {timeout_s:.0f}s, so the resend was handled"),
+            Check(ended and idle, f"the queue drained within {timeout_s:.0f}s, so every resend was handled"),
+            Check(resent == applied, f"the resends changed no item of the declared tables {sorted(target.tables)}"),
             Check(parked, f"the poison message is in the dead-letter queue within {timeout_s:.0f}s"),
             Check(
-                error_type == POISON_ERROR_TYPE,
-                f"its ErrorType attribute is {POISON_ERROR_TYPE} (found {error_type})",
+                error_type == POISON_ERROR_TYPE, f"its ErrorType attribute is {POISON_ERROR_TYPE} (found {error_type})"
             ),
         ]
     finally:
-        clean_up(target, run)
+        clean_up(target, sent, [poison], before)
 
 
-def clean_up(target: Target, run: SmokeRun) -> None:
-    """Remove the run's ledger items, its idempotency record and its dead letter; nothing else."""
-    for entry in (f"PAYMENT#{run.payment_id}", "BALANCE"):
-        target.dynamodb.delete_item(TableName=target.ledger_table, Key=_ledger_key(run, entry))
-    record_id = f"PaymentReceived#{run.account_id}"  # the consumer's record: event type and idempotency key
-    target.dynamodb.delete_item(TableName=target.idempotency_table, Key={"id": {"S": record_id}})
-    letter = _our_dead_letter(target, run)
-    if letter is not None:
-        target.sqs.delete_message(QueueUrl=target.dead_letter_queue_url, ReceiptHandle=letter.receipt_handle)
+def clean_up(target: Target, sent: list[messages.Outgoing], others: list[str], before: Items) -> None:
+    """Put back each item of the declared tables the run changed, remove its records and dead letters; no more."""
+    for table, items in table_items(target.dynamodb, target.tables).items():
+        keys = [
+            k["AttributeName"]
+            for k in target.dynamodb.describe_table(TableName=target.tables[table])["Table"]["KeySchema"]
+        ]
+        old = {repr([item[k] for k in keys]): item for item in before.get(table, [])}
+        for item in items:
+            was = old.get(repr([item[k] for k in keys]))
+            if was is None:
+                target.dynamodb.delete_item(TableName=target.tables[table], Key={k: item[k] for k in keys})
+            elif was != item:
+                target.dynamodb.put_item(TableName=target.tables[table], Item=was)
+    for message in sent:
+        key = {"id": {"S": f"{message.event_type}#{message.key}"}}
+        target.dynamodb.delete_item(TableName=target.idempotency_table, Key=key)
+    for body in [*others, *(m.body for m in sent)]:
+        for letter in _letters(target, body):
+            target.sqs.delete_message(QueueUrl=target.dead_letter_queue_url, ReceiptHandle=letter.receipt_handle)
 
 
 def report(checks: list[Check], say: Callable[[str], None]) -> int:
@@ -187,8 +202,9 @@ def _deployed(args: argparse.Namespace) -> list[Check]:
     import boto3  # noqa: PLC0415 (the caller's own credentials and region, only for a deployed stack)
 
     session = boto3.session.Session(region_name=args.region)
+    client: Any = session.client
     target = target_from_stack(
-        session.client("cloudformation"), session.client("sqs"), session.client("dynamodb"), args.stack
+        client("cloudformation"), client("lambda"), client("sqs"), client("dynamodb"), args.stack
     )
     return run_smoke(target, timeout_s=args.timeout)
 
@@ -209,8 +225,8 @@ def _local(args: argparse.Namespace) -> list[Check]:
             dynamodb=stack.servers.client("dynamodb"),
             queue_url=stack.queue.url,
             dead_letter_queue_url=stack.dead_letter_queue.url,
-            ledger_table=stack.table_name("LedgerTable"),
             idempotency_table=stack.table_name("IdempotencyTable"),
+            tables={table: stack.table_name(table) for table in declared_tables()},
             fifo=stack.queue.fifo,
         )
         return run_smoke(target, timeout_s=args.timeout)
@@ -228,7 +244,9 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def add_parser(commands: Any) -> None:
-    smoke = commands.add_parser("smoke", help="a payment, its resend and a poison message through a stack, checked")
+    smoke = commands.add_parser(
+        "smoke", help="a message of each handler, its resend and a poison message through a stack, checked"
+    )
     smoke.add_argument("--stack", default=None, help="a deployed stack's name (default: the local stack)")
     smoke.add_argument("--region", default=None, help="the deployed stack's region (default: the AWS config's)")
     smoke.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for the outcomes")

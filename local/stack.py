@@ -67,19 +67,6 @@ class DeployedStack:
     def function_environment(self) -> dict[str, str]:
         return self.fleet.environment
 
-    def ledger_totals(self) -> tuple[dict[str, int], int, int]:
-        """What the example ledger holds: balances per account, the number of payment and of receipt entries."""
-        balances: dict[str, int] = {}
-        payments = receipts = 0
-        pages = self.servers.client("dynamodb").get_paginator("scan").paginate(TableName=self.table_name("LedgerTable"))
-        for item in (item for page in pages for item in page["Items"]):
-            entry = item["entryId"]["S"]
-            if entry == "BALANCE":
-                balances[item["accountId"]["S"]] = int(item["balanceCents"]["N"])
-            payments += entry.startswith("PAYMENT#")
-            receipts += entry.startswith("RECEIPT#")
-        return balances, payments, receipts
-
     def stop(self) -> None:
         for group in self._groups:
             group.stop()

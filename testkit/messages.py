@@ -11,13 +11,13 @@ import json
 import random
 import time
 import uuid
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from consumer.errors import ErrorType
+from consumer.handlers import MessageHandler
 
 CURRENCY = "EUR"
 _SEND_BATCH = 10
@@ -62,7 +62,7 @@ class Outgoing:
     """One message to send, and what it should come to."""
 
     body: str
-    kind: str  # "payment", "receipt", "poison", "custom" (make send --payload) or "from-file"
+    kind: str  # "drawn" (testkit.payloads), "payment", "receipt", "poison", "custom" (--payload), "from-file"
     key: str | None = None
     # What the consumer should dead-letter it for, for poison.
     expected_error: ErrorType | None = None
@@ -96,6 +96,11 @@ class Outgoing:
             return self.group
         account = (self.payload or {}).get("accountId")
         return account if isinstance(account, str) and account else NO_ACCOUNT_GROUP
+
+
+def drawn(handler: type[MessageHandler[Any]], key: str, payload: dict[str, Any]) -> Outgoing:
+    """A message of any handler (its payload from ``testkit.payloads``); its FIFO group is its key."""
+    return Outgoing(envelope(handler.event_type, key, payload), "drawn", key, group=key)
 
 
 def payment(key: str, payment_id: str, account_id: str, amount_cents: int) -> Outgoing:
@@ -174,15 +179,6 @@ def ledger_balance(dynamodb: Any, table: str, account: str) -> int:
     key = {"accountId": {"S": account}, "entryId": {"S": "BALANCE"}}
     item = dynamodb.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
     return int(item["balanceCents"]["N"]) if item else 0
-
-
-def expected_balances(messages: Iterable[Outgoing]) -> dict[str, int]:
-    """Balance per account = the sum of its distinct payments, however often each was sent."""
-    distinct = {m.payload["paymentId"]: m.payload for m in messages if m.kind == "payment" and m.payload}
-    balances: Counter[str] = Counter()
-    for paid in distinct.values():
-        balances[paid["accountId"]] += paid["amountCents"]
-    return dict(balances)
 
 
 def queue_counts(sqs: Any, queue_url: str) -> tuple[int, int]:

@@ -15,7 +15,7 @@ import pytest
 
 from consumer.envelope import KeySource, parse_message
 from local import state
-from testkit import dead_letters
+from testkit import dead_letters, payloads
 from testkit.processes import alive
 from testkit.servers import LocalServers
 
@@ -82,7 +82,9 @@ def test_run_then_send_dlq_redrive_and_ctrl_c_leaves_nothing(tmp_path: Path) -> 
             assert listed.returncode == 0, listed.stderr
             return int(listed.stdout.split()[0])
 
-        _wait_for(lambda: dead_lettered() == 4, 60, "four dead letters")
+        # Invalid JSON, an unknown event type, a payload each handler's model refuses, and the custom type.
+        parked = 3 + len(payloads.registered())
+        _wait_for(lambda: dead_lettered() == parked, 60, f"{parked} dead letters")
         listing = _local(tmp_path, "dlq").stdout
         assert f"- {custom_id} (in the DLQ as " in listing
         assert {"ErrorType: InvalidJson", "ErrorType: SchemaViolation", "ErrorType: UnknownEventType"} <= {
@@ -91,13 +93,13 @@ def test_run_then_send_dlq_redrive_and_ctrl_c_leaves_nothing(tmp_path: Path) -> 
         # Each listed under the id it was sent with (the consumer's logs name it), its DLQ copy's id beside it.
         originals = [line.split()[1] for line in listing.splitlines() if "(in the DLQ as " in line]
         copies = [line.split()[-1].rstrip(")") for line in listing.splitlines() if "(in the DLQ as " in line]
-        assert len(originals) == 4 and not set(originals) & set(copies), listing
+        assert len(originals) == parked and not set(originals) & set(copies), listing
 
         moved = _local(tmp_path, "redrive")
         assert moved.returncode == 0, moved.stderr
-        assert moved.stdout.startswith("moved 4 ")
+        assert moved.stdout.startswith(f"moved {parked} ")
         # Still poison: the pollers dead-letter them again.
-        _wait_for(lambda: dead_lettered() == 4, 60, "the redriven poison to come back")
+        _wait_for(lambda: dead_lettered() == parked, 60, "the redriven poison to come back")
 
         assert state["queue_url"].startswith(state["sqs_endpoint_url"])
     finally:
@@ -121,20 +123,20 @@ def test_send_without_a_running_stack_says_how_to_start_one(tmp_path: Path) -> N
 
 
 def test_invoke_without_a_running_stack_starts_one_and_prints_the_response(tmp_path: Path) -> None:
-    answer = _local(tmp_path, "invoke", "events/poison-schema-violation.json")
+    answer = _local(tmp_path, "invoke", "events/poison-invalid-json.json")
     assert answer.returncode == 0, answer.stderr
     response = json.loads(answer.stdout[answer.stdout.rindex('{\n  "batchItemFailures"') :])
     assert response == {"batchItemFailures": []}
-    assert "dead-lettered: SchemaViolation" in answer.stderr
+    assert "dead-lettered: InvalidJson" in answer.stderr
 
 
 def test_demo_passes_its_checks_on_a_small_workload(tmp_path: Path) -> None:
-    answer = _local(tmp_path, "demo", "--payments", "40", "--receipts", "4", "--pollers", "2", timeout_s=240)
+    answer = _local(tmp_path, "demo", "--messages", "20", "--pollers", "2", timeout_s=240)
     assert answer.returncode == 0, answer.stdout + answer.stderr
     assert "all checks passed" in answer.stdout
     assert "FAIL" not in answer.stdout
-    # Three kinds twice, the rejected receipt, and four reused keys (each for another amount and for another payment).
-    assert "dead-lettered          11:" in answer.stdout
+    # Invalid JSON, an unknown event type, and per registered handler a refused payload and two reused keys.
+    assert f"dead-lettered          {2 + 3 * len(payloads.registered())}:" in answer.stdout
 
 
 @pytest.mark.parametrize(
@@ -229,19 +231,21 @@ def test_send_bodies_sends_each_line_as_it_is(local_servers: LocalServers, queue
     assert sorted(on_queue.values()) == sorted([lines[0], lines[2]])
 
 
-@pytest.mark.parametrize("kind", ["PaymentReceived", "ReceiptRequested"])
-def test_send_still_generates_the_example_kinds(
-    local_servers: LocalServers, queue: str, tmp_path: Path, kind: str
+@pytest.mark.parametrize("handler", payloads.registered(), ids=[h.event_type for h in payloads.registered()])
+def test_send_draws_messages_of_a_registered_handler_from_its_model(
+    local_servers: LocalServers, queue: str, tmp_path: Path, handler: payloads.Handler
 ) -> None:
-    sent = _local(tmp_path, "send", "--type", kind, "--count", "2")
-    bodies = _on_the_queue(local_servers, queue).values()
+    sent = _local(tmp_path, "send", "--type", handler.event_type, "--count", "2")
+    bodies = [json.loads(body) for body in _on_the_queue(local_servers, queue).values()]
     assert len(_sent_ids(sent)) == 2
-    assert [json.loads(body)["eventType"] for body in bodies] == [kind, kind]
+    assert [body["eventType"] for body in bodies] == [handler.event_type] * 2
+    assert [payloads.refusal(handler.payload_model, body["payload"]) for body in bodies] == [None, None]
+    assert len({body["metadata"]["idempotencyKey"] for body in bodies}) == 2
 
 
 def test_send_file_sends_the_records_of_an_event_file(local_servers: LocalServers, queue: str, tmp_path: Path) -> None:
-    sent = _local(tmp_path, "send", "--file", "events/payment-single.json")
-    record = json.loads((REPO_ROOT / "events/payment-single.json").read_text())["Records"][0]
+    sent = _local(tmp_path, "send", "--file", "events/poison-invalid-json.json")
+    record = json.loads((REPO_ROOT / "events/poison-invalid-json.json").read_text())["Records"][0]
     assert list(_on_the_queue(local_servers, queue).values()) == [record["body"]]
     assert len(_sent_ids(sent)) == 1
 

@@ -1,4 +1,5 @@
-"""End to end over real HTTP: a producer, the queue, the pollers, the function, DynamoDB, the webhook."""
+"""End to end over real HTTP, for every registered handler: a producer, the queue, the pollers, the function,
+DynamoDB. The examples' own end-to-end checks (the ledger's balance, the receipt's webhook) are in tests/examples/."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from local.stack import DeployedStack
 from testkit import dead_letters, messages
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.template import REPO_ROOT
-from testkit.webhook import Answer, WebhookSink
+from testkit.webhook import WebhookSink
+from tests.integration import generic
 from tests.integration.template_copies import function_properties, template_copy
 
 AWS_CLI = Path(sys.executable).parent / "aws"
@@ -34,11 +38,6 @@ def _queue_empty(stack: DeployedStack) -> bool:
         AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
     )["Attributes"]
     return attributes["ApproximateNumberOfMessages"] == attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
-
-
-def _ledger_item(stack: DeployedStack, account: str, entry: str) -> dict | None:
-    key = {"accountId": {"S": account}, "entryId": {"S": entry}}
-    return stack.servers.client("dynamodb").get_item(TableName=stack.table_name("LedgerTable"), Key=key).get("Item")
 
 
 def _aws_cli_send(stack: DeployedStack, body: str) -> str:
@@ -65,20 +64,27 @@ def _aws_cli_send(stack: DeployedStack, body: str) -> str:
     return json.loads(answer.stdout)["MessageId"]
 
 
-def test_the_same_message_sent_twice_by_the_aws_cli_is_applied_once(stack: DeployedStack) -> None:
-    body = messages.payment("pay-cli-1", "p-cli-1", "acc-cli", 2500).body
-    first, second = _aws_cli_send(stack, body), _aws_cli_send(stack, body)
-    assert first != second  # SQS sees two messages
-
+@pytest.mark.parametrize("handler", generic.HANDLERS, ids=generic.IDS)
+def test_the_same_message_sent_twice_by_the_aws_cli_is_applied_once(
+    stack: DeployedStack, handler: generic.Handler
+) -> None:
+    message = generic.drawn(stack, handler, f"cli-{handler.event_type}")
     with stack.pollers(2):
+        first = _aws_cli_send(stack, message.body)
+        _wait_until(lambda: stack.stats.deleted == 1 and _queue_empty(stack))
+        found, once = generic.outcome(stack, message), generic.declared_items(stack)
+        second = _aws_cli_send(stack, message.body)
         _wait_until(lambda: stack.stats.deleted == 2 and _queue_empty(stack))
 
-    balance = _ledger_item(stack, "acc-cli", "BALANCE")
-    assert balance is not None
-    assert balance["balanceCents"] == {"N": "2500"}
-    entry = _ledger_item(stack, "acc-cli", "PAYMENT#p-cli-1")
-    assert entry is not None
-    assert entry["messageId"]["S"] in {first, second}
+    assert first != second  # SQS sees two messages
+    assert found is not None, f"{handler.event_type}: neither applied nor dead-lettered"
+    assert generic.declared_items(stack) == once, f"{handler.event_type}: the resend changed a declared table"
+    parked = generic.letters(stack)
+    if found == "applied":
+        assert parked == []
+    else:  # dead-lettered by a business condition: the resend is too, for the same reason
+        assert [letter.body for letter in parked] == [message.body] * 2
+        assert len({letter.error_type for letter in parked}) == 1
 
 
 def test_poison_lands_in_the_dead_letter_queue_with_its_reason(stack: DeployedStack) -> None:
@@ -99,29 +105,6 @@ def test_poison_lands_in_the_dead_letter_queue_with_its_reason(stack: DeployedSt
     assert _queue_empty(stack)
 
 
-def test_a_receipt_reaches_the_webhook_with_its_idempotency_key_and_survives_a_5xx(
-    stack: DeployedStack, webhook_sink: WebhookSink
-) -> None:
-    message = messages.receipt("rcpt-e2e-1", "r-e2e-1", "acc-r", "p-e2e-1", 800)
-    webhook_sink.answer_next(Answer(503), key="rcpt-e2e-1")
-    stack.servers.client("sqs").send_message(QueueUrl=stack.queue.url, MessageBody=message.body)
-
-    with stack.pollers(1):
-        # The 503 is transient: the record is retried after its backoff and then accepted.
-        _wait_until(lambda: _queue_empty(stack) and stack.stats.deleted == 1, timeout_s=60)
-
-    calls = webhook_sink.received()
-    assert [call.status for call in calls] == [503, 200]
-    assert {call.idempotency_key for call in calls} == {"rcpt-e2e-1"}
-    assert {call.path for call in calls} == {"/ReceiptWebhookUrl"}
-    # Signed by the function with the secret the local stack put in Secrets Manager, every try.
-    assert all(call.verified for call in calls)
-    assert calls[-1].json()["receiptId"] == "r-e2e-1"
-    recorded = _ledger_item(stack, "acc-r", "RECEIPT#r-e2e-1")
-    assert recorded is not None
-    assert recorded["webhookStatus"] == {"N": "200"}
-
-
 def test_every_webhook_url_parameter_points_at_the_sink_and_the_stack_signs_with_the_sinks_secret(
     make_stack: Callable[..., DeployedStack], webhook_sink: WebhookSink, tmp_path: Path
 ) -> None:
@@ -139,7 +122,6 @@ def test_every_webhook_url_parameter_points_at_the_sink_and_the_stack_signs_with
 
     environment = stack.function_environment
     assert environment["MY_WEBHOOK_URL"] == f"{webhook_sink.url}/MyWebhookUrl"
-    assert environment["RECEIPT_WEBHOOK_URL"] == webhook_sink.receipts_url
     assert environment["OTHER_WEBHOOK_URL"] == "https://receiver.example/hook"  # a given value wins
     secret = stack.servers.client("secretsmanager").get_secret_value(SecretId=environment["WEBHOOK_SECRET_ARN"])
     assert secret["SecretString"] == webhook_sink.secret

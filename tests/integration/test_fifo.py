@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ from local.stack import DeployedStack
 from testkit import dead_letters, messages
 from testkit.invocation import Invocation, Invoker
 from testkit.lambda_sqs import record_from_message
-from testkit.webhook import Answer, WebhookSink
+from testkit.webhook import WebhookSink
+from tests.integration import generic
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIFO = {"QueueType": "fifo"}
@@ -47,7 +49,7 @@ class RecordingRuntime:
         return self._runtime.invoke(event)
 
 
-def _consume(
+def consume(
     stack: DeployedStack, sent: dict[str, messages.Outgoing], pollers: int, timeout_s: float = 30.0
 ) -> tuple[fifo.CompletionLog, list[BatchReport], RecordingRuntime]:
     """Run ``pollers`` pollers until every sent message has completed."""
@@ -69,8 +71,14 @@ def _consume(
     return log, reports, runtime
 
 
-def _applied_by(stack: DeployedStack) -> dict[str, str]:
-    return fifo.payment_entries(stack.servers.client("dynamodb"), stack.table_name("LedgerTable"))
+def _drawn(stack: DeployedStack, groups: int, per_handler: int) -> list[messages.Outgoing]:
+    """``per_handler`` drawn messages of each registered handler, dealt over ``groups`` message groups."""
+    made = [
+        generic.drawn(stack, handler, f"fifo-{handler.event_type}-{n}", seed=n)
+        for handler in generic.HANDLERS
+        for n in range(per_handler)
+    ]
+    return [replace(message, group=f"group-{index % groups}") for index, message in enumerate(made)]
 
 
 def test_a_fifo_stack_applies_every_group_in_the_order_sent(fifo_stack: DeployedStack) -> None:
@@ -80,47 +88,41 @@ def test_a_fifo_stack_applies_every_group_in_the_order_sent(fifo_stack: Deployed
         assert attributes["ContentBasedDeduplication"] == "false"
         assert attributes["DeduplicationScope"] == "messageGroup"
         assert attributes["FifoThroughputLimit"] == "perMessageGroupId"
-    payments = [
-        messages.payment(f"fifo-{account}-{n}", f"p-{account}-{n}", f"acc-{account}", 100 + n)
-        for n in range(6)
-        for account in range(3)
-    ]
-    # Producer resends, later in their group than the original: the original must be the one applied.
-    sent = messages.send_all(fifo_stack.servers.client("sqs"), queue.url, [*payments, payments[0], payments[4]])
+    drawn = _drawn(fifo_stack, groups=3, per_handler=6)
+    # Producer resends, later in their group than the original: the original must complete first.
+    sent = messages.send_all(fifo_stack.servers.client("sqs"), queue.url, [*drawn, drawn[0], drawn[4]])
 
-    log, _, runtime = _consume(fifo_stack, sent, pollers=2)
+    log, _, runtime = consume(fifo_stack, sent, pollers=2)
 
     records = [record for event in runtime.events for record in event["Records"]]
     for record in records:
-        body = json.loads(record["body"])
-        assert record["attributes"]["MessageGroupId"] == body["payload"]["accountId"]
+        assert record["attributes"]["MessageGroupId"] == sent[record["messageId"]].group
         assert record["attributes"]["MessageDeduplicationId"]
         assert record["attributes"]["SequenceNumber"].isdigit()
     assert len({r["attributes"]["MessageDeduplicationId"] for r in records}) == len(sent)
     assert fifo.out_of_order(sent, log.positions()) == []
-    assert fifo.not_first_copies(sent, _applied_by(fifo_stack)) == []
+    assert [m.key for m in drawn if generic.outcome(fifo_stack, m) is None] == []
 
 
-def test_a_failure_holds_its_group_back_and_the_rest_is_applied_after_it(
-    fifo_stack: DeployedStack, webhook_sink: WebhookSink
+@pytest.mark.parametrize("handler", generic.HANDLERS, ids=generic.IDS)
+def test_a_message_held_elsewhere_holds_its_group_back_and_the_rest_is_applied_after_it(
+    fifo_stack: DeployedStack, handler: generic.Handler
 ) -> None:
-    first = messages.payment("held-1", "p-held-1", "acc-held", 100)
-    flaky = messages.receipt("held-receipt", "r-held", "acc-held", "p-held-1", 100)
-    later = [messages.payment(f"held-{n}", f"p-held-{n}", "acc-held", 100 * n) for n in (2, 3)]
-    other = [messages.payment(f"free-{n}", f"p-free-{n}", "acc-free", 10) for n in (1, 2)]
-    webhook_sink.answer_next(Answer(503), key=flaky.key)
-    sent = messages.send_all(fifo_stack.servers.client("sqs"), fifo_stack.queue.url, [first, flaky, *later, *other])
+    made = [generic.drawn(fifo_stack, handler, f"held-{n}", seed=n) for n in range(1, 6)]
+    first, held, *later = [replace(message, group="held") for message in made[:4]]
+    other = replace(made[4], group="free")
+    generic.hold(fifo_stack, held, for_ms=6_000)
+    sent = messages.send_all(fifo_stack.servers.client("sqs"), fifo_stack.queue.url, [first, held, *later, other])
     ids = {message.key: message_id for message_id, message in sent.items()}
 
-    log, reports, _ = _consume(fifo_stack, sent, pollers=1)
+    log, reports, _ = consume(fifo_stack, sent, pollers=1)
 
-    # The first batch: the receipt failed, and its group's later payments were handed back unapplied.
-    assert set(reports[0].failed_ids) == {ids["held-receipt"], ids["held-2"], ids["held-3"]}
-    assert set(reports[0].completed_ids) == {ids["held-1"], ids["free-1"], ids["free-2"]}
+    # The first batch: the held key failed, and its group's later messages were handed back unapplied.
+    assert set(reports[0].failed_ids) == {ids[m.key] for m in (held, *later)}
+    assert set(reports[0].completed_ids) == {ids[first.key], ids[other.key]}
     assert fifo.out_of_order(sent, log.positions()) == []
-    applied_by = _applied_by(fifo_stack)
-    assert {applied_by[f"p-held-{n}"] for n in (2, 3)} == {ids["held-2"], ids["held-3"]}
-    assert [r.idempotency_key for r in webhook_sink.received()] == ["held-receipt", "held-receipt"]
+    # Once the lease ran out, the held message was claimed again and settled, and the rest after it.
+    assert [m.key for m in (first, held, *later, other) if generic.outcome(fifo_stack, m) is None] == []
 
 
 def _drain(sqs: Any, url: str) -> list[dict[str, Any]]:
@@ -150,7 +152,7 @@ def _send(state_dir: Path, *args: str) -> str:
     return done.stdout
 
 
-def test_send_gives_each_message_its_account_as_group_and_a_deduplication_id_of_its_own(
+def test_send_gives_each_message_its_key_as_group_and_a_deduplication_id_of_its_own(
     fifo_stack: DeployedStack, webhook_sink: WebhookSink, tmp_path: Path
 ) -> None:
     state.write(describe(fifo_stack, webhook_sink), tmp_path / "state.json")
@@ -158,31 +160,27 @@ def test_send_gives_each_message_its_account_as_group_and_a_deduplication_id_of_
     def send(*args: str) -> str:
         return _send(tmp_path, *args)
 
-    out = send("--count", "12", "--accounts", "3", "--duplicates", "0.5", "--seed", "3")
+    out = send("--count", "12", "--duplicates", "0.5", "--seed", "3")
     sqs = fifo_stack.servers.client("sqs")
     received = _drain(sqs, fifo_stack.queue.url)
     assert f"sent {len(received)} message(s)" in out
     assert len(received) > 12  # the resends reached the queue: SQS deduplicated none of them
     for message in received:
-        account = json.loads(message["Body"])["payload"]["accountId"]
-        assert message["Attributes"]["MessageGroupId"] == account
+        key = json.loads(message["Body"])["metadata"]["idempotencyKey"]
+        assert message["Attributes"]["MessageGroupId"] == key
     assert len({m["Attributes"]["MessageDeduplicationId"] for m in received}) == len(received)
-
-    send("--file", "events/fifo-batch.json")
-    from_file = _drain(sqs, fifo_stack.queue.url)
-    assert sorted(m["Attributes"]["MessageGroupId"] for m in from_file) == ["acc-4", "acc-4", "acc-5", "acc-5"]
 
 
 def test_redrive_sends_a_fifo_dead_letter_back_into_its_group(fifo_stack: DeployedStack) -> None:
     sqs = fifo_stack.servers.client("sqs")
-    letter = messages.payment("redriven-1", "p-redriven-1", "acc-redriven", 100)
+    (letter,) = _drawn(fifo_stack, groups=1, per_handler=1)[:1]
     messages.send_all(sqs, fifo_stack.dead_letter_queue.url, [letter])
 
     moved = dead_letters.redrive(sqs, fifo_stack.dead_letter_queue.url, fifo_stack.queue.url)
 
     assert moved == 1
     (back,) = _drain(sqs, fifo_stack.queue.url)
-    assert (back["Body"], back["Attributes"]["MessageGroupId"]) == (letter.body, "acc-redriven")
+    assert (back["Body"], back["Attributes"]["MessageGroupId"]) == (letter.body, letter.group)
 
 
 def test_on_a_standard_queue_send_tags_fair_queue_tenants_and_the_poller_delivers_them(

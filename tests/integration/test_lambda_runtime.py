@@ -16,19 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from consumer.envelope import payload_hash
-from local.event_files import load_event
 from local.poller import BatchVerdict, Poller
 from local.stack import DeployedStack, deploy_stack
+from testkit import messages, payloads
 from testkit.invocation import Invocation
 from testkit.lambda_runtime import EmulatorExited, HandlerImportError, LambdaEnvironment, LambdaFleet, PortTaken
+from testkit.lambda_sqs import sqs_event
 from testkit.lambda_venv import venv_python
 from testkit.processes import LOOPBACK, alive
 from testkit.resources import FunctionSpec
 from testkit.servers import LocalServers
-from testkit.webhook import Answer, WebhookSink
-
-EVENTS = Path(__file__).resolve().parents[2] / "events"
+from testkit.webhook import WebhookSink
+from tests.integration import generic
 
 FAULTY = """
 import time
@@ -78,12 +77,6 @@ def _environment(consumer: DeployedStack, function: FunctionSpec) -> LambdaEnvir
     return LambdaEnvironment(function, consumer.function_environment, python=venv_python(), name="test").start()
 
 
-def _invoke_event(consumer: DeployedStack, name: str) -> Invocation:
-    invocation = consumer.runtime.invoke(load_event(EVENTS / name))
-    assert invocation.succeeded, invocation.error
-    return invocation
-
-
 def _not_visible(consumer: DeployedStack) -> int:
     attributes = consumer.servers.client("sqs").get_queue_attributes(
         QueueUrl=consumer.queue.url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"]
@@ -94,53 +87,45 @@ def _not_visible(consumer: DeployedStack) -> int:
 # -- the consumer, one sample event per outcome ------------------------------------------------
 
 
-def test_applied_then_duplicate_in_the_same_warm_environment(consumer: DeployedStack) -> None:
-    first = _invoke_event(consumer, "payment-single.json")
-    again = _invoke_event(consumer, "payment-single.json")
+def _invoke(consumer: DeployedStack, *bodies: str) -> Invocation:
+    invocation = consumer.runtime.invoke(sqs_event(bodies))
+    assert invocation.succeeded, invocation.error
+    return invocation
+
+
+@pytest.mark.parametrize("handler", generic.HANDLERS, ids=generic.IDS)
+def test_applied_then_duplicate_in_the_same_warm_environment(consumer: DeployedStack, handler: generic.Handler) -> None:
+    message = generic.drawn(consumer, handler, f"warm-{handler.event_type}", seed=11)
+    first = _invoke(consumer, message.body)
+    once = generic.declared_items(consumer)
+    again = _invoke(consumer, message.body)
 
     assert first.response == again.response == {"batchItemFailures": []}
     assert again.init_duration_ms is None  # warm: the same runtime process answered
-    ledger = consumer.servers.client("dynamodb").get_item(
-        TableName=consumer.table_name("LedgerTable"), Key={"accountId": {"S": "acc-1"}, "entryId": {"S": "BALANCE"}}
-    )
-    assert ledger["Item"]["balanceCents"]["N"] == "1250"
+    assert generic.outcome(consumer, message) is not None
+    assert generic.declared_items(consumer) == once
 
 
-def test_poison_is_handled_not_failed(consumer: DeployedStack) -> None:
-    assert _invoke_event(consumer, "poison-schema-violation.json").response == {"batchItemFailures": []}
+@pytest.mark.parametrize("handler", generic.HANDLERS, ids=generic.IDS)
+def test_poison_is_handled_not_failed(consumer: DeployedStack, handler: generic.Handler) -> None:
+    refused = payloads.invalid_payloads(handler)[0].payload
+    body = messages.envelope(handler.event_type, f"refused-{handler.event_type}", refused)
+    assert _invoke(consumer, body).response == {"batchItemFailures": []}
+    assert any(letter.body == body and letter.error_type == "SchemaViolation" for letter in generic.letters(consumer))
 
 
-def test_a_webhook_5xx_is_retried(consumer: DeployedStack, webhook_sink: WebhookSink) -> None:
-    event = load_event(EVENTS / "receipt-requested.json")
-    webhook_sink.answer_next(Answer(503))
+@pytest.mark.parametrize("handler", generic.HANDLERS, ids=generic.IDS)
+def test_a_key_held_by_another_worker_is_in_flight(consumer: DeployedStack, handler: generic.Handler) -> None:
+    message = generic.drawn(consumer, handler, f"held-elsewhere-{handler.event_type}", seed=12)
+    generic.hold(consumer, message, for_ms=600_000)
+    event, before = sqs_event([message.body]), generic.declared_items(consumer)
 
     invocation = consumer.runtime.invoke(event)
 
     assert invocation.response == {"batchItemFailures": [{"itemIdentifier": event["Records"][0]["messageId"]}]}
-
-
-def test_a_key_held_by_another_worker_is_in_flight(consumer: DeployedStack) -> None:
-    event = load_event(EVENTS / "receipt-requested.json")
-    record = event["Records"][0]
-    record["body"] = record["body"].replace("rcpt-2024-000017", "rcpt-held-elsewhere")
-    body = __import__("json").loads(record["body"])
-    now = time.time()
-    consumer.servers.client("dynamodb").put_item(
-        TableName=consumer.table_name("IdempotencyTable"),
-        Item={
-            "id": {"S": "ReceiptRequested#rcpt-held-elsewhere"},
-            "status": {"S": "IN_PROGRESS"},
-            "expiresAt": {"N": str(int(now) + 3600)},
-            "leaseExpiresAt": {"N": str(int(now * 1000) + 600_000)},
-            "ownerToken": {"S": "another-worker"},
-            "payloadHash": {"S": payload_hash(body["payload"])},
-            "attempts": {"N": "1"},
-        },
-    )
-
-    invocation = consumer.runtime.invoke(event)
-
-    assert invocation.response == {"batchItemFailures": [{"itemIdentifier": record["messageId"]}]}
+    held = generic.record(consumer, message.event_type, message.key)
+    assert held is not None and held["ownerToken"]["S"] == "another-worker"  # still the other worker's claim
+    assert generic.declared_items(consumer) == before
 
 
 # -- the runtime's own behaviour ---------------------------------------------------------------

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from consumer.config import table_variable
+from consumer.handlers import declared_tables
 from local import smoke
 from local.stack import DeployedStack
-from testkit import dead_letters
+from testkit import dead_letters, payloads
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,8 +26,8 @@ def _target(stack: DeployedStack) -> smoke.Target:
         dynamodb=stack.servers.client("dynamodb"),
         queue_url=stack.queue.url,
         dead_letter_queue_url=stack.dead_letter_queue.url,
-        ledger_table=stack.table_name("LedgerTable"),
         idempotency_table=stack.table_name("IdempotencyTable"),
+        tables={table: stack.table_name(table) for table in declared_tables()},
     )
 
 
@@ -46,7 +48,8 @@ def test_the_local_form_starts_the_stack_passes_and_stops() -> None:
     )
     assert answer.returncode == 0, answer.stdout + answer.stderr
     lines = answer.stdout.splitlines()
-    assert sum(line.startswith("ok ") for line in lines) == 6, answer.stdout
+    # One per registered handler, then the drain, the resends, the poison and its reason.
+    assert sum(line.startswith("ok ") for line in lines) == len(payloads.registered()) + 4, answer.stdout
     assert not any(line.startswith("FAIL") for line in lines)
     assert lines[-1] == "smoke test passed"
 
@@ -54,18 +57,28 @@ def test_the_local_form_starts_the_stack_passes_and_stops() -> None:
 def test_a_run_removes_its_own_writes_and_nothing_else(make_stack: Callable[..., DeployedStack]) -> None:
     stack = make_stack()
     target = _target(stack)
-    # Someone else's dead letter and ledger entry, already there: the clean-up must leave them.
+    # Someone else's dead letter and an item in each declared table, already there: the clean-up must leave them.
     target.sqs.send_message(QueueUrl=target.dead_letter_queue_url, MessageBody="not the smoke test's")
-    other = {"accountId": {"S": "acc-real"}, "entryId": {"S": "BALANCE"}, "balanceCents": {"N": "5"}}
-    target.dynamodb.put_item(TableName=target.ledger_table, Item=other)
+    others = {table: _someone_elses(stack, table) for table in target.tables}
     stack.pollers(2)
 
     checks = smoke.run_smoke(target, run_id="cleanup-1", timeout_s=30)
 
     assert all(check.passed for check in checks), [c.text for c in checks if not c.passed]
-    assert _scan(stack, "LedgerTable") == [other]
+    assert {table: _scan(stack, table) for table in target.tables} == {t: [item] for t, item in others.items()}
     assert not [item for item in _scan(stack, "IdempotencyTable") if "cleanup-1" in item["id"]["S"]]
     assert [d.body for d in dead_letters.peek(target.sqs, target.dead_letter_queue_url)] == ["not the smoke test's"]
+
+
+def _someone_elses(stack: DeployedStack, table: str) -> dict[str, Any]:
+    dynamodb = stack.servers.client("dynamodb")
+    types = {
+        a["AttributeName"]: a["AttributeType"]
+        for a in dynamodb.describe_table(TableName=stack.table_name(table))["Table"]["AttributeDefinitions"]
+    }
+    item = {name: {kind: "1" if kind == "N" else "someone-else"} for name, kind in types.items()}
+    dynamodb.put_item(TableName=stack.table_name(table), Item=item)
+    return item
 
 
 def test_each_failed_check_is_one_line_and_the_exit_status_is_1(
@@ -77,10 +90,8 @@ def test_each_failed_check_is_one_line_and_the_exit_status_is_1(
     assert smoke.report(checks, print) == 1
     failed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL")]
     assert failed == [
-        "FAIL ledger entry (smoke-nobody-home, PAYMENT#smoke-p-nobody-home) written within 1s",
-        "FAIL exactly one payment entry for the account (found 0)",
-        "FAIL balance moved once: 1234 cents expected, found None",
-        "FAIL the queue drained within 1s, so the resend was handled",
+        *(f"FAIL {h.event_type} ends neither applied nor dead-lettered in 1s" for h in payloads.registered()),
+        "FAIL the queue drained within 1s, so every resend was handled",
         "FAIL the poison message is in the dead-letter queue within 1s",
         "FAIL its ErrorType attribute is InvalidJson (found None)",
     ]
@@ -98,29 +109,48 @@ class _CloudFormation:
         return {"Stacks": [{"StackName": StackName, "Outputs": outputs}]}
 
 
+class _Lambda:
+    def __init__(self, variables: dict[str, str]) -> None:
+        self.variables = variables
+
+    def get_function_configuration(self, FunctionName: str) -> dict[str, Any]:  # noqa: N803 (boto3's name)
+        assert FunctionName == "fn"
+        return {"Environment": {"Variables": self.variables}}
+
+
+TABLE_VARIABLES = {table_variable(table): f"deployed-{table}" for table in declared_tables()}
 ALL_OUTPUTS = {
     "ConsumerQueueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q.fifo",
     "DeadLetterQueueUrl": "https://sqs.eu-west-1.amazonaws.com/1/dlq.fifo",
-    "LedgerTableName": "ledger",
     "IdempotencyTableName": "idempotency",
+    "ConsumerFunctionName": "fn",
 }
 
 
 def test_the_target_comes_from_the_stack_outputs() -> None:
-    target = smoke.target_from_stack(_CloudFormation(ALL_OUTPUTS), "sqs", "dynamodb", "prod")
+    target = smoke.target_from_stack(_CloudFormation(ALL_OUTPUTS), _Lambda(TABLE_VARIABLES), "sqs", "dynamodb", "prod")
 
     assert (target.queue_url, target.dead_letter_queue_url) == (
         ALL_OUTPUTS["ConsumerQueueUrl"],
         ALL_OUTPUTS["DeadLetterQueueUrl"],
     )
-    assert (target.ledger_table, target.idempotency_table, target.fifo) == ("ledger", "idempotency", True)
+    assert (target.idempotency_table, target.fifo) == ("idempotency", True)
+    assert target.tables == {table: f"deployed-{table}" for table in declared_tables()}
+
+
+def test_a_function_without_a_table_variable_is_named_with_what_it_lacks() -> None:
+    first = table_variable(declared_tables()[0])
+    variables = {name: value for name, value in TABLE_VARIABLES.items() if name != first}
+
+    with pytest.raises(smoke.SmokeError, match=f"the function of stack 'prod' has no variable {first}"):
+        smoke.target_from_stack(_CloudFormation(ALL_OUTPUTS), _Lambda(variables), "sqs", "dynamodb", "prod")
 
 
 def test_a_stack_without_the_outputs_is_named_with_what_it_lacks() -> None:
     partial = {k: v for k, v in ALL_OUTPUTS.items() if k != "DeadLetterQueueUrl"}
 
     with pytest.raises(smoke.SmokeError, match="stack 'other' has no output DeadLetterQueueUrl"):
-        smoke.target_from_stack(_CloudFormation(partial), "sqs", "dynamodb", "other")
+        smoke.target_from_stack(_CloudFormation(partial), _Lambda({}), "sqs", "dynamodb", "other")
 
 
 def test_a_stack_that_does_not_exist_says_so() -> None:
@@ -129,4 +159,4 @@ def test_a_stack_that_does_not_exist_says_so() -> None:
     )
 
     with pytest.raises(smoke.SmokeError, match=r"cannot describe stack 'nope': .*does not exist"):
-        smoke.target_from_stack(_CloudFormation(error=missing), "sqs", "dynamodb", "nope")
+        smoke.target_from_stack(_CloudFormation(error=missing), _Lambda({}), "sqs", "dynamodb", "nope")
