@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from consumer.config import Settings
 from consumer.handlers import declared_tables
 from testkit.template import REPO_ROOT
-from tests.handlers import TEST_TABLES
+from tests.handlers import TEST_TABLES, create_test_tables
+
+if TYPE_CHECKING:
+    from testkit.servers import LocalServers
 
 IDEMPOTENCY_TABLE = "idempotency"
 
@@ -36,6 +39,17 @@ def settings_for_tests(tables: Mapping[str, Any] | None = None, **overrides: Any
         "table_names": names,
     }
     return Settings(**(values | overrides))
+
+
+def settings_on_local_servers(servers: LocalServers, **overrides: Any) -> Settings:
+    """The template's tables and queues deployed afresh on the local servers, the test handlers' tables made
+    beside them (named after this deployment's), and settings naming them all."""
+    resources = servers.deploy()
+    prefix = resources.tables["IdempotencyTable"].name
+    own = {table: f"{prefix}-{table}" for table in TEST_TABLES}
+    create_test_tables(servers.client("dynamodb"), own)
+    overrides.setdefault("dead_letter_queue_url", resources.queues["ConsumerDeadLetterQueue"].url)
+    return settings_for_tests(tables={**resources.tables, **own}, **overrides)
 
 
 def readme_checklist() -> list[str]:

@@ -37,15 +37,13 @@ from tests.handlers import (
     CALL_TABLE,
     TALLY_EVENT,
     TALLY_TABLE,
-    TEST_TABLES,
     call_payload,
-    create_test_tables,
     envelope,
     handlers_for_tests,
     tally_payload,
     tally_total,
 )
-from tests.utils import settings_for_tests
+from tests.utils import settings_on_local_servers
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 Record = dict[str, Any]
@@ -244,14 +242,7 @@ def make_stack(local_servers: LocalServers, monkeypatch: pytest.MonkeyPatch) -> 
     with WebhookSink() as sink:
 
         def make() -> Stack:
-            resources = local_servers.deploy()
-            # The test handlers' tables are the tests' own: named after this stack's, made beside them.
-            prefix = resources.tables["IdempotencyTable"].name
-            settings = settings_for_tests(
-                tables={**resources.tables, **{table: f"{prefix}-{table}" for table in TEST_TABLES}},
-                dead_letter_queue_url=resources.queues["ConsumerDeadLetterQueue"].url,
-            )
-            create_test_tables(local_servers.client("dynamodb"), {t: settings.table_names[t] for t in TEST_TABLES})
+            settings = settings_on_local_servers(local_servers)
             return Stack(settings, sink)
 
         yield make
