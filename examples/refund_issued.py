@@ -3,8 +3,8 @@
 Copy this file to ``src/consumer/handlers/``, add the class to ``HANDLERS`` in
 ``src/consumer/handlers/__init__.py``, and messages with ``"eventType": "RefundIssued"``
 are applied exactly once. It writes the ledger the template already has and grants;
-``inventory_reserved.py`` is a handler with a table of its own. ``tests/unit/test_examples.py``
-runs both.
+``inventory_reserved.py`` is a handler with a table of its own. Each runs in its own
+``tests/examples/`` file.
 """
 
 from __future__ import annotations

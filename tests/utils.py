@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from consumer.config import Settings
 from consumer.handlers import declared_tables
 from testkit.template import REPO_ROOT
+from tests.handlers import TEST_TABLES, create_test_tables
+
+if TYPE_CHECKING:
+    from testkit.servers import LocalServers
 
 IDEMPOTENCY_TABLE = "idempotency"
-LEDGER_TABLE = "ledger"
 
 
 def table_name_for_tests(logical_id: str) -> str:
@@ -22,18 +25,31 @@ def table_name_for_tests(logical_id: str) -> str:
 def settings_for_tests(tables: Mapping[str, Any] | None = None, **overrides: Any) -> Settings:
     """The function's settings as tests build them: the one place a new required setting is given a value.
 
-    The idempotency table and every table a registered handler declares are named by
-    ``table_name_for_tests``, or by ``tables`` (logical id -> a name, or a deployed resource
-    with a ``name``), so a handler with a table of its own needs no change here.
+    The idempotency table, the core's test handlers' tables (tests/handlers.py) and every table a
+    registered handler declares are named by ``table_name_for_tests``, or by ``tables`` (logical
+    id -> a name, or a deployed resource with a ``name``), so a handler with a table of its own
+    needs no change here, and the core's tests need none of the registered handlers.
     """
     given = {table: getattr(name, "name", name) for table, name in (tables or {}).items()}
-    names = {table: given.get(table, table_name_for_tests(table)) for table in ("IdempotencyTable", *declared_tables())}
+    every = dict.fromkeys(("IdempotencyTable", *TEST_TABLES, *declared_tables(), *given))
+    names = {table: given.get(table, table_name_for_tests(table)) for table in every}
     values: dict[str, Any] = {
         "idempotency_table_name": names.pop("IdempotencyTable"),
         "dead_letter_queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/test-dlq",
         "table_names": names,
     }
     return Settings(**(values | overrides))
+
+
+def settings_on_local_servers(servers: LocalServers, **overrides: Any) -> Settings:
+    """The template's tables and queues deployed afresh on the local servers, the test handlers' tables made
+    beside them (named after this deployment's), and settings naming them all."""
+    resources = servers.deploy()
+    prefix = resources.tables["IdempotencyTable"].name
+    own = {table: f"{prefix}-{table}" for table in TEST_TABLES}
+    create_test_tables(servers.client("dynamodb"), own)
+    overrides.setdefault("dead_letter_queue_url", resources.queues["ConsumerDeadLetterQueue"].url)
+    return settings_for_tests(tables={**resources.tables, **own}, **overrides)
 
 
 def readme_checklist() -> list[str]:

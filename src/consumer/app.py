@@ -82,8 +82,9 @@ def wire(
     manager to every cold start for nothing.
 
     Tests and the fault-injection harness pass their own session (to hook its events),
-    clock (to skew it), logger and extra handlers; the function itself uses the defaults,
-    and checks its tables (tests that made their own tables skip the round trips).
+    clock (to skew it), logger and handlers (which then replace the registered ones: those
+    are not built, so their settings and tables need not exist); the function itself uses
+    the defaults, and checks its tables (tests that made their own tables skip the round trips).
     """
     client_config = Config(
         # One connection per worker thread, or threads queue for a socket.
@@ -116,7 +117,7 @@ def wire(
     )
     processor = RecordProcessor(
         store,
-        {**build_handlers(settings), **(handlers or {})},
+        dict(handlers) if handlers is not None else build_handlers(settings),
         dead_letters,
         settings,
         logger,

@@ -1,7 +1,7 @@
 """Several consumers on the same keys at once, against DynamoDB Local.
 
-Each consumer is wired exactly as the function is (``consumer.app.wire``), with its
-own boto3 session, as separate Lambda containers would be. They get the same
+Each consumer is wired as the function is (``consumer.app.wire``), on the core's test
+handlers (tests/handlers.py), with its own boto3 session, as separate Lambda containers would be. They get the same
 messages under different message ids (SQS redelivery and producer resends) at the
 same time; failures are redelivered until none remain, as SQS would.
 """
@@ -23,10 +23,10 @@ from consumer.app import wire
 from consumer.batch import BatchRunner
 from consumer.config import Settings
 from testkit.lambda_sqs import sqs_record
-from testkit.messages import payment_body, receipt_body
 from testkit.servers import LocalServers
 from testkit.webhook import Answer, WebhookSink
-from tests.utils import Remaining, settings_for_tests
+from tests.handlers import CALL_TABLE, TALLY_EVENT, TALLY_TABLE, call_body, handlers_for_tests, tally_body
+from tests.utils import Remaining, settings_on_local_servers
 
 CONSUMERS = 4
 BATCH_SIZE = 10
@@ -35,23 +35,19 @@ MAX_REDELIVERIES = 30
 
 @pytest.fixture
 def settings(local_servers: LocalServers, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
-    resources = local_servers.deploy()
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", local_servers.dynamodb_endpoint_url)
     monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", local_servers.sqs_endpoint_url)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "local")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "local")
-    yield settings_for_tests(
-        tables=resources.tables,
-        dead_letter_queue_url=resources.queues["ConsumerDeadLetterQueue"].url,
-        receipt_webhook_url="",
-        max_workers=4,
-        lease_min_ms=1_000,
-    )
+    yield settings_on_local_servers(local_servers, max_workers=4, lease_min_ms=1_000)
 
 
-def consumers(settings: Settings) -> list[BatchRunner]:
-    return [wire(settings, boto3.session.Session()) for _ in range(CONSUMERS)]
+def consumers(settings: Settings, webhook_url: str) -> list[BatchRunner]:
+    return [
+        wire(settings, boto3.session.Session(), handlers=handlers_for_tests(settings, webhook_url))
+        for _ in range(CONSUMERS)
+    ]
 
 
 def deliver_until_done(consumer: BatchRunner, records: list[dict[str, Any]], failures: Counter[str]) -> None:
@@ -78,7 +74,7 @@ def deliver_until_done(consumer: BatchRunner, records: list[dict[str, Any]], fai
     raise AssertionError(f"{len(pending)} records still failing after {MAX_REDELIVERIES} deliveries")
 
 
-def run_concurrently(settings: Settings, bodies: list[str]) -> Counter[str]:
+def run_concurrently(settings: Settings, bodies: list[str], webhook_url: str = "") -> Counter[str]:
     failures: Counter[str] = Counter()
     errors: list[BaseException] = []
     barrier = threading.Barrier(CONSUMERS)
@@ -94,7 +90,7 @@ def run_concurrently(settings: Settings, bodies: list[str]) -> Counter[str]:
         except BaseException as error:
             errors.append(error)
 
-    threads = [threading.Thread(target=work, args=(i, c)) for i, c in enumerate(consumers(settings))]
+    threads = [threading.Thread(target=work, args=(i, c)) for i, c in enumerate(consumers(settings, webhook_url))]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -114,45 +110,42 @@ def scan(client: Any, table: str) -> list[dict[str, Any]]:
         kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
 
-def test_concurrent_consumers_credit_each_payment_exactly_once(settings: Settings, local_servers: LocalServers) -> None:
+def test_concurrent_consumers_add_each_entry_exactly_once(settings: Settings, local_servers: LocalServers) -> None:
     rng = random.Random(7)
-    payments = [(f"p-{i}", f"acc-{i % 4}", rng.randint(1, 10_000)) for i in range(60)]
-    bodies = [payment_body(pid, account_id=acc, amount=amount) for pid, acc, amount in payments]
+    adds = [(f"e-{i}", f"t-{i % 4}", rng.randint(1, 10_000)) for i in range(60)]
+    bodies = [tally_body(eid, tally_id=tally, amount=amount) for eid, tally, amount in adds]
 
     run_concurrently(settings, bodies)
 
     dynamodb = local_servers.client("dynamodb")
-    ledger = scan(dynamodb, settings.table_names["LedgerTable"])
-    balances = {i["accountId"]["S"]: int(i["balanceCents"]["N"]) for i in ledger if i["entryId"]["S"] == "BALANCE"}
+    tallies = scan(dynamodb, settings.table_names[TALLY_TABLE])
+    totals = {i["tallyId"]["S"]: int(i["tallied"]["N"]) for i in tallies if i["entryId"]["S"] == "TOTAL"}
     expected: Counter[str] = Counter()
-    for _, account, amount in payments:
-        expected[account] += amount
-    assert balances == dict(expected)
-    entries = [i for i in ledger if i["entryId"]["S"].startswith("PAYMENT#")]
-    assert sorted(i["entryId"]["S"] for i in entries) == sorted(f"PAYMENT#{pid}" for pid, _, _ in payments)
-    # Each payment's record is its key's own item, completed.
+    for _, tally, amount in adds:
+        expected[tally] += amount
+    assert totals == dict(expected)
+    entries = [i for i in tallies if i["entryId"]["S"].startswith("ENTRY#")]
+    assert sorted(i["entryId"]["S"] for i in entries) == sorted(f"ENTRY#{eid}" for eid, _, _ in adds)
+    # Each entry's record is its key's own item, completed.
     records = scan(dynamodb, settings.idempotency_table_name)
-    assert sorted(i["id"]["S"] for i in records) == sorted(f"PaymentReceived#pay-{pid}" for pid, _, _ in payments)
+    assert sorted(i["id"]["S"] for i in records) == sorted(f"{TALLY_EVENT}#add-{eid}" for eid, _, _ in adds)
     assert {i["status"]["S"] for i in records} == {"COMPLETED"}
 
 
-def test_concurrent_consumers_post_each_receipt_once(
+def test_concurrent_consumers_post_each_call_once(
     settings: Settings, local_servers: LocalServers, webhook: WebhookSink
 ) -> None:
-    settings = settings.model_copy(update={"receipt_webhook_url": webhook.receipts_url})
     webhook.default = Answer(delay_s=0.02)  # long enough for the others to find the claim in flight
-    bodies = [receipt_body(str(i)) for i in range(20)]
+    bodies = [call_body(str(i)) for i in range(20)]
 
-    failures = run_concurrently(settings, bodies)
+    failures = run_concurrently(settings, bodies, f"{webhook.url}/calls")
 
     calls = Counter(webhook.keys())
-    assert calls == Counter({f"receipt-{i}": 1 for i in range(20)})
+    assert calls == Counter({f"call-{i}": 1 for i in range(20)})
     assert sum(failures.values()) > 0, "no consumer ever found a claim in flight: the test raced nothing"
     dynamodb = local_servers.client("dynamodb")
-    receipts = [
-        i for i in scan(dynamodb, settings.table_names["LedgerTable"]) if i["entryId"]["S"].startswith("RECEIPT#")
-    ]
-    assert len(receipts) == 20
+    recorded = scan(dynamodb, settings.table_names[CALL_TABLE])
+    assert sorted(i["callId"]["S"] for i in recorded) == sorted(str(i) for i in range(20))
     records = scan(dynamodb, settings.idempotency_table_name)
     assert {record["status"]["S"] for record in records} == {"COMPLETED"}
-    assert all(json.loads(record["result"]["S"])["webhookStatus"] == 200 for record in records)
+    assert all(json.loads(record["result"]["S"])["status"] == 200 for record in records)

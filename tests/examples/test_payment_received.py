@@ -1,125 +1,101 @@
-"""The payment example's own checks on the local stack (moved here from the core's integration tests, which run on
-whatever is registered): the ledger's balance is the sum of distinct payments, whatever the delivery did."""
+"""The payment example's own invariants: a balance is the sum of the distinct payments credited to it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
+import json
+from typing import Any
 
 import pytest
 
-from local import fifo, state
-from local.event_files import load_event
-from local.session import describe
-from local.stack import DeployedStack
-from testkit import messages
-from testkit.webhook import WebhookSink
-from tests.integration.test_end_to_end import _aws_cli_send, _queue_empty, _wait_until
-from tests.integration.test_events import dead_letter_types, invoke
+from consumer.handlers.payment_received import PaymentReceivedHandler
+from testkit.dead_letters import reasons
+from testkit.lambda_sqs import sqs_record
+from testkit.tables import create_template_tables
+from tests.handlers import envelope, sort_keys
+from tests.unit.conftest import Clock, Consumer, make_consumer
+from tests.utils import settings_for_tests
 
-EVENTS = Path(__file__).resolve().parents[2] / "events"
-
-
-def _ledger(stack: DeployedStack) -> dict[tuple[str, str], dict]:
-    items = stack.servers.client("dynamodb").scan(TableName=stack.table_name("LedgerTable"))["Items"]
-    return {(item["accountId"]["S"], item["entryId"]["S"]): item for item in items}
+LEDGER = "ledger"
 
 
-def _balances(stack: DeployedStack) -> dict[str, int]:
-    return {
-        account: int(item["balanceCents"]["N"])
-        for (account, entry), item in _ledger(stack).items()
-        if entry == "BALANCE"
-    }
+def payment(payment_id: str, account_id: str = "acc-1", amount: int = 1250, key: str | None = None) -> str:
+    payload = {"paymentId": payment_id, "accountId": account_id, "amountCents": amount, "currency": "EUR"}
+    return envelope("PaymentReceived", key or f"pay-{payment_id}", payload)
 
 
-def test_the_same_payment_sent_twice_by_the_aws_cli_credits_once(stack: DeployedStack) -> None:
-    body = messages.payment("pay-cli-1", "p-cli-1", "acc-cli", 2500).body
-    first, second = _aws_cli_send(stack, body), _aws_cli_send(stack, body)
-
-    with stack.pollers(2):
-        _wait_until(lambda: stack.stats.deleted == 2 and _queue_empty(stack))
-
-    assert _balances(stack) == {"acc-cli": 2500}
-    assert _ledger(stack)[("acc-cli", "PAYMENT#p-cli-1")]["messageId"]["S"] in {first, second}
+def balance(dynamodb: Any, account_id: str) -> int:
+    key = {"accountId": {"S": account_id}, "entryId": {"S": "BALANCE"}}
+    item = dynamodb.get_item(TableName=LEDGER, Key=key, ConsistentRead=True).get("Item")
+    return int(item["balanceCents"]["N"]) if item else 0
 
 
-def _single(stack: DeployedStack) -> None:
-    assert _balances(stack) == {"acc-1": 1250}
-    assert dead_letter_types(stack) == []
+def ledger_entries(dynamodb: Any, account_id: str) -> list[str]:
+    return sort_keys(dynamodb, LEDGER, "accountId", account_id)
 
 
-def _fifo(stack: DeployedStack) -> None:
-    assert _balances(stack) == {"acc-4": 400, "acc-5": 600}
+@pytest.fixture
+def payments(dynamodb: Any, sqs: Any, clock: Clock) -> Consumer:
+    create_template_tables(dynamodb, {"LedgerTable": LEDGER})
+    settings = settings_for_tests(tables={"LedgerTable": LEDGER})
+    return make_consumer(dynamodb, sqs, clock, extra_handlers={"PaymentReceived": PaymentReceivedHandler(settings)})
 
 
-def _batch_with_duplicates(stack: DeployedStack) -> None:
-    # Two keys each sent twice (one in the body, one as the IdempotencyKey attribute): credited once each.
-    assert _balances(stack) == {"acc-1": 4000, "acc-2": 1000}
-    assert sum(entry.startswith("PAYMENT#") for _, entry in _ledger(stack)) == 3
+def test_a_balance_is_the_sum_of_the_distinct_payments_however_often_each_is_delivered(payments: Consumer) -> None:
+    batch = [sqs_record(f"m-{i}", payment(f"p-{i}", amount=10 * i)) for i in range(1, 8)]
+    copies = [sqs_record(f"copy-{i}", payment("p-1", amount=10)) for i in range(3)]
+
+    assert payments.failed_ids(batch + copies) == []
+    assert payments.failed_ids(batch) == []
+    assert payments.failed_ids([sqs_record("resent", payment("p-2", amount=20))]) == []
+
+    assert balance(payments.dynamodb, "acc-1") == sum(10 * i for i in range(1, 8))
+    assert ledger_entries(payments.dynamodb, "acc-1") == ["BALANCE", *(f"PAYMENT#p-{i}" for i in range(1, 8))]
 
 
-def _key_reuse(stack: DeployedStack) -> None:
-    assert _balances(stack) == {"acc-3": 700}
-    assert dead_letter_types(stack) == ["IdempotencyKeyReused"]
+def test_the_same_payment_under_another_key_is_refused_by_the_ledger(payments: Consumer) -> None:
+    payments.process([sqs_record("a", payment("p-1", amount=500, key="key-a"))])
+
+    assert payments.failed_ids([sqs_record("b", payment("p-1", amount=500, key="key-b"))]) == []
+
+    assert reasons(payments.dead_letters()) == {"b": "BusinessConditionFailed"}
+    assert balance(payments.dynamodb, "acc-1") == 500
 
 
-def _schema_violation(stack: DeployedStack) -> None:
-    assert dead_letter_types(stack) == ["SchemaViolation"]
-    assert _balances(stack) == {}
+def test_a_payment_in_another_currency_than_the_account_is_refused(payments: Consumer) -> None:
+    payments.process([sqs_record("eur", payment("p-1", amount=500))])
+    usd = json.loads(payment("p-2", amount=700))
+    usd["payload"]["currency"] = "USD"
+
+    assert payments.failed_ids([sqs_record("usd", json.dumps(usd))]) == []
+
+    assert reasons(payments.dead_letters()) == {"usd": "BusinessConditionFailed"}
+    assert balance(payments.dynamodb, "acc-1") == 500
 
 
-EXPECTED: dict[str, Callable[[DeployedStack], None]] = {
-    "payment-single.json": _single,
-    "payment-batch-with-duplicates.json": _batch_with_duplicates,
-    "poison-key-reuse.json": _key_reuse,
-    "poison-schema-violation.json": _schema_violation,
-    "fifo-batch.json": _fifo,
-}
+def test_a_key_reused_for_a_different_payment_credits_nothing(payments: Consumer) -> None:
+    payments.process([sqs_record("original", payment("p-1", amount=500, key="shared-key"))])
+
+    assert payments.failed_ids([sqs_record("other", payment("p-2", "acc-2", 900, key="shared-key"))]) == []
+
+    assert reasons(payments.dead_letters()) == {"other": "IdempotencyKeyReused"}
+    assert (balance(payments.dynamodb, "acc-1"), balance(payments.dynamodb, "acc-2")) == (500, 0)
+    assert ledger_entries(payments.dynamodb, "acc-2") == []
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_a_payment_sample_does_what_its_name_says(name: str, stack: DeployedStack) -> None:
-    invoke(stack, name)
-    EXPECTED[name](stack)
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"amountCents": -5}, "payload.amountCents"),
+        ({"amountCents": "12.50"}, "payload.amountCents"),
+        ({"currency": "euro"}, "payload.currency"),
+    ],
+)
+def test_a_payment_that_breaks_its_schema_is_poison(payments: Consumer, change: dict[str, Any], field: str) -> None:
+    body = json.loads(payment("p-1"))
+    body["payload"].update(change)
 
+    assert payments.failed_ids([sqs_record("bad", json.dumps(body))]) == []
 
-def test_a_payment_applied_then_its_duplicate_in_the_same_warm_environment_credits_once(stack: DeployedStack) -> None:
-    first = stack.runtime.invoke(load_event(EVENTS / "payment-single.json"))
-    again = stack.runtime.invoke(load_event(EVENTS / "payment-single.json"))
-
-    assert first.response == again.response == {"batchItemFailures": []}
-    assert _balances(stack) == {"acc-1": 1250}
-
-
-def test_on_a_fifo_stack_each_payment_is_applied_by_its_first_copy(make_stack: Callable[..., DeployedStack]) -> None:
-    from tests.integration.test_fifo import FIFO, consume  # noqa: PLC0415
-
-    stack = make_stack(parameter_overrides=FIFO)
-    payments = [
-        messages.payment(f"fifo-{account}-{n}", f"p-{account}-{n}", f"acc-{account}", 100 + n)
-        for n in range(6)
-        for account in range(3)
-    ]
-    # Producer resends, later in their group than the original: the original must be the one applied.
-    sent = messages.send_all(stack.servers.client("sqs"), stack.queue.url, [*payments, payments[0], payments[4]])
-    log, _, _ = consume(stack, sent, pollers=2)
-    assert fifo.out_of_order(sent, log.positions()) == []
-    applied_by = {
-        entry.removeprefix("PAYMENT#"): item["messageId"]["S"]
-        for (_, entry), item in _ledger(stack).items()
-        if entry.startswith("PAYMENT#") and "messageId" in item
-    }
-    assert fifo.not_first_copies(sent, applied_by) == []
-
-
-def test_send_file_keeps_the_fifo_samples_message_groups(
-    make_stack: Callable[..., DeployedStack], webhook_sink: WebhookSink, tmp_path: Path
-) -> None:
-    from tests.integration.test_fifo import FIFO, _drain, _send  # noqa: PLC0415
-
-    stack = make_stack(parameter_overrides=FIFO)
-    state.write(describe(stack, webhook_sink), tmp_path / "state.json")
-    _send(tmp_path, "--file", "events/fifo-batch.json")
-    from_file = _drain(stack.servers.client("sqs"), stack.queue.url)
-    assert sorted(m["Attributes"]["MessageGroupId"] for m in from_file) == ["acc-4", "acc-4", "acc-5", "acc-5"]
+    (dead,) = payments.dead_letters()
+    assert (dead.error_type, (dead.error_message or "").split(":")[0]) == ("SchemaViolation", field)
+    assert balance(payments.dynamodb, "acc-1") == 0

@@ -1,89 +1,95 @@
-"""The receipt example's own checks on the local stack (moved here from the core's integration tests, which run on
-whatever is registered): its webhook gets the message's idempotency key, and a 5xx is retried."""
+"""The receipt example's own checks: its webhook settings, and one receipt posted and recorded per key."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
+import base64
+from collections.abc import Iterator
+from typing import Any
 
-from local import fifo
-from local.event_files import load_event
-from local.stack import DeployedStack
-from testkit import messages
-from testkit.webhook import Answer, WebhookSink
-from tests.integration.test_end_to_end import _queue_empty, _wait_until
-from tests.integration.test_events import invoke
-from tests.integration.test_fifo import FIFO, consume
+import boto3
+import pytest
 
-EVENTS = Path(__file__).resolve().parents[2] / "events"
+from consumer.errors import ConfigurationError
+from consumer.handlers.receipt_requested import ReceiptRequestedHandler
+from testkit.lambda_sqs import sqs_record
+from testkit.tables import create_template_tables
+from testkit.webhook import WebhookSink
+from tests.handlers import envelope
+from tests.unit.conftest import Clock, Consumer, make_consumer
+from tests.utils import settings_for_tests
 
-
-def _ledger_item(stack: DeployedStack, account: str, entry: str) -> dict | None:
-    key = {"accountId": {"S": account}, "entryId": {"S": entry}}
-    return stack.servers.client("dynamodb").get_item(TableName=stack.table_name("LedgerTable"), Key=key).get("Item")
-
-
-def test_a_receipt_reaches_the_webhook_with_its_idempotency_key_and_survives_a_5xx(
-    stack: DeployedStack, webhook_sink: WebhookSink
-) -> None:
-    message = messages.receipt("rcpt-e2e-1", "r-e2e-1", "acc-r", "p-e2e-1", 800)
-    webhook_sink.answer_next(Answer(503), key="rcpt-e2e-1")
-    stack.servers.client("sqs").send_message(QueueUrl=stack.queue.url, MessageBody=message.body)
-
-    with stack.pollers(1):
-        # The 503 is transient: the record is retried after its backoff and then accepted.
-        _wait_until(lambda: _queue_empty(stack) and stack.stats.deleted == 1, timeout_s=60)
-
-    calls = webhook_sink.received()
-    assert [call.status for call in calls] == [503, 200]
-    assert {call.idempotency_key for call in calls} == {"rcpt-e2e-1"}
-    assert {call.path for call in calls} == {"/ReceiptWebhookUrl"}
-    # Signed by the function with the secret the local stack put in Secrets Manager, every try.
-    assert all(call.verified for call in calls)
-    assert calls[-1].json()["receiptId"] == "r-e2e-1"
-    recorded = _ledger_item(stack, "acc-r", "RECEIPT#r-e2e-1")
-    assert recorded is not None
-    assert recorded["webhookStatus"] == {"N": "200"}
+LEDGER = "ledger"
 
 
-def test_the_receipt_sample_posts_once_with_its_key(stack: DeployedStack, webhook_sink: WebhookSink) -> None:
-    invoke(stack, "receipt-requested.json")
-    (request,) = webhook_sink.received()
-    assert request.idempotency_key == "rcpt-2024-000017"
-    assert request.json()["receiptId"] == "rcpt-17"
-    assert _ledger_item(stack, "acc-1", "RECEIPT#rcpt-17") is not None
-
-
-def test_a_webhook_5xx_fails_the_message_for_a_retry(stack: DeployedStack, webhook_sink: WebhookSink) -> None:
-    event = load_event(EVENTS / "receipt-requested.json")
-    webhook_sink.answer_next(Answer(503))
-
-    invocation = stack.runtime.invoke(event)
-
-    assert invocation.response == {"batchItemFailures": [{"itemIdentifier": event["Records"][0]["messageId"]}]}
-
-
-def test_a_webhook_failure_holds_its_fifo_group_back_and_the_rest_is_applied_after_it(
-    make_stack: Callable[..., DeployedStack], webhook_sink: WebhookSink
-) -> None:
-    fifo_stack = make_stack(parameter_overrides=FIFO)
-    first = messages.payment("held-1", "p-held-1", "acc-held", 100)
-    flaky = messages.receipt("held-receipt", "r-held", "acc-held", "p-held-1", 100)
-    later = [messages.payment(f"held-{n}", f"p-held-{n}", "acc-held", 100 * n) for n in (2, 3)]
-    other = [messages.payment(f"free-{n}", f"p-free-{n}", "acc-free", 10) for n in (1, 2)]
-    webhook_sink.answer_next(Answer(503), key=flaky.key)
-    sent = messages.send_all(fifo_stack.servers.client("sqs"), fifo_stack.queue.url, [first, flaky, *later, *other])
-    ids = {message.key: message_id for message_id, message in sent.items()}
-
-    log, reports, _ = consume(fifo_stack, sent, pollers=1)
-
-    assert set(reports[0].failed_ids) == {ids["held-receipt"], ids["held-2"], ids["held-3"]}
-    assert set(reports[0].completed_ids) == {ids["held-1"], ids["free-1"], ids["free-2"]}
-    assert fifo.out_of_order(sent, log.positions()) == []
-    entries = {
-        item["entryId"]["S"]: item["messageId"]["S"]
-        for item in fifo_stack.servers.client("dynamodb").scan(TableName=fifo_stack.table_name("LedgerTable"))["Items"]
-        if "messageId" in item
+def receipt(receipt_id: str, key: str | None = None) -> str:
+    payload = {
+        "receiptId": receipt_id,
+        "paymentId": f"p-{receipt_id}",
+        "accountId": "acc-1",
+        "amountCents": 1250,
+        "currency": "EUR",
+        "email": "acc-1@example.com",
     }
-    assert {entries[f"PAYMENT#p-held-{n}"] for n in (2, 3)} == {ids["held-2"], ids["held-3"]}
-    assert [r.idempotency_key for r in webhook_sink.received()] == ["held-receipt", "held-receipt"]
+    return envelope("ReceiptRequested", key or f"receipt-{receipt_id}", payload)
+
+
+def consumer_with(dynamodb: Any, sqs: Any, clock: Clock, **settings: Any) -> Consumer:
+    create_template_tables(dynamodb, {"LedgerTable": LEDGER})
+    handler = ReceiptRequestedHandler(settings_for_tests(tables={"LedgerTable": LEDGER}, **settings))
+    return make_consumer(dynamodb, sqs, clock, extra_handlers={"ReceiptRequested": handler})
+
+
+@pytest.fixture
+def sink() -> Iterator[WebhookSink]:
+    with WebhookSink() as running:
+        yield running
+
+
+def ledger_item(dynamodb: Any, entry: str) -> dict[str, Any] | None:
+    key = {"accountId": {"S": "acc-1"}, "entryId": {"S": entry}}
+    item: dict[str, Any] | None = dynamodb.get_item(TableName=LEDGER, Key=key, ConsistentRead=True).get("Item")
+    return item
+
+
+def test_a_receipt_is_posted_once_and_recorded_in_the_ledger(
+    dynamodb: Any, sqs: Any, clock: Clock, sink: WebhookSink
+) -> None:
+    receipts = consumer_with(dynamodb, sqs, clock, receipt_webhook_url=sink.receipts_url)
+
+    assert receipts.failed_ids([sqs_record("r1", receipt("1")), sqs_record("r1-copy", receipt("1"))]) == []
+    assert receipts.failed_ids([sqs_record("r1-redelivered", receipt("1"))]) == []
+
+    assert sink.keys() == ["receipt-1"]
+    assert sink.received()[0].json()["receiptId"] == "1"
+    entry = ledger_item(dynamodb, "RECEIPT#1")
+    assert entry is not None and entry["webhookStatus"] == {"N": "200"}
+
+
+def test_receipts_wait_in_the_queue_while_no_webhook_is_configured(dynamodb: Any, sqs: Any, clock: Clock) -> None:
+    receipts = consumer_with(dynamodb, sqs, clock)
+
+    assert receipts.failed_ids([sqs_record("r1", receipt("1"))]) == ["r1"]
+    assert receipts.dead_letters() == []
+    assert ledger_item(dynamodb, "RECEIPT#1") is None
+
+
+@pytest.mark.parametrize("url", ["http://example.com/receipts", "ftp://127.0.0.1/receipts", "https:///no-host"])
+def test_a_plain_http_or_odd_url_beyond_loopback_is_refused_at_start(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="RECEIPT_WEBHOOK_URL must"):
+        ReceiptRequestedHandler(settings_for_tests(receipt_webhook_url=url))
+
+
+def test_a_webhook_beyond_loopback_without_a_secret_is_refused_at_start() -> None:
+    with pytest.raises(ConfigurationError, match="WEBHOOK_SECRET_ARN"):
+        ReceiptRequestedHandler(settings_for_tests(receipt_webhook_url="https://receipts.example.com/hook"))
+
+
+def test_the_secret_setting_signs_each_receipt(dynamodb: Any, sqs: Any, clock: Clock, sink: WebhookSink) -> None:
+    secret = "whsec_" + base64.b64encode(bytes(range(32))).decode()
+    arn = boto3.client("secretsmanager").create_secret(Name="receipt-signing", SecretString=secret)["ARN"]
+    receipts = consumer_with(dynamodb, sqs, clock, receipt_webhook_url=sink.receipts_url, webhook_secret_arn=arn)
+
+    assert receipts.failed_ids([sqs_record("r", receipt("1"))]) == []
+
+    (request,) = sink.received()
+    assert request.headers["webhook-signature"].startswith("v1,")

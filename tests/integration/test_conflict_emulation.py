@@ -28,6 +28,7 @@ from testkit.conflict_rules import CONFLICT_MESSAGE
 from testkit.dynamodb_local import DynamoDBLocal
 from testkit.processes import LOOPBACK
 from tests.conftest import TableFactory
+from tests.handlers import TALLY_TABLE, create_test_tables
 
 THREADS = 8
 TRANSACTIONS_PER_THREAD = 60
@@ -42,18 +43,10 @@ def table(id_table: TableFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def ledger(dynamodb_local: DynamoDBLocal) -> Iterator[str]:
-    """The ledger's key shape (partition and sort key), so puts' keys come from the key schema."""
-    name = f"ledger-{uuid.uuid4().hex[:8]}"
-    dynamodb_local.client().create_table(
-        TableName=name,
-        AttributeDefinitions=[
-            {"AttributeName": "accountId", "AttributeType": "S"},
-            {"AttributeName": "entryId", "AttributeType": "S"},
-        ],
-        KeySchema=[{"AttributeName": "accountId", "KeyType": "HASH"}, {"AttributeName": "entryId", "KeyType": "RANGE"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
+def tallies(dynamodb_local: DynamoDBLocal) -> Iterator[str]:
+    """The test tally's table (partition and sort key), so puts' keys come from the key schema."""
+    name = f"tally-{uuid.uuid4().hex[:8]}"
+    create_test_tables(dynamodb_local.client(), {TALLY_TABLE: name})
     yield name
     dynamodb_local.client().delete_table(TableName=name)
 
@@ -66,7 +59,7 @@ def slow_proxy(dynamodb_local: DynamoDBLocal) -> Iterator[ConflictProxy]:
 
 
 def _credit(table: str, entry: str) -> list[dict[str, Any]]:
-    """A payment's shape: a new entry and the hot balance, the balance at index 1."""
+    """A tally entry's shape: a new entry and the hot total, the total at index 1."""
     return [
         {"Put": {"TableName": table, "Item": {"id": {"S": entry}}}},
         {
@@ -139,19 +132,19 @@ def test_the_proxy_cancels_overlapping_transactions_on_a_hot_item(dynamodb_local
 
 
 @pytest.fixture
-def in_flight(slow_proxy: ConflictProxy, ledger: str) -> Iterator[dict[str, Any]]:
-    """A transaction on a ledger balance, held by ``slow_proxy`` for the duration of the test body."""
+def in_flight(slow_proxy: ConflictProxy, tallies: str) -> Iterator[dict[str, Any]]:
+    """A transaction on a tally's total, held by ``slow_proxy`` for the duration of the test body."""
     dynamodb = client("dynamodb", slow_proxy.endpoint_url, timeout_s=30.0)
-    account = f"acc-{uuid.uuid4().hex[:6]}"
-    balance = {"accountId": {"S": account}, "entryId": {"S": "BALANCE"}}
+    tally = f"t-{uuid.uuid4().hex[:6]}"
+    total = {"tallyId": {"S": tally}, "entryId": {"S": "TOTAL"}}
     started = threading.Event()
 
     def transaction() -> None:
         started.set()
         dynamodb.transact_write_items(
             TransactItems=[
-                {"Put": {"TableName": ledger, "Item": {**balance, "balanceCents": {"N": "100"}}}},
-                {"Put": {"TableName": ledger, "Item": {"accountId": {"S": account}, "entryId": {"S": "PAYMENT#1"}}}},
+                {"Put": {"TableName": tallies, "Item": {**total, "tallied": {"N": "100"}}}},
+                {"Put": {"TableName": tallies, "Item": {"tallyId": {"S": tally}, "entryId": {"S": "ENTRY#1"}}}},
             ]
         )
 
@@ -159,18 +152,18 @@ def in_flight(slow_proxy: ConflictProxy, ledger: str) -> Iterator[dict[str, Any]
     worker.start()
     started.wait()
     time.sleep(SLOW_HOLD_MS / 1000 / 4)
-    yield {"client": dynamodb, "table": ledger, "balance": balance, "account": account, "proxy": slow_proxy}
+    yield {"client": dynamodb, "table": tallies, "total": total, "tally": tally, "proxy": slow_proxy}
     worker.join()
 
 
 def test_single_item_writes_on_a_held_item_fail_with_transaction_conflict(in_flight: dict[str, Any]) -> None:
-    dynamodb, table, balance = in_flight["client"], in_flight["table"], in_flight["balance"]
+    dynamodb, table, total = in_flight["client"], in_flight["table"], in_flight["total"]
     update = {"UpdateExpression": "SET touched = :t", "ExpressionAttributeValues": {":t": {"S": "x"}}}
     calls = [
-        lambda: dynamodb.update_item(TableName=table, Key=balance, **update),
+        lambda: dynamodb.update_item(TableName=table, Key=total, **update),
         # The put's key comes from its Item through the table's key schema.
-        lambda: dynamodb.put_item(TableName=table, Item={**balance, "other": {"S": "y"}}),
-        lambda: dynamodb.delete_item(TableName=table, Key=balance),
+        lambda: dynamodb.put_item(TableName=table, Item={**total, "other": {"S": "y"}}),
+        lambda: dynamodb.delete_item(TableName=table, Key=total),
     ]
     refused_before = in_flight["proxy"].stats().get("writes_refused", 0)
     for call in calls:
@@ -183,8 +176,8 @@ def test_single_item_writes_on_a_held_item_fail_with_transaction_conflict(in_fli
 
 
 def test_an_overlapping_transaction_is_cancelled_at_the_held_index_only(in_flight: dict[str, Any]) -> None:
-    dynamodb, table, balance = in_flight["client"], in_flight["table"], in_flight["balance"]
-    other = {"accountId": {"S": in_flight["account"]}, "entryId": {"S": "PAYMENT#2"}}
+    dynamodb, table, total = in_flight["client"], in_flight["table"], in_flight["total"]
+    other = {"tallyId": {"S": in_flight["tally"]}, "entryId": {"S": "ENTRY#2"}}
     with pytest.raises(ClientError) as failed:
         dynamodb.transact_write_items(
             TransactItems=[
@@ -192,8 +185,8 @@ def test_an_overlapping_transaction_is_cancelled_at_the_held_index_only(in_fligh
                 {
                     "ConditionCheck": {
                         "TableName": table,
-                        "Key": balance,
-                        "ConditionExpression": "attribute_exists(accountId)",
+                        "Key": total,
+                        "ConditionExpression": "attribute_exists(tallyId)",
                     }
                 },
             ]
@@ -211,7 +204,7 @@ def test_an_overlapping_transaction_is_cancelled_at_the_held_index_only(in_fligh
 
 def test_other_items_do_not_wait_for_an_in_flight_transaction(in_flight: dict[str, Any]) -> None:
     dynamodb, table = in_flight["client"], in_flight["table"]
-    elsewhere = {"accountId": {"S": in_flight["account"]}, "entryId": {"S": "PAYMENT#3"}}
+    elsewhere = {"tallyId": {"S": in_flight["tally"]}, "entryId": {"S": "ENTRY#3"}}
     update = {"UpdateExpression": "SET n = :n", "ExpressionAttributeValues": {":n": {"N": "1"}}}
     # The first call of an operation loads botocore's model: not what is measured.
     dynamodb.update_item(TableName=table, Key={**elsewhere, "entryId": {"S": "WARM-UP"}}, **update)
@@ -224,14 +217,14 @@ def test_other_items_do_not_wait_for_an_in_flight_transaction(in_flight: dict[st
     assert time.monotonic() - started < SLOW_HOLD_MS / 1000 * 1.5
 
 
-def test_the_item_is_free_once_the_transaction_ends(slow_proxy: ConflictProxy, ledger: str) -> None:
+def test_the_item_is_free_once_the_transaction_ends(slow_proxy: ConflictProxy, tallies: str) -> None:
     dynamodb = client("dynamodb", slow_proxy.endpoint_url, timeout_s=30.0)
-    key = {"accountId": {"S": f"acc-{uuid.uuid4().hex[:6]}"}, "entryId": {"S": "BALANCE"}}
-    dynamodb.transact_write_items(TransactItems=[{"Put": {"TableName": ledger, "Item": key}}])
+    key = {"tallyId": {"S": f"t-{uuid.uuid4().hex[:6]}"}, "entryId": {"S": "TOTAL"}}
+    dynamodb.transact_write_items(TransactItems=[{"Put": {"TableName": tallies, "Item": key}}])
     dynamodb.update_item(
-        TableName=ledger, Key=key, UpdateExpression="SET n = :n", ExpressionAttributeValues={":n": {"N": "1"}}
+        TableName=tallies, Key=key, UpdateExpression="SET n = :n", ExpressionAttributeValues={":n": {"N": "1"}}
     )
-    assert dynamodb.get_item(TableName=ledger, Key=key, ConsistentRead=True)["Item"]["n"] == {"N": "1"}
+    assert dynamodb.get_item(TableName=tallies, Key=key, ConsistentRead=True)["Item"]["n"] == {"N": "1"}
 
 
 def _both(dynamodb_local: DynamoDBLocal) -> tuple[Any, Any]:

@@ -23,10 +23,13 @@ from consumer.handlers import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
 from testkit.dead_letters import DeadLetter, drain
 from testkit.lambda_sqs import REGION
-from testkit.messages import ledger_balance
 from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
-from testkit.tables import create_template_tables
-from tests.utils import IDEMPOTENCY_TABLE, LEDGER_TABLE, Remaining, settings_for_tests
+from tests.handlers import CALL_TABLE, TALLY_TABLE, create_test_tables, handlers_for_tests, tally_entries, tally_total
+from tests.utils import IDEMPOTENCY_TABLE, Remaining, settings_for_tests, table_name_for_tests
+
+# The test handlers' tables, as settings_for_tests names them.
+TALLIES = table_name_for_tests(TALLY_TABLE)
+CALLS = table_name_for_tests(CALL_TABLE)
 
 
 class Clock:
@@ -56,8 +59,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture
 def dynamodb(aws: None) -> Any:
     client = boto3.client("dynamodb", region_name=REGION)
-    # Every table the registered handlers declare, as settings_for_tests names it.
-    create_template_tables(client, {IDEMPOTENCY: IDEMPOTENCY_TABLE, **settings_for_tests().table_names})
+    create_test_tables(client, {IDEMPOTENCY: IDEMPOTENCY_TABLE, TALLY_TABLE: TALLIES, CALL_TABLE: CALLS})
     return client
 
 
@@ -76,18 +78,12 @@ def store(dynamodb: Any, clock: Clock) -> IdempotencyStore:
     return IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock)
 
 
-def balance(dynamodb: Any, account_id: str) -> int:
-    return ledger_balance(dynamodb, LEDGER_TABLE, account_id)
+def total(dynamodb: Any, tally_id: str) -> int:
+    return tally_total(dynamodb, TALLIES, tally_id)
 
 
-def ledger_entries(dynamodb: Any, account_id: str) -> list[str]:
-    items = dynamodb.query(
-        TableName=LEDGER_TABLE,
-        KeyConditionExpression="accountId = :a",
-        ExpressionAttributeValues={":a": {"S": account_id}},
-        ConsistentRead=True,
-    )["Items"]
-    return sorted(item["entryId"]["S"] for item in items)
+def entries(dynamodb: Any, tally_id: str) -> list[str]:
+    return tally_entries(dynamodb, TALLIES, tally_id)
 
 
 @dataclass
@@ -118,20 +114,23 @@ def make_consumer(
     dlq_url: str | None = None,
     extra_handlers: dict[str, MessageHandler[Any]] | None = None,
     session: boto3.session.Session | None = None,
+    webhook_timeout_ms: int = 5_000,
     **overrides: Any,
 ) -> Consumer:
+    """The consumer on the test handlers (tests/handlers.py) and ``extra_handlers``; never the registered ones."""
     dlq_url = dlq_url or sqs.create_queue(QueueName="consumer-dlq")["QueueUrl"]
     # moto in process is not thread-safe (it raises or loses updates under threads), so
     # unit tests run lanes one at a time; parallel lanes are tested on DynamoDB Local.
     overrides.setdefault("max_workers", 1)
-    settings = settings_for_tests(dead_letter_queue_url=dlq_url, receipt_webhook_url=webhook_url, **overrides)
+    settings = settings_for_tests(dead_letter_queue_url=dlq_url, **overrides)
+    handlers = {**handlers_for_tests(settings, webhook_url, webhook_timeout_ms), **(extra_handlers or {})}
     batch = wire(
         settings,
         # A boto3 session is one (its ``client``); the stubs' per-service overloads hide that from mypy.
         session or boto3.session.Session(region_name=REGION),
         clock=clock,
         logger=_quiet_logger(),
-        handlers=extra_handlers,
+        handlers=handlers,
     )
     # The test's own view of the same table, to read records and play other workers.
     store = IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=settings.idempotency_ttl_seconds, clock=clock)

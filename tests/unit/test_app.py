@@ -1,4 +1,8 @@
-"""The Lambda entry point as Lambda calls it: environment, logs and metrics."""
+"""The Lambda entry point as Lambda calls it: environment, logs and metrics.
+
+The registry holds the test handlers (tests/handlers.py) here, not the shipped examples: the entry
+point builds whatever is registered, and users replace the examples.
+"""
 
 from __future__ import annotations
 
@@ -18,14 +22,15 @@ from consumer.errors import ConfigurationError
 from consumer.outcome import Outcome
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import LambdaContext, sqs_record
-from testkit.messages import payment_body
 from testkit.template import REPO_ROOT
-from tests.unit.conftest import IDEMPOTENCY_TABLE, balance
+from tests.handlers import CallHandler, TallyHandler, tally_body
+from tests.unit.conftest import IDEMPOTENCY_TABLE, total
 from tests.utils import settings_for_tests
 
 
 @pytest.fixture
 def function_env(dynamodb: Any, sqs: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setattr("consumer.handlers.HANDLERS", TEST_REGISTRY)
     dlq_url = sqs.create_queue(QueueName="consumer-dlq")["QueueUrl"]
     for name, value in table_environment().items():
         monkeypatch.setenv(name, value)
@@ -36,9 +41,17 @@ def function_env(dynamodb: Any, sqs: Any, monkeypatch: pytest.MonkeyPatch) -> It
     app.build_consumer.cache_clear()
 
 
+TEST_REGISTRY = (TallyHandler, CallHandler)
+
+
+def function_tables() -> dict[str, str]:
+    """The function's tables by logical id (the idempotency table and the test handlers'), as the tests name them."""
+    tables = settings_for_tests().every_table()
+    return {table: tables[table] for table in ("IdempotencyTable", *(t for h in TEST_REGISTRY for t in h.tables))}
+
+
 def table_environment() -> dict[str, str]:
-    """The variables naming the function's tables (each a registered handler declares), as the tests name them."""
-    return {table_variable(table): name for table, name in settings_for_tests().every_table().items()}
+    return {table_variable(table): name for table, name in function_tables().items()}
 
 
 def run(event: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -57,32 +70,32 @@ def run(event: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[dict
 def test_the_handler_returns_the_partial_batch_response(
     function_env: str, dynamodb: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    event = {"Records": [sqs_record("good", payment_body("p-1")), sqs_record("bad", "{oops")]}
+    event = {"Records": [sqs_record("good", tally_body("p-1")), sqs_record("bad", "{oops")]}
 
     response, _ = run(event, capsys)
 
     assert response == {"batchItemFailures": []}
-    assert balance(dynamodb, "acc-1") == 1250
+    assert total(dynamodb, "t-1") == 1250
 
 
 def test_every_record_log_line_carries_its_message_id_and_key_but_never_the_body(
     function_env: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    body = payment_body("p-secret-777", key="key-42")
+    body = tally_body("e-secret-777", key="key-42")
 
     _, lines = run({"Records": [sqs_record("m-42", body)]}, capsys)
 
     record_lines = [line for line in lines if line.get("message_id") == "m-42"]
     assert record_lines
     assert all(line["idempotency_key"] == "key-42" for line in record_lines)
-    assert all("p-secret-777" not in json.dumps(line) for line in lines)
+    assert all("e-secret-777" not in json.dumps(line) for line in lines)
 
 
 def test_one_metric_per_outcome_is_emitted(function_env: str, capsys: pytest.CaptureFixture[str]) -> None:
     event = {
         "Records": [
-            sqs_record("a", payment_body("p-1")),
-            sqs_record("b", payment_body("p-1")),
+            sqs_record("a", tally_body("p-1")),
+            sqs_record("b", tally_body("p-1")),
             sqs_record("c", "{oops"),
         ]
     }
@@ -107,11 +120,11 @@ def test_one_metric_per_outcome_is_emitted(function_env: str, capsys: pytest.Cap
 def test_a_missing_setting_fails_the_invocation_with_its_name(
     function_env: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delenv("LEDGER_TABLE_NAME")
+    monkeypatch.delenv("TALLY_TABLE_NAME")
     app.build_consumer.cache_clear()
 
-    with pytest.raises(Exception, match="LEDGER_TABLE_NAME"):
-        app.handler({"Records": [sqs_record("a", payment_body("p-1"))]}, LambdaContext())
+    with pytest.raises(Exception, match="TALLY_TABLE_NAME"):
+        app.handler({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
 
 
 def test_settings_that_cannot_work_together_fail_the_first_invocation_before_any_record(
@@ -122,10 +135,10 @@ def test_settings_that_cannot_work_together_fail_the_first_invocation_before_any
     app.build_consumer.cache_clear()
 
     with pytest.raises(ConfigurationError, match="LEASE_MIN_MS must not exceed LEASE_MAX_MS"):
-        app.handler({"Records": [sqs_record("a", payment_body("p-1"))]}, LambdaContext())
+        app.handler({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
 
-    # Refused before the payment was looked at: nothing applied, nothing claimed.
-    assert balance(dynamodb, "acc-1") == 0
+    # Refused before the message was looked at: nothing applied, nothing claimed.
+    assert total(dynamodb, "t-1") == 0
     assert dynamodb.scan(TableName=IDEMPOTENCY_TABLE)["Count"] == 0
 
 
@@ -142,21 +155,21 @@ def test_a_runtime_sdk_too_old_for_the_store_fails_the_first_invocation_naming_t
     app.build_consumer.cache_clear()
 
     with pytest.raises(ConfigurationError, match="botocore>="):
-        app.handler({"Records": [sqs_record("a", payment_body("p-1"))]}, LambdaContext())
+        app.handler({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
 
-    assert balance(dynamodb, "acc-1") == 0
+    assert total(dynamodb, "t-1") == 0
 
 
 def test_a_table_that_does_not_exist_fails_the_first_invocation_naming_it_and_its_variable(
     function_env: str, dynamodb: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("LEDGER_TABLE_NAME", "ledgr")
+    monkeypatch.setenv("TALLY_TABLE_NAME", "talli")
     app.build_consumer.cache_clear()
 
-    with pytest.raises(ConfigurationError, match=r"table LedgerTable \(LEDGER_TABLE_NAME='ledgr'\) does not exist"):
-        app.handler({"Records": [sqs_record("a", payment_body("p-1"))]}, LambdaContext())
+    with pytest.raises(ConfigurationError, match=r"table TallyTable \(TALLY_TABLE_NAME='talli'\) does not exist"):
+        app.handler({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
 
-    # Refused before the payment was looked at: no claim to expire, no record to retry one by one.
+    # Refused before the message was looked at: no claim to expire, no record to retry one by one.
     assert dynamodb.scan(TableName=IDEMPOTENCY_TABLE)["Count"] == 0
 
 
@@ -177,11 +190,12 @@ def test_in_lambdas_runtime_the_consumer_is_built_at_init_unless_a_check_fails(
         **table_environment(),
         "DEAD_LETTER_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/dlq",
     }
-    tables = settings_for_tests().every_table() if tables_exist else {}
+    tables = function_tables() if tables_exist else {}
     script = (
         "import boto3, moto; moto.mock_aws().start();"
-        " from testkit.tables import create_template_tables;"
-        f" create_template_tables(boto3.client('dynamodb', region_name='us-east-1'), {tables!r});"
+        " import consumer.handlers, tests.handlers as t;"
+        " consumer.handlers.HANDLERS = (t.TallyHandler, t.CallHandler);"
+        f" t.create_test_tables(boto3.client('dynamodb', region_name='us-east-1'), {tables!r});"
         " from consumer import app; print(app.build_consumer.cache_info().currsize)"
     )
     answer = subprocess.run([sys.executable, "-c", script], env=variables, capture_output=True, text=True, check=True)

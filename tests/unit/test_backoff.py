@@ -16,7 +16,7 @@ from consumer.envelope import payload_hash
 from consumer.idempotency.store import Claimed
 from consumer.outcome import Outcome, RecordResult
 from testkit.lambda_sqs import record_from_message
-from testkit.messages import payment_body, receipt_body
+from tests.handlers import CALL_EVENT, call_body, tally_body
 from tests.unit.conftest import Clock, Consumer, make_consumer
 from tests.utils import Remaining
 
@@ -62,9 +62,9 @@ def test_queue_urls_are_derived_from_the_event_source_arn() -> None:
 
 
 def received(
-    sqs: Any, count: int, visibility_timeout: int = 300, body: Callable[[int], str] = lambda i: payment_body(f"p-{i}")
+    sqs: Any, count: int, visibility_timeout: int = 300, body: Callable[[int], str] = lambda i: tally_body(f"e-{i}")
 ) -> tuple[str, list[dict[str, Any]]]:
-    """Send ``count`` messages (payments by default) and receive them as Lambda would, with real receipt handles."""
+    """Send ``count`` messages (tally entries by default), receive them as Lambda would (real receipt handles)."""
     attributes = {"VisibilityTimeout": str(visibility_timeout)}
     url = sqs.create_queue(QueueName=QUEUE, Attributes=attributes)["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
@@ -99,11 +99,11 @@ def test_a_record_in_flight_elsewhere_is_hidden_for_its_backoff(dynamodb: Any, s
     # A queue whose visibility timeout is 0 would hand the record out again at once;
     # the backoff hides it for a while. The queue runs on real time, so the consumer
     # does too here.
-    # A receipt (lock mode): its key can be held by another worker's claim.
-    url, records = received(sqs, 1, visibility_timeout=0, body=lambda i: receipt_body(str(i)))
+    # A call (lock mode): its key can be held by another worker's claim.
+    url, records = received(sqs, 1, visibility_timeout=0, body=lambda i: call_body(str(i)))
     wall_clock = Clock(time.time())
     consumer = make_consumer(dynamodb, sqs, wall_clock)
-    busy = consumer.store.claim("ReceiptRequested#receipt-0", _hash(records[0]["body"]), 120_000)
+    busy = consumer.store.claim(f"{CALL_EVENT}#call-0", _hash(records[0]["body"]), 120_000)
     assert isinstance(busy, Claimed)
     backoff = VisibilityBackoff(
         lambda: sqs, base_seconds=2, max_seconds=300, logger=logging.getLogger("test"), clock=wall_clock

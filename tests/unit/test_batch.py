@@ -1,4 +1,4 @@
-"""Whole batches through the consumer: the exact batchItemFailures, the DLQ, the ledger."""
+"""Whole batches through the consumer on the test handlers: the exact batchItemFailures, the DLQ, the tallies."""
 
 from __future__ import annotations
 
@@ -16,33 +16,33 @@ from consumer.idempotency.writes import Put
 from consumer.outcome import Outcome
 from testkit.dead_letters import reasons
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, sqs_record
-from testkit.messages import payment_body, receipt_body
 from testkit.webhook import Answer, WebhookSink
-from tests.unit.conftest import LEDGER_TABLE, Clock, Consumer, balance, ledger_entries, make_consumer
+from tests.handlers import TALLY_EVENT, TALLY_TABLE, call_body, recorded_call, tally_body
+from tests.unit.conftest import CALLS, TALLIES, Clock, Consumer, entries, make_consumer, total
 from tests.utils import Remaining, settings_for_tests
 
 
 @pytest.fixture
-def receipts(dynamodb: Any, sqs: Any, clock: Clock, webhook: WebhookSink) -> Consumer:
-    return make_consumer(dynamodb, sqs, clock, webhook_url=webhook.receipts_url, webhook_timeout_ms=500)
+def calls(dynamodb: Any, sqs: Any, clock: Clock, webhook: WebhookSink) -> Consumer:
+    return make_consumer(dynamodb, sqs, clock, webhook_url=f"{webhook.url}/calls", webhook_timeout_ms=500)
 
 
 # -- mixed batches -------------------------------------------------------------------------
 
 
 def test_a_mixed_batch_reports_exactly_the_records_to_retry(consumer: Consumer, clock: Clock) -> None:
-    consumer.process([sqs_record("earlier", payment_body("p-0", amount=100))])
-    # A receipt (lock mode) whose key another worker holds.
-    busy = consumer.store.claim("ReceiptRequested#receipt-9", _hash_of(receipt_body("9")), 60_000)
+    consumer.process([sqs_record("earlier", tally_body("p-0", amount=100))])
+    # A call (lock mode) whose key another worker holds.
+    busy = consumer.store.claim("CallRequested#call-9", _hash_of(call_body("9")), 60_000)
     assert isinstance(busy, Claimed)
     batch = [
-        sqs_record("new", payment_body("p-1", amount=1250)),
-        sqs_record("redelivered", payment_body("p-0", amount=100)),
-        sqs_record("in-flight", receipt_body("9")),
+        sqs_record("new", tally_body("p-1", amount=1250)),
+        sqs_record("redelivered", tally_body("p-0", amount=100)),
+        sqs_record("in-flight", call_body("9")),
         sqs_record("bad-json", "{oops"),
         sqs_record("unknown", json.dumps({"eventType": "NoSuchEventType", "payload": {}})),
-        sqs_record("schema", json.dumps({"eventType": "PaymentReceived", "payload": {"paymentId": "x"}})),
-        sqs_record("new-2", payment_body("p-2", account_id="acc-2", amount=99)),
+        sqs_record("schema", json.dumps({"eventType": TALLY_EVENT, "payload": {"entryId": "x"}})),
+        sqs_record("new-2", tally_body("p-2", tally_id="t-2", amount=99)),
     ]
 
     failed = consumer.failed_ids(batch)
@@ -53,102 +53,100 @@ def test_a_mixed_batch_reports_exactly_the_records_to_retry(consumer: Consumer, 
         "unknown": "UnknownEventType",
         "schema": "SchemaViolation",
     }
-    assert balance(consumer.dynamodb, "acc-1") == 1350
-    assert balance(consumer.dynamodb, "acc-2") == 99
+    assert total(consumer.dynamodb, "t-1") == 1350
+    assert total(consumer.dynamodb, "t-2") == 99
 
 
 def test_a_batch_delivered_twice_applies_nothing_the_second_time(consumer: Consumer) -> None:
-    batch = [sqs_record(f"m-{i}", payment_body(f"p-{i}", amount=10 * i)) for i in range(1, 8)]
+    batch = [sqs_record(f"m-{i}", tally_body(f"p-{i}", amount=10 * i)) for i in range(1, 8)]
 
     assert consumer.failed_ids(batch) == []
     assert consumer.failed_ids(batch) == []
 
-    assert balance(consumer.dynamodb, "acc-1") == sum(10 * i for i in range(1, 8))
-    assert len(ledger_entries(consumer.dynamodb, "acc-1")) == 8  # 7 payments + the balance
+    assert total(consumer.dynamodb, "t-1") == sum(10 * i for i in range(1, 8))
+    assert len(entries(consumer.dynamodb, "t-1")) == 8  # 7 entries + the total
 
 
 def test_a_producer_resend_with_a_new_message_id_is_a_duplicate(consumer: Consumer) -> None:
-    consumer.process([sqs_record("first", payment_body("p-1", amount=500))])
+    consumer.process([sqs_record("first", tally_body("p-1", amount=500))])
 
-    assert consumer.failed_ids([sqs_record("resent", payment_body("p-1", amount=500))]) == []
-    assert balance(consumer.dynamodb, "acc-1") == 500
+    assert consumer.failed_ids([sqs_record("resent", tally_body("p-1", amount=500))]) == []
+    assert total(consumer.dynamodb, "t-1") == 500
 
 
 def test_duplicates_inside_one_batch_are_applied_once(consumer: Consumer) -> None:
-    batch = [sqs_record(f"copy-{i}", payment_body("p-1", amount=500)) for i in range(5)]
+    batch = [sqs_record(f"copy-{i}", tally_body("p-1", amount=500)) for i in range(5)]
 
     assert consumer.failed_ids(batch) == []
-    assert balance(consumer.dynamodb, "acc-1") == 500
+    assert total(consumer.dynamodb, "t-1") == 500
 
 
-def test_a_key_reused_for_the_same_payment_with_another_content_goes_to_the_dlq(consumer: Consumer) -> None:
-    consumer.process([sqs_record("original", payment_body("p-1", amount=500, key="shared-key"))])
+def test_a_key_reused_for_the_same_entry_with_another_content_goes_to_the_dlq(consumer: Consumer) -> None:
+    consumer.process([sqs_record("original", tally_body("p-1", amount=500, key="shared-key"))])
 
-    failed = consumer.failed_ids([sqs_record("reuse", payment_body("p-1", amount=900, key="shared-key"))])
+    failed = consumer.failed_ids([sqs_record("reuse", tally_body("p-1", amount=900, key="shared-key"))])
 
     assert failed == []
     dead = consumer.dead_letters()
     assert reasons(dead) == {"reuse": "IdempotencyKeyReused"}
     assert "shared-key" in (dead[0].error_message or "")
-    assert balance(consumer.dynamodb, "acc-1") == 500
+    assert total(consumer.dynamodb, "t-1") == 500
 
 
-def test_a_key_reused_for_a_receipt_with_another_payload_goes_to_the_dlq(receipts: Consumer) -> None:
-    receipts.process([sqs_record("original", receipt_body("1", key="shared-key"))])
+def test_a_key_reused_for_a_call_with_another_payload_goes_to_the_dlq(calls: Consumer) -> None:
+    calls.process([sqs_record("original", call_body("1", key="shared-key"))])
 
-    failed = receipts.failed_ids([sqs_record("reuse", receipt_body("2", key="shared-key"))])
+    failed = calls.failed_ids([sqs_record("reuse", call_body("2", key="shared-key"))])
 
     assert failed == []
-    assert reasons(receipts.dead_letters()) == {"reuse": "IdempotencyKeyReused"}
+    assert reasons(calls.dead_letters()) == {"reuse": "IdempotencyKeyReused"}
 
 
-def test_a_key_reused_for_a_different_payment_goes_to_the_dlq_and_credits_nothing(consumer: Consumer) -> None:
-    # A producer that regenerated its business id on a retry: another payment, another account, same key.
-    consumer.process([sqs_record("original", payment_body("p-1", amount=500, key="shared-key"))])
+def test_a_key_reused_for_a_different_entry_goes_to_the_dlq_and_adds_nothing(consumer: Consumer) -> None:
+    # A producer that regenerated its business id on a retry: another entry, another tally, same key.
+    consumer.process([sqs_record("original", tally_body("p-1", amount=500, key="shared-key"))])
 
-    failed = consumer.failed_ids(
-        [sqs_record("other", payment_body("p-2", account_id="acc-2", amount=900, key="shared-key"))]
-    )
+    failed = consumer.failed_ids([sqs_record("other", tally_body("p-2", tally_id="t-2", amount=900, key="shared-key"))])
 
     assert failed == []
     assert reasons(consumer.dead_letters()) == {"other": "IdempotencyKeyReused"}
-    assert (balance(consumer.dynamodb, "acc-1"), balance(consumer.dynamodb, "acc-2")) == (500, 0)
-    assert ledger_entries(consumer.dynamodb, "acc-2") == []
+    assert (total(consumer.dynamodb, "t-1"), total(consumer.dynamodb, "t-2")) == (500, 0)
+    assert entries(consumer.dynamodb, "t-2") == []
 
 
-def test_the_same_payment_under_another_key_is_refused_by_the_ledger(consumer: Consumer) -> None:
-    consumer.process([sqs_record("a", payment_body("p-1", amount=500, key="key-a"))])
+def test_the_same_entry_under_another_key_is_refused_by_its_condition(consumer: Consumer) -> None:
+    consumer.process([sqs_record("a", tally_body("p-1", amount=500, key="key-a"))])
 
-    assert consumer.failed_ids([sqs_record("b", payment_body("p-1", amount=500, key="key-b"))]) == []
+    assert consumer.failed_ids([sqs_record("b", tally_body("p-1", amount=500, key="key-b"))]) == []
 
     assert reasons(consumer.dead_letters()) == {"b": "BusinessConditionFailed"}
-    assert balance(consumer.dynamodb, "acc-1") == 500
+    assert total(consumer.dynamodb, "t-1") == 500
 
 
-def test_a_payment_in_another_currency_than_the_account_is_refused(consumer: Consumer) -> None:
-    consumer.process([sqs_record("eur", payment_body("p-1", amount=500))])
-    usd = json.loads(payment_body("p-2", amount=700))
-    usd["payload"]["currency"] = "USD"
+def test_an_entry_in_another_unit_than_the_tally_is_refused(consumer: Consumer) -> None:
+    consumer.process([sqs_record("eur", tally_body("p-1", amount=500))])
+    usd = json.loads(tally_body("p-2", amount=700))
+    usd["payload"]["unit"] = "USD"
 
     assert consumer.failed_ids([sqs_record("usd", json.dumps(usd))]) == []
 
     assert reasons(consumer.dead_letters()) == {"usd": "BusinessConditionFailed"}
-    assert balance(consumer.dynamodb, "acc-1") == 500
+    assert total(consumer.dynamodb, "t-1") == 500
 
 
 @pytest.mark.parametrize(
     ("payload_change", "field"),
     [
-        ({"amountCents": -5}, "payload.amountCents"),
-        ({"amountCents": "12.50"}, "payload.amountCents"),
-        ({"currency": "euro"}, "payload.currency"),
+        ({"amount": -5}, "payload.amount"),
+        ({"amount": "12.50"}, "payload.amount"),
+        ({"unit": "euro"}, "payload.unit"),
         ({"extra": 1}, "payload.extra"),
     ],
 )
 def test_a_payload_that_breaks_its_handlers_schema_is_poison(
     consumer: Consumer, payload_change: dict[str, Any], field: str
 ) -> None:
-    body = json.loads(payment_body("p-1"))
+    body = json.loads(tally_body("p-1"))
     body["payload"].update(payload_change)
 
     assert consumer.failed_ids([sqs_record("bad", json.dumps(body))]) == []
@@ -163,10 +161,10 @@ def test_a_failed_dead_letter_send_keeps_the_record_for_retry(dynamodb: Any, sqs
     missing_queue = "https://sqs.us-east-1.amazonaws.com/123456789012/no-such-queue"
     consumer = make_consumer(dynamodb, sqs, clock, dlq_url=missing_queue)
 
-    failed = consumer.failed_ids([sqs_record("bad", "{oops"), sqs_record("good", payment_body("p-1"))])
+    failed = consumer.failed_ids([sqs_record("bad", "{oops"), sqs_record("good", tally_body("p-1"))])
 
     assert failed == ["bad"]
-    assert balance(dynamodb, "acc-1") == 1250
+    assert total(dynamodb, "t-1") == 1250
 
 
 def test_the_original_message_attributes_travel_to_the_dlq(consumer: Consumer) -> None:
@@ -183,65 +181,65 @@ def test_the_original_message_attributes_travel_to_the_dlq(consumer: Consumer) -
 
 
 def test_fifo_stops_a_group_at_its_first_failure_and_runs_other_groups(consumer: Consumer) -> None:
-    busy = consumer.store.claim("ReceiptRequested#receipt-a2", _hash_of(receipt_body("a2")), 60_000)
+    busy = consumer.store.claim("CallRequested#call-a2", _hash_of(call_body("a2")), 60_000)
     assert isinstance(busy, Claimed)
     batch = [
-        sqs_record("a1", payment_body("a1", amount=1), group_id="A", queue_arn=FIFO_QUEUE_ARN),
-        sqs_record("b1", payment_body("b1", account_id="acc-b", amount=10), group_id="B", queue_arn=FIFO_QUEUE_ARN),
-        sqs_record("a2", receipt_body("a2"), group_id="A", queue_arn=FIFO_QUEUE_ARN),
-        sqs_record("b2", payment_body("b2", account_id="acc-b", amount=20), group_id="B", queue_arn=FIFO_QUEUE_ARN),
-        sqs_record("a3", payment_body("a3", amount=4), group_id="A", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("a1", tally_body("a1", amount=1), group_id="A", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("b1", tally_body("b1", tally_id="t-b", amount=10), group_id="B", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("a2", call_body("a2"), group_id="A", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("b2", tally_body("b2", tally_id="t-b", amount=20), group_id="B", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("a3", tally_body("a3", amount=4), group_id="A", queue_arn=FIFO_QUEUE_ARN),
     ]
 
     failed = consumer.failed_ids(batch)
 
     assert failed == ["a2", "a3"]
-    assert balance(consumer.dynamodb, "acc-1") == 1  # a3 was not started
-    assert balance(consumer.dynamodb, "acc-b") == 30
+    assert total(consumer.dynamodb, "t-1") == 1  # a3 was not started
+    assert total(consumer.dynamodb, "t-b") == 30
 
 
 def test_fair_queue_tenants_on_a_standard_queue_stay_independent(consumer: Consumer) -> None:
     # The same batch as above, from a standard queue: MessageGroupId is a fair-queue tenant, not an order.
-    busy = consumer.store.claim("ReceiptRequested#receipt-a2", _hash_of(receipt_body("a2")), 60_000)
+    busy = consumer.store.claim("CallRequested#call-a2", _hash_of(call_body("a2")), 60_000)
     assert isinstance(busy, Claimed)
     batch = [
-        sqs_record("a1", payment_body("a1", amount=1), group_id="A"),
-        sqs_record("a2", receipt_body("a2"), group_id="A"),
-        sqs_record("a3", payment_body("a3", amount=4), group_id="A"),
+        sqs_record("a1", tally_body("a1", amount=1), group_id="A"),
+        sqs_record("a2", call_body("a2"), group_id="A"),
+        sqs_record("a3", tally_body("a3", amount=4), group_id="A"),
     ]
 
     assert consumer.failed_ids(batch) == ["a2"]
-    assert balance(consumer.dynamodb, "acc-1") == 5  # a3 ran although a2, of its tenant, failed
+    assert total(consumer.dynamodb, "t-1") == 5  # a3 ran although a2, of its tenant, failed
 
 
 def test_fifo_poison_is_handled_and_does_not_stop_its_group(consumer: Consumer) -> None:
     batch = [
         sqs_record("a1", "{oops", group_id="A", queue_arn=FIFO_QUEUE_ARN),
-        sqs_record("a2", payment_body("a2", amount=2), group_id="A", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("a2", tally_body("a2", amount=2), group_id="A", queue_arn=FIFO_QUEUE_ARN),
     ]
 
     assert consumer.failed_ids(batch) == []
-    assert balance(consumer.dynamodb, "acc-1") == 2
+    assert total(consumer.dynamodb, "t-1") == 2
 
 
 def test_no_record_starts_when_the_invocation_is_about_to_time_out(consumer: Consumer) -> None:
     consumer.remaining.ms = consumer.settings.deadline_margin_ms - 1
-    batch = [sqs_record(f"m-{i}", payment_body(f"p-{i}")) for i in range(3)]
+    batch = [sqs_record(f"m-{i}", tally_body(f"p-{i}")) for i in range(3)]
 
     assert consumer.failed_ids(batch) == ["m-0", "m-1", "m-2"]
-    assert balance(consumer.dynamodb, "acc-1") == 0
+    assert total(consumer.dynamodb, "t-1") == 0
 
 
 def test_records_left_when_the_deadline_nears_mid_batch_are_reported(dynamodb: Any, sqs: Any, clock: Clock) -> None:
     consumer = make_consumer(dynamodb, sqs, clock)
     # Two records start with time to spare; then the clock is within the margin.
     consumer.remaining = Remaining(30_000, then=[30_000, 30_000, consumer.settings.deadline_margin_ms - 1])
-    batch = [sqs_record(f"m-{i}", payment_body(f"p-{i}", account_id=f"acc-{i}")) for i in range(4)]
+    batch = [sqs_record(f"m-{i}", tally_body(f"p-{i}", tally_id=f"t-{i}")) for i in range(4)]
 
     failed = consumer.failed_ids(batch)
 
     assert failed == ["m-2", "m-3"]
-    assert [balance(dynamodb, f"acc-{i}") for i in range(4)] == [1250, 1250, 0, 0]
+    assert [total(dynamodb, f"t-{i}") for i in range(4)] == [1250, 1250, 0, 0]
 
 
 def test_an_event_that_is_not_from_sqs_fails_loudly(consumer: Consumer) -> None:
@@ -251,60 +249,61 @@ def test_an_event_that_is_not_from_sqs_fails_loudly(consumer: Consumer) -> None:
         consumer.batch.process([{"body": "{}"}], consumer.remaining)
 
 
-# -- lock mode: the receipt webhook --------------------------------------------------------
+# -- lock mode: the call webhook -----------------------------------------------------------
 
 
-def test_a_receipt_is_posted_once_with_the_idempotency_key(receipts: Consumer, webhook: WebhookSink) -> None:
-    batch = [sqs_record("r1", receipt_body("1")), sqs_record("r1-copy", receipt_body("1"))]
+def test_a_call_is_posted_once_with_the_idempotency_key(calls: Consumer, webhook: WebhookSink) -> None:
+    batch = [sqs_record("r1", call_body("1")), sqs_record("r1-copy", call_body("1"))]
 
-    assert receipts.failed_ids(batch) == []
-    assert receipts.failed_ids([sqs_record("r1-redelivered", receipt_body("1"))]) == []
+    assert calls.failed_ids(batch) == []
+    assert calls.failed_ids([sqs_record("r1-redelivered", call_body("1"))]) == []
 
-    assert webhook.keys() == ["receipt-1"]
-    assert webhook.received()[0].json()["receiptId"] == "1"
-    assert "RECEIPT#1" in ledger_entries(receipts.dynamodb, "acc-1")
+    assert webhook.keys() == ["call-1"]
+    assert webhook.received()[0].json()["callId"] == "1"
+    call = recorded_call(calls.dynamodb, CALLS, "1")
+    assert call is not None and call["idempotencyKey"]["S"] == "call-1"
 
 
-def test_a_webhook_4xx_is_poison_and_frees_the_key(receipts: Consumer, webhook: WebhookSink) -> None:
+def test_a_webhook_4xx_is_poison_and_frees_the_key(calls: Consumer, webhook: WebhookSink) -> None:
     webhook.answer_next(Answer(422))
 
-    assert receipts.failed_ids([sqs_record("r1", receipt_body("1"))]) == []
+    assert calls.failed_ids([sqs_record("r1", call_body("1"))]) == []
 
-    assert reasons(receipts.dead_letters()) == {"r1": "WebhookRejected"}
-    assert receipts.store.get("ReceiptRequested#receipt-1") is None
+    assert reasons(calls.dead_letters()) == {"r1": "WebhookRejected"}
+    assert calls.store.get("CallRequested#call-1") is None
 
 
 @pytest.mark.parametrize("status", [500, 503, 429])
 def test_a_webhook_5xx_or_429_is_retried_and_the_claim_released(
-    receipts: Consumer, webhook: WebhookSink, status: int
+    calls: Consumer, webhook: WebhookSink, status: int
 ) -> None:
     webhook.answer_next(Answer(status))
 
-    assert receipts.failed_ids([sqs_record("r1", receipt_body("1"))]) == ["r1"]
-    assert receipts.store.get("ReceiptRequested#receipt-1") is None  # the retry can claim at once
+    assert calls.failed_ids([sqs_record("r1", call_body("1"))]) == ["r1"]
+    assert calls.store.get("CallRequested#call-1") is None  # the retry can claim at once
 
-    assert receipts.failed_ids([sqs_record("r1", receipt_body("1"))]) == []
-    assert webhook.keys() == ["receipt-1", "receipt-1"]
+    assert calls.failed_ids([sqs_record("r1", call_body("1"))]) == []
+    assert webhook.keys() == ["call-1", "call-1"]
 
 
-def test_a_webhook_timeout_is_retried(receipts: Consumer, webhook: WebhookSink) -> None:
+def test_a_webhook_timeout_is_retried(calls: Consumer, webhook: WebhookSink) -> None:
     webhook.answer_next(Answer(delay_s=1.0))  # the consumer waits 500 ms
 
-    assert receipts.failed_ids([sqs_record("r1", receipt_body("1"))]) == ["r1"]
-    assert receipts.store.get("ReceiptRequested#receipt-1") is None
+    assert calls.failed_ids([sqs_record("r1", call_body("1"))]) == ["r1"]
+    assert calls.store.get("CallRequested#call-1") is None
 
 
-def test_receipts_wait_in_the_queue_while_no_webhook_is_configured(consumer: Consumer) -> None:
-    assert consumer.failed_ids([sqs_record("r1", receipt_body("1"))]) == ["r1"]
+def test_a_lock_handler_raising_transient_leaves_the_message_in_the_queue(consumer: Consumer) -> None:
+    assert consumer.failed_ids([sqs_record("r1", call_body("1"))]) == ["r1"]
     assert consumer.dead_letters() == []
 
 
-def test_copies_of_a_rejected_receipt_in_one_batch_all_reach_the_dlq(receipts: Consumer, webhook: WebhookSink) -> None:
+def test_copies_of_a_rejected_call_in_one_batch_all_reach_the_dlq(calls: Consumer, webhook: WebhookSink) -> None:
     webhook.answer_next(Answer(400))
 
-    assert receipts.failed_ids([sqs_record("r1", receipt_body("1")), sqs_record("r1-copy", receipt_body("1"))]) == []
+    assert calls.failed_ids([sqs_record("r1", call_body("1")), sqs_record("r1-copy", call_body("1"))]) == []
 
-    assert reasons(receipts.dead_letters()) == {"r1": "WebhookRejected", "r1-copy": "WebhookRejected"}
+    assert reasons(calls.dead_letters()) == {"r1": "WebhookRejected", "r1-copy": "WebhookRejected"}
     assert len(webhook.received()) == 1
 
 
@@ -330,7 +329,7 @@ class TakenOverHandler(MessageHandler[Empty]):
     event_type: ClassVar[str] = "Slow"
     mode: ClassVar[Mode] = Mode.LOCK
     payload_model: ClassVar[type[BaseModel]] = Empty
-    tables: ClassVar[tuple[str, ...]] = ("LedgerTable",)
+    tables: ClassVar[tuple[str, ...]] = (TALLY_TABLE,)
 
     def __init__(self, clock: Clock, take_over: Any) -> None:
         super().__init__(settings_for_tests())
@@ -341,7 +340,7 @@ class TakenOverHandler(MessageHandler[Empty]):
     def handle(self, payload: Empty, context: MessageContext) -> Effect:
         self.clock.advance(120)  # past the lease, well before the record's TTL
         self.usurper = self.take_over()
-        return Effect("zombie", (Put(LEDGER_TABLE, {"accountId": "zombie", "entryId": "WRITE"}),))
+        return Effect("zombie", (Put(TALLIES, {"tallyId": "zombie", "entryId": "WRITE"}),))
 
 
 def empty_body(event_type: str, key: str) -> str:
@@ -351,11 +350,11 @@ def empty_body(event_type: str, key: str) -> str:
 def test_an_unexpected_handler_error_is_retried_and_the_others_applied(dynamodb: Any, sqs: Any, clock: Clock) -> None:
     consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={"Explode": ExplodingHandler(settings_for_tests())})
 
-    failed = consumer.failed_ids([sqs_record("boom", empty_body("Explode", "k")), sqs_record("ok", payment_body("p"))])
+    failed = consumer.failed_ids([sqs_record("boom", empty_body("Explode", "k")), sqs_record("ok", tally_body("p"))])
 
     assert failed == ["boom"]
     assert consumer.store.get("Explode#k") is None
-    assert balance(dynamodb, "acc-1") == 1250
+    assert total(dynamodb, "t-1") == 1250
 
 
 def test_a_worker_whose_lease_was_taken_over_commits_nothing(dynamodb: Any, sqs: Any, clock: Clock) -> None:
@@ -375,7 +374,7 @@ def test_a_worker_whose_lease_was_taken_over_commits_nothing(dynamodb: Any, sqs:
     record = consumer.store.get("Slow#k")
     assert record is not None
     assert record.owner_token == handler.usurper.owner_token  # the newer owner's claim stands
-    assert ledger_entries(dynamodb, "zombie") == []
+    assert entries(dynamodb, "zombie") == []
 
 
 def _hash_of(body: str) -> str:
@@ -423,13 +422,13 @@ def test_a_write_to_a_table_the_handler_does_not_declare_is_refused_and_retried(
 
         def handle(self, payload: Empty, context: MessageContext) -> Effect:
             # Its role grant and cold-start check follow ``tables``, which names nothing.
-            return Effect("sneaky", (Put(LEDGER_TABLE, {"accountId": "sneaky", "entryId": "WRITE"}),))
+            return Effect("sneaky", (Put(TALLIES, {"tallyId": "sneaky", "entryId": "WRITE"}),))
 
     consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={"Undeclared": Undeclared(settings_for_tests())})
 
     results = consumer.batch.process([sqs_record("u", empty_body("Undeclared", "k"))], consumer.remaining).results
 
     assert [result.outcome for result in results] == [Outcome.RETRIED]
-    assert "writes table 'ledger', which is not one of its declared tables (none)" in (results[0].reason or "")
-    assert ledger_entries(dynamodb, "sneaky") == []
+    assert "writes table 'tally', which is not one of its declared tables (none)" in (results[0].reason or "")
+    assert entries(dynamodb, "sneaky") == []
     assert consumer.store.get("Undeclared#k") is None

@@ -24,9 +24,9 @@ from consumer.idempotency.record import Status
 from consumer.outcome import Outcome
 from consumer.processor import Prepared, Rejected
 from testkit.lambda_sqs import REGION, sqs_record
-from testkit.messages import payment_body, receipt_body
 from testkit.webhook import WebhookSink
-from tests.unit.conftest import Clock, Consumer, balance, make_consumer
+from tests.handlers import call_body, tally_body
+from tests.unit.conftest import Clock, Consumer, make_consumer, total
 from tests.utils import Remaining
 
 
@@ -123,25 +123,25 @@ def test_waits_grow_exponentially_with_full_jitter_and_stop_at_the_cap() -> None
 # -- through the function's assembly ------------------------------------------------------------
 
 
-def test_an_optimistic_payment_that_meets_conflicts_is_applied_once_in_the_same_invocation(
+def test_an_optimistic_message_that_meets_conflicts_is_applied_once_in_the_same_invocation(
     dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session
 ) -> None:
     Conflicts(session, "TransactWriteItems", 3)
     consumer = make_consumer(dynamodb, sqs, clock, session=session)
 
-    result = result_of(consumer, sqs_record("m", payment_body("p-1")))
+    result = result_of(consumer, sqs_record("m", tally_body("p-1")))
 
     assert (result.outcome, result.conflicts_absorbed) == (Outcome.APPLIED, 3)
-    assert balance(dynamodb, "acc-1") == 1250
+    assert total(dynamodb, "t-1") == 1250
 
 
-def test_a_payment_still_in_conflict_after_the_retries_is_its_own_outcome_and_comes_back_soon(
+def test_an_optimistic_message_still_in_conflict_after_the_retries_is_its_own_outcome_and_comes_back_soon(
     dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session
 ) -> None:
     Conflicts(session, "TransactWriteItems", 1_000)
     consumer = make_consumer(dynamodb, sqs, clock, session=session, conflict_retry_attempts=4)
 
-    result = result_of(consumer, sqs_record("m", payment_body("p-1")))
+    result = result_of(consumer, sqs_record("m", tally_body("p-1")))
 
     assert result.outcome is Outcome.CONFLICT
     assert result.outcome.is_failure
@@ -149,38 +149,38 @@ def test_a_payment_still_in_conflict_after_the_retries_is_its_own_outcome_and_co
     # Back after at most a second, not after the transient-error backoff.
     assert result.retry_at_ms is not None
     assert 0 <= result.retry_at_ms - clock() * 1000 < 1_000
-    assert balance(dynamodb, "acc-1") == 0
+    assert total(dynamodb, "t-1") == 0
 
 
-def test_a_receipt_whose_commit_conflicts_is_committed_without_a_second_webhook_call(
+def test_a_lock_message_whose_commit_conflicts_is_committed_without_a_second_webhook_call(
     dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session, webhook: WebhookSink
 ) -> None:
     Conflicts(session, "TransactWriteItems", 5)
-    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=webhook.receipts_url)
+    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=f"{webhook.url}/calls")
 
-    result = result_of(consumer, sqs_record("r", receipt_body("1")))
+    result = result_of(consumer, sqs_record("r", call_body("1")))
 
     assert (result.outcome, result.conflicts_absorbed) == (Outcome.APPLIED, 5)
-    assert webhook.keys() == ["receipt-1"]
+    assert webhook.keys() == ["call-1"]
 
 
-def test_a_receipt_whose_commit_stays_in_conflict_keeps_its_claim_so_a_redelivery_cannot_call_again(
+def test_a_lock_message_whose_commit_stays_in_conflict_keeps_its_claim_so_a_redelivery_cannot_call_again(
     dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session, webhook: WebhookSink
 ) -> None:
     conflicts = Conflicts(session, "TransactWriteItems", 10_000)
-    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=webhook.receipts_url)
+    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=f"{webhook.url}/calls")
     consumer.remaining = Remaining(30_000, then=[30_000, 30_000, 30_000, *[30_000] * 20, 1_000])
 
-    first = result_of(consumer, sqs_record("r", receipt_body("1")))
+    first = result_of(consumer, sqs_record("r", call_body("1")))
     conflicts.left = 0
     consumer.remaining = Remaining(30_000)
-    again = result_of(consumer, sqs_record("r2", receipt_body("1")))
+    again = result_of(consumer, sqs_record("r2", call_body("1")))
 
     assert first.outcome is Outcome.CONFLICT
     # Not released: the redelivery finds the claim in flight and does not call.
     assert again.outcome is Outcome.IN_FLIGHT
-    assert webhook.keys() == ["receipt-1"]
-    record = consumer.store.get("ReceiptRequested#receipt-1")
+    assert webhook.keys() == ["call-1"]
+    record = consumer.store.get("CallRequested#call-1")
     assert record is not None and record.status is Status.IN_PROGRESS
 
 
@@ -188,12 +188,12 @@ def test_a_claim_refused_by_a_conflict_is_retried(
     dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session, webhook: WebhookSink
 ) -> None:
     Conflicts(session, "UpdateItem", 2)
-    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=webhook.receipts_url)
+    consumer = make_consumer(dynamodb, sqs, clock, session=session, webhook_url=f"{webhook.url}/calls")
 
-    result = result_of(consumer, sqs_record("r", receipt_body("1")))
+    result = result_of(consumer, sqs_record("r", call_body("1")))
 
     assert (result.outcome, result.conflicts_absorbed) == (Outcome.APPLIED, 2)
-    assert webhook.keys() == ["receipt-1"]
+    assert webhook.keys() == ["call-1"]
 
 
 # -- lanes ----------------------------------------------------------------------------------------
@@ -203,13 +203,13 @@ def prepared(consumer: Consumer, records: list[dict[str, Any]]) -> list[Prepared
     return [consumer.batch._processor.prepare(record) for record in records]
 
 
-def test_payments_to_one_account_share_a_lane_and_other_accounts_run_beside_them(consumer: Consumer) -> None:
+def test_messages_to_one_tally_share_a_lane_and_other_tallies_run_beside_them(consumer: Consumer) -> None:
     records = [
-        sqs_record("a1", payment_body("p-1", account_id="hot")),
-        sqs_record("b1", payment_body("p-2", account_id="cold")),
-        sqs_record("a2", payment_body("p-3", account_id="hot")),
+        sqs_record("a1", tally_body("p-1", tally_id="hot")),
+        sqs_record("b1", tally_body("p-2", tally_id="cold")),
+        sqs_record("a2", tally_body("p-3", tally_id="hot")),
         sqs_record("bad", "{oops"),
-        sqs_record("a3", payment_body("p-4", account_id="hot")),
+        sqs_record("a3", tally_body("p-4", tally_id="hot")),
     ]
 
     lanes = _lanes(prepared(consumer, records), fifo=False)
@@ -217,12 +217,12 @@ def test_payments_to_one_account_share_a_lane_and_other_accounts_run_beside_them
     assert sorted(lanes) == [[0, 2, 4], [1], [3]]
 
 
-def test_a_shared_key_and_a_shared_account_join_lanes_transitively(consumer: Consumer) -> None:
+def test_a_shared_key_and_a_shared_tally_join_lanes_transitively(consumer: Consumer) -> None:
     records = [
-        sqs_record("x", payment_body("p-1", account_id="acc-a", key="k-1")),
-        sqs_record("y", payment_body("p-2", account_id="acc-b", key="k-2")),
-        # Same key as x, same account as y: x, y and z must not run concurrently.
-        sqs_record("z", json.dumps({**json.loads(payment_body("p-1", account_id="acc-b", key="k-1"))})),
+        sqs_record("x", tally_body("p-1", tally_id="t-a", key="k-1")),
+        sqs_record("y", tally_body("p-2", tally_id="t-b", key="k-2")),
+        # Same key as x, same tally as y: x, y and z must not run concurrently.
+        sqs_record("z", json.dumps({**json.loads(tally_body("p-1", tally_id="t-b", key="k-1"))})),
     ]
 
     lanes = _lanes(prepared(consumer, records), fifo=False)
@@ -230,10 +230,10 @@ def test_a_shared_key_and_a_shared_account_join_lanes_transitively(consumer: Con
     assert lanes == [[0, 1, 2]]
 
 
-def test_a_hot_account_batch_applies_every_payment_once_in_order(consumer: Consumer) -> None:
-    records = [sqs_record(f"m{i}", payment_body(f"p-{i}", account_id="hot", amount=100 + i)) for i in range(10)]
+def test_a_hot_tally_batch_applies_every_entry_once_in_order(consumer: Consumer) -> None:
+    records = [sqs_record(f"m{i}", tally_body(f"p-{i}", tally_id="hot", amount=100 + i)) for i in range(10)]
 
     response = consumer.process(records)
 
     assert response == {"batchItemFailures": []}
-    assert balance(consumer.dynamodb, "hot") == sum(100 + i for i in range(10))
+    assert total(consumer.dynamodb, "hot") == sum(100 + i for i in range(10))

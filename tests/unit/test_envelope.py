@@ -10,13 +10,14 @@ from pydantic import BaseModel, ValidationError, create_model
 from consumer.envelope import KeySource, parse_message, payload_hash, schema_violation
 from consumer.errors import MAX_REASON_CHARS, ErrorType, PoisonMessage
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, sqs_record
+from tests.handlers import TALLY_EVENT, tally_payload
 
-PAYLOAD = {"paymentId": "p-1", "accountId": "acc-1", "amountCents": 1250, "currency": "EUR"}
+PAYLOAD = tally_payload("e-1")
 ATTRIBUTE_KEY = {"IdempotencyKey": {"stringValue": "attr-key", "dataType": "String"}}
 
 
 def body(**overrides: object) -> str:
-    envelope: dict[str, object] = {"eventType": "PaymentReceived", "metadata": {"idempotencyKey": "body-key"}}
+    envelope: dict[str, object] = {"eventType": TALLY_EVENT, "metadata": {"idempotencyKey": "body-key"}}
     envelope["payload"] = PAYLOAD
     envelope.update(overrides)
     return json.dumps(envelope)
@@ -27,7 +28,7 @@ def test_the_body_key_wins_over_the_attribute_and_the_message_id() -> None:
 
     assert message.idempotency_key == "body-key"
     assert message.key_source is KeySource.BODY
-    assert message.record_id == "PaymentReceived#body-key"
+    assert message.record_id == f"{TALLY_EVENT}#body-key"
 
 
 def test_the_attribute_key_is_used_when_the_body_has_none() -> None:
@@ -54,13 +55,13 @@ def test_the_payload_hash_ignores_key_order_and_whitespace() -> None:
     reordered = dict(reversed(list(PAYLOAD.items())))
 
     assert payload_hash(PAYLOAD) == payload_hash(reordered)
-    assert payload_hash(PAYLOAD) != payload_hash({**PAYLOAD, "amountCents": 1251})
+    assert payload_hash(PAYLOAD) != payload_hash({**PAYLOAD, "amount": 1251})
 
 
 def test_fifo_group_and_receive_count_are_read_from_the_attributes() -> None:
-    message = parse_message(sqs_record("m-1", body(), group_id="acc-1", receive_count=3, queue_arn=FIFO_QUEUE_ARN))
+    message = parse_message(sqs_record("m-1", body(), group_id="t-1", receive_count=3, queue_arn=FIFO_QUEUE_ARN))
 
-    assert message.message_group_id == "acc-1"
+    assert message.message_group_id == "t-1"
     assert message.receive_count == 3
 
 
@@ -71,14 +72,14 @@ def test_fifo_group_and_receive_count_are_read_from_the_attributes() -> None:
         ("", "InvalidJson", "body is not JSON"),
         ("[1, 2]", "SchemaViolation", "must be a JSON object, got list"),
         (json.dumps({"metadata": {}, "payload": {}}), "SchemaViolation", "eventType: Field required"),
-        (json.dumps({"eventType": "PaymentReceived"}), "SchemaViolation", "payload: Field required"),
+        (json.dumps({"eventType": TALLY_EVENT}), "SchemaViolation", "payload: Field required"),
         (json.dumps({"eventType": "Bad Type!", "payload": {}}), "SchemaViolation", "eventType: String should match"),
         (
-            json.dumps({"eventType": "PaymentReceived", "metadata": {"idempotencyKey": ""}, "payload": {}}),
+            json.dumps({"eventType": TALLY_EVENT, "metadata": {"idempotencyKey": ""}, "payload": {}}),
             "SchemaViolation",
             "metadata.idempotencyKey",
         ),
-        (json.dumps({"eventType": "PaymentReceived", "payload": [1]}), "SchemaViolation", "payload: Input should be"),
+        (json.dumps({"eventType": TALLY_EVENT, "payload": [1]}), "SchemaViolation", "payload: Input should be"),
     ],
 )
 def test_bodies_that_break_the_contract_are_poison_with_a_specific_reason(

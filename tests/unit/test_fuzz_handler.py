@@ -1,6 +1,7 @@
 """The whole handler, fuzzed: no message can fail its batch, and valid ones are applied once.
 
-Batches of 1 to 10 records mix valid payments and receipts with arbitrary bodies (any
+Batches of 1 to 10 records mix valid messages of the test handlers (tests/handlers.py: tally
+entries and webhook calls) with arbitrary bodies (any
 JSON, deep, wide, huge strings, non-JSON text, unicode edge cases), arbitrary message
 attributes and record fields. ``make test`` runs a bounded number of examples;
 ``make fuzz`` runs the ``fuzz`` profile (about 20 minutes). Every failing example
@@ -25,16 +26,25 @@ from hypothesis import strategies as st
 from moto import mock_aws
 
 from consumer import app
+from consumer.config import Settings, table_variable
 from consumer.envelope import MAX_BODY_BYTES, parse_message
 from consumer.errors import ErrorType, PoisonMessage
-from consumer.handlers import build_handlers
+from consumer.handlers import MessageHandler
 from testkit.dead_letters import drain, reasons
 from testkit.lambda_sqs import REGION, LambdaContext, sqs_record
-from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
-from testkit.tables import LEDGER_TABLE as LEDGER
-from testkit.tables import create_template_tables
 from testkit.webhook import WebhookSink
-from tests.unit.conftest import IDEMPOTENCY_TABLE, LEDGER_TABLE, balance
+from tests.handlers import (
+    CALL_EVENT,
+    TALLY_EVENT,
+    UNIT,
+    CallHandler,
+    TallyHandler,
+    call_payload,
+    create_test_tables,
+    handlers_for_tests,
+    tally_payload,
+)
+from tests.unit.conftest import total
 from tests.utils import settings_for_tests
 
 settings.register_profile(
@@ -79,7 +89,7 @@ any_json = st.recursive(
 def _deep(depth: int, opener: str) -> str:
     closer = {"[": "]", '{"a":': "}"}[opener]
     core = "[]" if opener == "[" else "1"
-    return '{"eventType":"PaymentReceived","payload":' + opener * depth + core + closer * depth + "}"
+    return '{"eventType":"' + TALLY_EVENT + '","payload":' + opener * depth + core + closer * depth + "}"
 
 
 hostile_body = st.one_of(
@@ -89,7 +99,7 @@ hostile_body = st.one_of(
     st.integers(MAX_BODY_BYTES - 64, MAX_BODY_BYTES + 64).map(lambda size: '{"x":"' + "y" * (size - 8) + '"}'),
     st.fixed_dictionaries(
         {
-            "eventType": st.one_of(st.sampled_from(["PaymentReceived", "ReceiptRequested", "Nope", ""]), any_json),
+            "eventType": st.one_of(st.sampled_from([TALLY_EVENT, CALL_EVENT, "Nope", ""]), any_json),
             "metadata": st.one_of(st.fixed_dictionaries({"idempotencyKey": st.one_of(sqs_text, any_json)}), any_json),
             "payload": any_json,
         }
@@ -125,31 +135,24 @@ hostile_fields = st.fixed_dictionaries(
 )
 
 
-# Keys the envelope accepts but an HTTP header cannot carry as they are (the receipt's webhook call).
+# Keys the envelope accepts but an HTTP header cannot carry as they are (the test handler's webhook call).
 key_prefixes = st.sampled_from(["fz-key", "заказ-", "🧾", "line\r\nInjected: yes", "tab\tand space%"])
 
 
-def valid_payment(key_prefix: str = "fz-key") -> dict[str, Any]:
-    account, payment = _unique("fz-acc"), _unique("fz-pay")
+def valid_entry(key_prefix: str = "fz-key") -> dict[str, Any]:
     body = {
-        "eventType": "PaymentReceived",
+        "eventType": TALLY_EVENT,
         "metadata": {"idempotencyKey": _unique(key_prefix)},
-        "payload": {"paymentId": payment, "accountId": account, "amountCents": 777, "currency": "EUR"},
+        "payload": tally_payload(_unique("fz-entry"), _unique("fz-tally"), 777, UNIT),
     }
     return sqs_record(_unique("valid"), json.dumps(body))
 
 
-def valid_receipt(key_prefix: str = "fz-receipt") -> dict[str, Any]:
+def valid_call(key_prefix: str = "fz-call") -> dict[str, Any]:
     body = {
-        "eventType": "ReceiptRequested",
+        "eventType": CALL_EVENT,
         "metadata": {"idempotencyKey": _unique(key_prefix)},
-        "payload": {
-            "receiptId": _unique("r"),
-            "paymentId": "p-1",
-            "accountId": "acc-1",
-            "amountCents": 5,
-            "currency": "EUR",
-        },
+        "payload": call_payload(_unique("c")),
     }
     return sqs_record(_unique("valid"), json.dumps(body))
 
@@ -164,9 +167,19 @@ def hostile_record(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def batches(draw: st.DrawFn) -> list[dict[str, Any]]:
     size = draw(st.integers(1, 10))
-    kinds = draw(st.lists(st.sampled_from(["payment", "receipt", "hostile", "hostile"]), min_size=size, max_size=size))
-    makers = {"payment": valid_payment, "receipt": valid_receipt}
+    kinds = draw(st.lists(st.sampled_from(["entry", "call", "hostile", "hostile"]), min_size=size, max_size=size))
+    makers = {"entry": valid_entry, "call": valid_call}
     return [makers[kind](draw(key_prefixes)) if kind in makers else draw(hostile_record()) for kind in kinds]
+
+
+def registry(webhook_url: str) -> tuple[type[MessageHandler[Any]], ...]:
+    """The test handlers as the registry holds them (built from settings alone), calls going to ``webhook_url``."""
+
+    class Calls(CallHandler):
+        def __init__(self, settings: Settings) -> None:
+            super().__init__(settings, webhook_url)
+
+    return (TallyHandler, Calls)
 
 
 # -- the oracle ---------------------------------------------------------------------------------------
@@ -174,7 +187,7 @@ def batches(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 def is_valid(record: dict[str, Any]) -> bool:
     """Whether the record passes the contract and its handler's schema (what may be applied)."""
-    handlers = build_handlers(settings_for_tests())
+    handlers = handlers_for_tests(settings_for_tests())
     try:
         message = parse_message(record)
     except PoisonMessage:
@@ -190,27 +203,31 @@ def is_valid(record: dict[str, Any]) -> bool:
 
 
 class Function:
-    """The deployed handler's view: its environment on moto, and what reached the DLQ."""
+    """The deployed handler's view, the test handlers registered: its environment on moto, and what
+    reached the DLQ."""
 
     def __init__(self, webhook: WebhookSink) -> None:
         self.dynamodb = boto3.client("dynamodb", region_name=REGION)
         self.sqs = boto3.client("sqs", region_name=REGION)
-        create_template_tables(self.dynamodb, {IDEMPOTENCY: IDEMPOTENCY_TABLE, LEDGER: LEDGER_TABLE})
+        self.registry = registry(f"{webhook.url}/calls")
+        every = settings_for_tests().every_table()
+        self.tables = {
+            table: every[table] for table in ("IdempotencyTable", TallyHandler.tables[0], CallHandler.tables[0])
+        }
+        create_test_tables(self.dynamodb, self.tables)
         self.dlq_url = self.sqs.create_queue(QueueName="fuzz-dlq")["QueueUrl"]
         self.env = {
-            "IDEMPOTENCY_TABLE_NAME": IDEMPOTENCY_TABLE,
-            "LEDGER_TABLE_NAME": LEDGER_TABLE,
+            **{table_variable(table): name for table, name in self.tables.items()},
             "DEAD_LETTER_QUEUE_URL": self.dlq_url,
-            "RECEIPT_WEBHOOK_URL": webhook.receipts_url,
             "MAX_WORKERS": "1",  # moto in process is not thread-safe
         }
 
     def empty_tables(self) -> None:
         """Fresh tables for each batch: moto copies every table on every transaction, so a
         table that kept growing would make each batch slower and heavier than the last."""
-        for table in (IDEMPOTENCY_TABLE, LEDGER_TABLE):
+        for table in self.tables.values():
             self.dynamodb.delete_table(TableName=table)
-        create_template_tables(self.dynamodb, {IDEMPOTENCY: IDEMPOTENCY_TABLE, LEDGER: LEDGER_TABLE})
+        create_test_tables(self.dynamodb, self.tables)
 
     def dead_letters(self) -> dict[str, str | None]:
         return reasons(drain(self.sqs, self.dlq_url))
@@ -231,6 +248,7 @@ def function() -> Iterator[Function]:
             fn = Function(webhook)
             for name, value in fn.env.items():
                 patch.setenv(name, value)
+            patch.setattr("consumer.handlers.HANDLERS", fn.registry)
             app.build_consumer.cache_clear()
             yield fn
             app.build_consumer.cache_clear()
@@ -262,8 +280,8 @@ def test_every_record_of_any_batch_ends_in_exactly_one_place(function: Function,
             # Nothing injects faults here: every valid message is applied at once, and exactly once.
             assert record["messageId"] not in reported and record["messageId"] not in dead
             payload = json.loads(record["body"])["payload"]
-            if "amountCents" in payload and "receiptId" not in payload:
-                assert balance(function.dynamodb, payload["accountId"]) == 777
+            if json.loads(record["body"])["eventType"] == TALLY_EVENT:
+                assert total(function.dynamodb, payload["tallyId"]) == 777
 
 
 not_sqs_events = st.one_of(

@@ -1,6 +1,6 @@
 """No record can fail its batch: hostile bodies, keys and record fields each end in one outcome.
 
-Each case sits beside a valid payment in the same batch: the payment must be applied
+Each case sits beside a valid tally entry (tests/handlers.py) in the same batch: it must be applied
 once, the hostile record dead-lettered with a precise ``ErrorType`` (or applied, where
 the input is in fact valid), and the handler must return a partial batch response.
 """
@@ -17,28 +17,30 @@ from consumer.envelope import MAX_BODY_BYTES, MAX_KEY_BYTES, MAX_KEY_LENGTH, MAX
 from consumer.errors import ErrorType
 from testkit.dead_letters import reasons
 from testkit.lambda_sqs import sqs_record
-from testkit.messages import payment_body
-from tests.unit.conftest import Consumer, balance
+from tests.handlers import TALLY_EVENT, UNIT, tally_body
+from tests.unit.conftest import Consumer, total
 
 if TYPE_CHECKING:
     from types_boto3_sqs import SQSClient
 
 
-def body_with(payload: Any, key: Any = "k-hostile", event_type: Any = "PaymentReceived") -> str:
+def body_with(payload: Any, key: Any = "k-hostile", event_type: Any = TALLY_EVENT) -> str:
     return json.dumps({"eventType": event_type, "metadata": {"idempotencyKey": key}, "payload": payload})
 
 
 def nested(depth: int) -> str:
-    return '{"eventType":"PaymentReceived","payload":' + "[" * depth + "]" * depth + "}"
+    return '{"eventType":"' + TALLY_EVENT + '","payload":' + "[" * depth + "]" * depth + "}"
 
 
 def error_types(consumer: Consumer) -> dict[str, str | None]:
     return reasons(consumer.dead_letters())
 
 
-def run_beside_a_payment(consumer: Consumer, hostile: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str | None]]:
-    response = consumer.process([sqs_record("good", payment_body("p-good", account_id="acc-good")), hostile])
-    assert balance(consumer.dynamodb, "acc-good") == 1250
+def run_beside_a_valid_message(
+    consumer: Consumer, hostile: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, str | None]]:
+    response = consumer.process([sqs_record("good", tally_body("e-good", tally_id="t-good")), hostile])
+    assert total(consumer.dynamodb, "t-good") == 1250
     return response, error_types(consumer)
 
 
@@ -54,12 +56,12 @@ HOSTILE_BODIES = [
     pytest.param("[1,2]", ErrorType.SCHEMA_VIOLATION, id="array"),
     pytest.param("\ud800", ErrorType.INVALID_JSON, id="lone-surrogate-text"),
     pytest.param(body_with({"n": 1}).replace("1", "1" * 4_301), ErrorType.INVALID_JSON, id="integer-past-4300-digits"),
-    pytest.param(body_with({"paymentId": "p", "accountId": "a", "amountCents": float("nan"), "currency": "EUR"}),
+    pytest.param(body_with({"entryId": "e", "tallyId": "t", "amount": float("nan"), "unit": UNIT}),
                  ErrorType.SCHEMA_VIOLATION, id="nan-amount"),
-    pytest.param(body_with({"paymentId": "p", "accountId": "a", "amountCents": 10**30, "currency": "EUR"}),
+    pytest.param(body_with({"entryId": "e", "tallyId": "t", "amount": 10**30, "unit": UNIT}),
                  ErrorType.SCHEMA_VIOLATION, id="huge-amount"),
     pytest.param(body_with("not an object"), ErrorType.SCHEMA_VIOLATION, id="string-payload"),
-    pytest.param(body_with({}, event_type="Payment#Received"), ErrorType.SCHEMA_VIOLATION, id="hash-in-event-type"),
+    pytest.param(body_with({}, event_type="Tally#Added"), ErrorType.SCHEMA_VIOLATION, id="hash-in-event-type"),
     pytest.param(body_with({}, key=""), ErrorType.SCHEMA_VIOLATION, id="empty-key"),
     pytest.param(body_with({}, key="   \t"), ErrorType.SCHEMA_VIOLATION, id="blank-key"),
     pytest.param(body_with({}, key="k" * (MAX_KEY_LENGTH + 1)), ErrorType.SCHEMA_VIOLATION, id="long-key"),
@@ -75,7 +77,7 @@ HOSTILE_BODIES = [
 def test_a_hostile_body_is_dead_lettered_with_its_reason_and_never_fails_the_batch(
     consumer: Consumer, body: str, error_type: ErrorType
 ) -> None:
-    response, dead = run_beside_a_payment(consumer, sqs_record("hostile", body))
+    response, dead = run_beside_a_valid_message(consumer, sqs_record("hostile", body))
 
     assert response == {"batchItemFailures": []}
     assert dead == {"hostile": error_type.value}
@@ -83,10 +85,10 @@ def test_a_hostile_body_is_dead_lettered_with_its_reason_and_never_fails_the_bat
 
 def test_the_deepest_nesting_allowed_is_read_and_judged_by_the_schema(consumer: Consumer) -> None:
     # The limit counts the body object itself, the payload, and what the payload holds.
-    payload = {"paymentId": "p", "accountId": "a", "amountCents": 5, "currency": "EUR", "x": json.loads(nested(29))}
+    payload = {"entryId": "e", "tallyId": "t", "amount": 5, "unit": UNIT, "x": json.loads(nested(29))}
     assert json.dumps(payload).count("[") == 29
 
-    _, dead = run_beside_a_payment(consumer, sqs_record("deep-but-fine", body_with(payload)))
+    _, dead = run_beside_a_valid_message(consumer, sqs_record("deep-but-fine", body_with(payload)))
 
     # Read, then refused by the handler's schema (extra field), not by the depth limit.
     assert dead == {"deep-but-fine": ErrorType.SCHEMA_VIOLATION.value}
@@ -108,23 +110,23 @@ def test_the_deepest_nesting_allowed_is_read_and_judged_by_the_schema(consumer: 
         pytest.param({"eventSourceARN": 42, "receiptHandle": None}, id="source-fields-wrong"),
     ],
 )
-def test_malformed_record_fields_are_read_as_absent_and_the_payment_is_applied(
+def test_malformed_record_fields_are_read_as_absent_and_the_message_is_applied(
     consumer: Consumer, fields: dict[str, Any]
 ) -> None:
-    record = {**sqs_record("odd", payment_body("p-odd", account_id="acc-odd")), **fields}
+    record = {**sqs_record("odd", tally_body("e-odd", tally_id="t-odd")), **fields}
 
-    response, dead = run_beside_a_payment(consumer, record)
+    response, dead = run_beside_a_valid_message(consumer, record)
 
     assert response == {"batchItemFailures": []}
     assert dead == {}
-    assert balance(consumer.dynamodb, "acc-odd") == 1250
+    assert total(consumer.dynamodb, "t-odd") == 1250
 
 
 def test_a_blank_idempotency_key_attribute_is_refused_not_replaced_by_the_message_id(consumer: Consumer) -> None:
-    body = json.dumps({"eventType": "PaymentReceived", "payload": json.loads(payment_body("p-9"))["payload"]})
+    body = json.dumps({"eventType": TALLY_EVENT, "payload": json.loads(tally_body("e-9"))["payload"]})
     attributes = {"IdempotencyKey": {"dataType": "String", "stringValue": "  "}}
 
-    _, dead = run_beside_a_payment(consumer, sqs_record("blank-attr", body, message_attributes=attributes))
+    _, dead = run_beside_a_valid_message(consumer, sqs_record("blank-attr", body, message_attributes=attributes))
 
     assert dead == {"blank-attr": ErrorType.SCHEMA_VIOLATION.value}
 
@@ -138,7 +140,7 @@ def test_a_record_that_breaks_an_unforeseen_step_is_dead_lettered_as_unprocessab
 
     monkeypatch.setattr("consumer.envelope.payload_hash", broken)
 
-    response = consumer.process([sqs_record("x", payment_body("p-x"))])
+    response = consumer.process([sqs_record("x", tally_body("e-x"))])
 
     assert response == {"batchItemFailures": []}
     (message,) = consumer.dead_letters()
@@ -211,12 +213,12 @@ def test_a_truncated_body_is_cut_on_a_character_boundary() -> None:
     assert message_size(sent["MessageBody"], sent["MessageAttributes"]) <= MAX_MESSAGE_BYTES
 
 
-VALID_PAYMENT = {"paymentId": "p", "accountId": "a", "amountCents": 1, "currency": "EUR"}
+VALID_PAYLOAD = {"entryId": "e", "tallyId": "t", "amount": 1, "unit": UNIT}
 
 
 def test_a_field_name_sqs_cannot_carry_reaches_the_dlq_reason_replaced(consumer: Consumer) -> None:
     # Payload field names are echoed in the schema error; one SQS refuses must not make the send fail.
-    hostile = sqs_record("nul-field", body_with({**VALID_PAYMENT, "\u0000\u0008": 1}))
+    hostile = sqs_record("nul-field", body_with({**VALID_PAYLOAD, "\u0000\u0008": 1}))
     assert consumer.process([hostile]) == {"batchItemFailures": []}
     (letter,) = consumer.dead_letters()
     assert letter.error_type == ErrorType.SCHEMA_VIOLATION

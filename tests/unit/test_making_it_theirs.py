@@ -24,7 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 _SUITE = [
     "tests/unit/test_handler_registry.py",
     "tests/unit/test_app.py",
-    "tests/unit/test_examples.py",
+    "tests/examples/test_inventory_reserved.py",
     "tests/infrastructure/test_tables.py",
     "tests/infrastructure/test_function.py",
     "tests/infrastructure/test_iam_matches_code.py",

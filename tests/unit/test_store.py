@@ -20,20 +20,16 @@ from consumer.idempotency.store import (
     PayloadMismatch,
 )
 from consumer.idempotency.writes import Put, Update
-from tests.unit.conftest import IDEMPOTENCY_TABLE, LEDGER_TABLE, Clock, balance, ledger_entries
+from tests.unit.conftest import IDEMPOTENCY_TABLE, TALLIES, Clock, entries, total
 
 LEASE_MS = 10_000
 
 
-def credit(account: str, entry: str, amount: int) -> tuple[Update, Put]:
+def credit(tally: str, entry: str, amount: int) -> tuple[Update, Put]:
+    """The test tally's two writes: its total, and an entry written once."""
     return (
-        Update(
-            LEDGER_TABLE,
-            {"accountId": account, "entryId": "BALANCE"},
-            "ADD balanceCents :amount",
-            values={":amount": amount},
-        ),
-        Put(LEDGER_TABLE, {"accountId": account, "entryId": entry}, condition="attribute_not_exists(entryId)"),
+        Update(TALLIES, {"tallyId": tally, "entryId": "TOTAL"}, "ADD tallied :amount", values={":amount": amount}),
+        Put(TALLIES, {"tallyId": tally, "entryId": entry}, condition="attribute_not_exists(entryId)"),
     )
 
 
@@ -51,12 +47,12 @@ def taken_over(store: IdempotencyStore, clock: Clock, record_id: str) -> tuple[C
 
 
 def test_claim_on_a_new_key_takes_it_with_a_lease(store: IdempotencyStore, clock: Clock) -> None:
-    claim = store.claim("Pay#1", "hash-a", LEASE_MS)
+    claim = store.claim("Tally#1", "hash-a", LEASE_MS)
 
     assert isinstance(claim, Claimed)
     assert claim.lease_expires_at_ms == int(clock.now * 1000) + LEASE_MS
     assert claim.attempts == 1
-    record = store.get("Pay#1")
+    record = store.get("Tally#1")
     assert record is not None
     assert record.status is Status.IN_PROGRESS
     assert record.owner_token == claim.owner_token
@@ -65,11 +61,11 @@ def test_claim_on_a_new_key_takes_it_with_a_lease(store: IdempotencyStore, clock
 
 
 def test_claim_of_a_completed_key_is_a_duplicate_with_the_stored_result(store: IdempotencyStore) -> None:
-    first = store.claim("Pay#1", "hash-a", LEASE_MS)
+    first = store.claim("Tally#1", "hash-a", LEASE_MS)
     assert isinstance(first, Claimed)
     store.commit(first, {"credited": 1250})
 
-    second = store.claim("Pay#1", "hash-a", LEASE_MS)
+    second = store.claim("Tally#1", "hash-a", LEASE_MS)
 
     assert isinstance(second, Duplicate)
     assert second.record.result_value() == {"credited": 1250}
@@ -77,21 +73,21 @@ def test_claim_of_a_completed_key_is_a_duplicate_with_the_stored_result(store: I
 
 
 def test_claim_while_another_lease_runs_is_in_flight_until_the_lease_end(store: IdempotencyStore) -> None:
-    first = store.claim("Pay#1", "hash-a", LEASE_MS)
+    first = store.claim("Tally#1", "hash-a", LEASE_MS)
     assert isinstance(first, Claimed)
 
-    second = store.claim("Pay#1", "hash-a", LEASE_MS)
+    second = store.claim("Tally#1", "hash-a", LEASE_MS)
 
     assert isinstance(second, InFlight)
     assert second.record.lease_expires_at_ms == first.lease_expires_at_ms
 
 
 def test_claim_after_the_lease_ran_out_takes_the_key_over(store: IdempotencyStore, clock: Clock) -> None:
-    first = store.claim("Pay#1", "hash-a", LEASE_MS)
+    first = store.claim("Tally#1", "hash-a", LEASE_MS)
     assert isinstance(first, Claimed)
     clock.advance(LEASE_MS / 1000 + 0.001)
 
-    second = store.claim("Pay#1", "hash-a", LEASE_MS)
+    second = store.claim("Tally#1", "hash-a", LEASE_MS)
 
     assert isinstance(second, Claimed)
     assert second.owner_token != first.owner_token
@@ -99,25 +95,25 @@ def test_claim_after_the_lease_ran_out_takes_the_key_over(store: IdempotencyStor
 
 
 def test_a_completed_record_lives_its_ttl_from_the_leases_end(store: IdempotencyStore, clock: Clock) -> None:
-    first = store.claim("Pay#1", "hash-a", LEASE_MS)
+    first = store.claim("Tally#1", "hash-a", LEASE_MS)
     assert isinstance(first, Claimed)
     clock.advance(1)
     store.commit(first, "done")
 
-    record = store.get("Pay#1")
+    record = store.get("Tally#1")
     assert record is not None
     assert record.expires_at == first.lease_expires_at_ms // 1000 + 3600
 
 
 def test_an_expired_record_counts_as_absent_before_ttl_deletes_it(store: IdempotencyStore, clock: Clock) -> None:
-    first = store.claim("Pay#1", "hash-a", LEASE_MS)
+    first = store.claim("Tally#1", "hash-a", LEASE_MS)
     assert isinstance(first, Claimed)
     store.commit(first, "done")
     # Past expiresAt (the TTL counts from the lease's end); the item is still in the table, as after a lazy TTL.
     clock.advance(LEASE_MS / 1000 + 3601)
 
-    assert store.get("Pay#1") is not None
-    again = store.claim("Pay#1", "another-payload", LEASE_MS)
+    assert store.get("Tally#1") is not None
+    again = store.claim("Tally#1", "another-payload", LEASE_MS)
 
     assert isinstance(again, Claimed)
 
@@ -126,14 +122,14 @@ def test_an_expired_record_counts_as_absent_before_ttl_deletes_it(store: Idempot
 def test_claim_with_another_payload_is_a_mismatch_in_every_live_state(
     store: IdempotencyStore, clock: Clock, state: str
 ) -> None:
-    first = store.claim("Pay#1", "hash-a", LEASE_MS)
+    first = store.claim("Tally#1", "hash-a", LEASE_MS)
     assert isinstance(first, Claimed)
     if state == "completed":
         store.commit(first, None)
     elif state == "in_progress_lease_expired":
         clock.advance(LEASE_MS / 1000 + 1)  # an abandoned claim is no licence to reuse its key for another payload
 
-    result = store.claim("Pay#1", "hash-b", LEASE_MS)
+    result = store.claim("Tally#1", "hash-b", LEASE_MS)
 
     assert isinstance(result, PayloadMismatch)
     assert result.record.payload_hash == "hash-a"
@@ -143,8 +139,8 @@ def test_a_retried_claim_that_finds_its_own_token_is_ours(dynamodb: Any, clock: 
     # The retry of a claim whose first attempt was applied sends the same token: it
     # fails its condition and must recognise the item as its own, not as in flight.
     store = IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock, new_token=lambda: "token-1")
-    first = store.claim("Pay#1", "hash-a", LEASE_MS)
-    retried = store.claim("Pay#1", "hash-a", LEASE_MS)
+    first = store.claim("Tally#1", "hash-a", LEASE_MS)
+    retried = store.claim("Tally#1", "hash-a", LEASE_MS)
 
     assert isinstance(first, Claimed)
     assert isinstance(retried, Claimed)
@@ -154,7 +150,7 @@ def test_a_retried_claim_that_finds_its_own_token_is_ours(dynamodb: Any, clock: 
 
 def test_a_claim_needs_a_positive_lease(store: IdempotencyStore) -> None:
     with pytest.raises(ValueError, match="lease must be positive"):
-        store.claim("Pay#1", "hash-a", 0)
+        store.claim("Tally#1", "hash-a", 0)
 
 
 # -- commit --------------------------------------------------------------------------------
@@ -174,14 +170,14 @@ def test_commit_without_writes_completes_the_record(store: IdempotencyStore, dyn
 
 
 def test_commit_applies_the_business_writes_with_the_record(store: IdempotencyStore, dynamodb: Any) -> None:
-    claim = store.claim("Pay#1", "hash-a", LEASE_MS)
+    claim = store.claim("Tally#1", "hash-a", LEASE_MS)
     assert isinstance(claim, Claimed)
 
-    store.commit(claim, "ok", credit("acc-1", "PAYMENT#1", 500))
+    store.commit(claim, "ok", credit("t-1", "ENTRY#1", 500))
 
-    assert balance(dynamodb, "acc-1") == 500
-    assert ledger_entries(dynamodb, "acc-1") == ["BALANCE", "PAYMENT#1"]
-    record = store.get("Pay#1")
+    assert total(dynamodb, "t-1") == 500
+    assert entries(dynamodb, "t-1") == ["ENTRY#1", "TOTAL"]
+    record = store.get("Tally#1")
     assert record is not None
     assert record.status is Status.COMPLETED
 
@@ -189,29 +185,29 @@ def test_commit_applies_the_business_writes_with_the_record(store: IdempotencySt
 def test_a_zombie_cannot_commit_over_the_owner_that_took_over(
     store: IdempotencyStore, dynamodb: Any, clock: Clock
 ) -> None:
-    zombie, owner = taken_over(store, clock, "Pay#1")
-    store.commit(owner, "owner's result", credit("acc-1", "PAYMENT#1", 500))
+    zombie, owner = taken_over(store, clock, "Tally#1")
+    store.commit(owner, "owner's result", credit("t-1", "ENTRY#1", 500))
 
     with pytest.raises(LeaseLost):
-        store.commit(zombie, "zombie's result", credit("acc-1", "PAYMENT#zombie", 500))
+        store.commit(zombie, "zombie's result", credit("t-1", "ENTRY#zombie", 500))
 
-    record = store.get("Pay#1")
+    record = store.get("Tally#1")
     assert record is not None
     assert record.owner_token == owner.owner_token
     assert record.result_value() == "owner's result"
-    assert balance(dynamodb, "acc-1") == 500
-    assert ledger_entries(dynamodb, "acc-1") == ["BALANCE", "PAYMENT#1"]
+    assert total(dynamodb, "t-1") == 500
+    assert entries(dynamodb, "t-1") == ["ENTRY#1", "TOTAL"]
 
 
 def test_a_zombie_cannot_commit_while_the_new_owner_is_still_running(store: IdempotencyStore, clock: Clock) -> None:
-    zombie, owner = taken_over(store, clock, "Pay#1")
+    zombie, owner = taken_over(store, clock, "Tally#1")
 
     with pytest.raises(LeaseLost) as lost:
         store.commit(zombie, "late")
 
     assert lost.value.current is not None
     assert lost.value.current.owner_token == owner.owner_token
-    record = store.get("Pay#1")
+    record = store.get("Tally#1")
     assert record is not None
     assert record.status is Status.IN_PROGRESS
 
@@ -219,22 +215,22 @@ def test_a_zombie_cannot_commit_while_the_new_owner_is_still_running(store: Idem
 def test_a_zombie_commit_with_writes_after_the_new_owner_released_is_lease_lost(
     store: IdempotencyStore, dynamodb: Any, clock: Clock
 ) -> None:
-    zombie, owner = taken_over(store, clock, "Pay#1")
+    zombie, owner = taken_over(store, clock, "Tally#1")
     assert store.release(owner)
 
     with pytest.raises(LeaseLost):
-        store.commit(zombie, None, credit("acc-1", "PAYMENT#1", 500))
-    assert balance(dynamodb, "acc-1") == 0
+        store.commit(zombie, None, credit("t-1", "ENTRY#1", 500))
+    assert total(dynamodb, "t-1") == 0
 
 
 def test_commit_after_the_record_was_released_is_lease_lost(store: IdempotencyStore) -> None:
-    claim = store.claim("Pay#1", "hash-a", LEASE_MS)
+    claim = store.claim("Tally#1", "hash-a", LEASE_MS)
     assert isinstance(claim, Claimed)
     assert store.release(claim)
 
     with pytest.raises(LeaseLost):
         store.commit(claim, None)
-    assert store.get("Pay#1") is None
+    assert store.get("Tally#1") is None
 
 
 def test_a_retried_commit_that_finds_its_own_completion_succeeds(store: IdempotencyStore) -> None:
@@ -250,26 +246,26 @@ def test_a_retried_commit_that_finds_its_own_completion_succeeds(store: Idempote
 
 
 def test_a_retried_transactional_commit_applies_the_writes_once(store: IdempotencyStore, dynamodb: Any) -> None:
-    claim = store.claim("Pay#1", "hash-a", LEASE_MS)
+    claim = store.claim("Tally#1", "hash-a", LEASE_MS)
     assert isinstance(claim, Claimed)
-    writes = credit("acc-1", "PAYMENT#1", 700)
+    writes = credit("t-1", "ENTRY#1", 700)
     store.commit(claim, None, writes)
 
     store.commit(claim, None, writes)
 
-    assert balance(dynamodb, "acc-1") == 700
+    assert total(dynamodb, "t-1") == 700
 
 
 def test_a_failed_business_condition_cancels_the_commit(store: IdempotencyStore, dynamodb: Any) -> None:
-    dynamodb.put_item(TableName=LEDGER_TABLE, Item={"accountId": {"S": "acc-1"}, "entryId": {"S": "PAYMENT#1"}})
-    claim = store.claim("Pay#1", "hash-a", LEASE_MS)
+    dynamodb.put_item(TableName=TALLIES, Item={"tallyId": {"S": "t-1"}, "entryId": {"S": "ENTRY#1"}})
+    claim = store.claim("Tally#1", "hash-a", LEASE_MS)
     assert isinstance(claim, Claimed)
 
     with pytest.raises(BusinessConditionFailed, match="attribute_not_exists"):
-        store.commit(claim, None, credit("acc-1", "PAYMENT#1", 700))
+        store.commit(claim, None, credit("t-1", "ENTRY#1", 700))
 
-    assert balance(dynamodb, "acc-1") == 0
-    record = store.get("Pay#1")
+    assert total(dynamodb, "t-1") == 0
+    record = store.get("Tally#1")
     assert record is not None
     assert record.status is Status.IN_PROGRESS  # still ours, to release
 
@@ -326,73 +322,73 @@ def test_release_never_deletes_a_completed_record(store: IdempotencyStore) -> No
 
 
 def test_apply_once_writes_record_and_effect_together(store: IdempotencyStore, dynamodb: Any) -> None:
-    result = store.apply_once("Pay#1", "hash-a", {"credited": 500}, credit("acc-1", "PAYMENT#1", 500))
+    result = store.apply_once("Tally#1", "hash-a", {"credited": 500}, credit("t-1", "ENTRY#1", 500))
 
     assert isinstance(result, Applied)
-    assert balance(dynamodb, "acc-1") == 500
-    record = store.get("Pay#1")
+    assert total(dynamodb, "t-1") == 500
+    record = store.get("Tally#1")
     assert record is not None
     assert record.status is Status.COMPLETED
     assert record.attempts == 1
 
 
 def test_apply_once_of_a_duplicate_applies_nothing(store: IdempotencyStore, dynamodb: Any) -> None:
-    store.apply_once("Pay#1", "hash-a", None, credit("acc-1", "PAYMENT#1", 500))
+    store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#1", 500))
 
-    again = store.apply_once("Pay#1", "hash-a", None, credit("acc-1", "PAYMENT#1", 500))
+    again = store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#1", 500))
 
     assert isinstance(again, Duplicate)
-    assert balance(dynamodb, "acc-1") == 500
+    assert total(dynamodb, "t-1") == 500
 
 
 def test_apply_once_while_a_lock_claim_runs_is_in_flight(store: IdempotencyStore, dynamodb: Any) -> None:
-    assert isinstance(store.claim("Pay#1", "hash-a", LEASE_MS), Claimed)
+    assert isinstance(store.claim("Tally#1", "hash-a", LEASE_MS), Claimed)
 
-    result = store.apply_once("Pay#1", "hash-a", None, credit("acc-1", "PAYMENT#1", 500))
+    result = store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#1", 500))
 
     assert isinstance(result, InFlight)
-    assert balance(dynamodb, "acc-1") == 0
+    assert total(dynamodb, "t-1") == 0
 
 
 def test_apply_once_takes_over_an_abandoned_claim(store: IdempotencyStore, dynamodb: Any, clock: Clock) -> None:
-    assert isinstance(store.claim("Pay#1", "hash-a", LEASE_MS), Claimed)
+    assert isinstance(store.claim("Tally#1", "hash-a", LEASE_MS), Claimed)
     clock.advance(LEASE_MS / 1000 + 1)
 
-    result = store.apply_once("Pay#1", "hash-a", None, credit("acc-1", "PAYMENT#1", 500))
+    result = store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#1", 500))
 
     assert isinstance(result, Applied)
-    assert balance(dynamodb, "acc-1") == 500
+    assert total(dynamodb, "t-1") == 500
 
 
 def test_apply_once_with_another_payload_is_a_mismatch(store: IdempotencyStore, dynamodb: Any) -> None:
-    store.apply_once("Pay#1", "hash-a", None, credit("acc-1", "PAYMENT#1", 500))
+    store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#1", 500))
 
-    result = store.apply_once("Pay#1", "hash-b", None, credit("acc-1", "PAYMENT#2", 900))
+    result = store.apply_once("Tally#1", "hash-b", None, credit("t-1", "ENTRY#2", 900))
 
     assert isinstance(result, PayloadMismatch)
-    assert balance(dynamodb, "acc-1") == 500
+    assert total(dynamodb, "t-1") == 500
 
 
 def test_apply_once_on_an_expired_record_applies_again(store: IdempotencyStore, dynamodb: Any, clock: Clock) -> None:
-    store.apply_once("Pay#1", "hash-a", None, credit("acc-1", "PAYMENT#1", 500))
+    store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#1", 500))
     clock.advance(3601)
 
-    result = store.apply_once("Pay#1", "hash-a", None, credit("acc-1", "PAYMENT#2", 300))
+    result = store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#2", 300))
 
     assert isinstance(result, Applied)
-    assert balance(dynamodb, "acc-1") == 800
+    assert total(dynamodb, "t-1") == 800
 
 
 def test_a_retried_apply_once_that_finds_its_own_token_is_applied_once(dynamodb: Any, clock: Clock) -> None:
     store = IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock, new_token=lambda: "token-1")
-    writes = credit("acc-1", "PAYMENT#1", 500)
+    writes = credit("t-1", "ENTRY#1", 500)
 
-    first = store.apply_once("Pay#1", "hash-a", None, writes)
-    retried = store.apply_once("Pay#1", "hash-a", None, writes)
+    first = store.apply_once("Tally#1", "hash-a", None, writes)
+    retried = store.apply_once("Tally#1", "hash-a", None, writes)
 
     assert isinstance(first, Applied)
     assert isinstance(retried, Applied)
-    assert balance(dynamodb, "acc-1") == 500
+    assert total(dynamodb, "t-1") == 500
 
 
 def test_apply_once_without_writes_uses_a_single_update(store: IdempotencyStore) -> None:
@@ -401,7 +397,7 @@ def test_apply_once_without_writes_uses_a_single_update(store: IdempotencyStore)
 
 
 def test_apply_once_refuses_more_writes_than_a_transaction_holds(store: IdempotencyStore) -> None:
-    writes = [Put(LEDGER_TABLE, {"accountId": "a", "entryId": str(i)}) for i in range(100)]
+    writes = [Put(TALLIES, {"tallyId": "a", "entryId": str(i)}) for i in range(100)]
     with pytest.raises(ValueError, match="at most 99 business writes"):
         store.apply_once("Bulk#1", "hash-a", None, writes)
 
@@ -424,7 +420,7 @@ def test_throttling_and_server_errors_are_transient(
     with Stubber(dynamodb) as stub:
         stub.add_client_error("update_item", service_error_code=code, http_status_code=status)
         with pytest.raises(TransientError, match=code):
-            store.claim("Pay#1", "hash-a", LEASE_MS)
+            store.claim("Tally#1", "hash-a", LEASE_MS)
 
 
 def test_a_cancelled_transaction_without_a_failed_condition_is_transient(
@@ -440,56 +436,56 @@ def test_a_cancelled_transaction_without_a_failed_condition_is_transient(
             },
         )
         with pytest.raises(TransientError, match="TransactionConflict"):
-            store.apply_once("Pay#1", "hash-a", None, credit("acc-1", "PAYMENT#1", 500))
+            store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#1", 500))
 
 
 def test_a_validation_error_is_not_mistaken_for_a_transient_one(store: IdempotencyStore, dynamodb: Any) -> None:
     with Stubber(dynamodb) as stub:
         stub.add_client_error("update_item", service_error_code="ValidationException", http_status_code=400)
         with pytest.raises(ClientError) as error:
-            store.claim("Pay#1", "hash-a", LEASE_MS)
+            store.claim("Tally#1", "hash-a", LEASE_MS)
     assert not isinstance(error.value, TransientError)
 
 
 # -- the record's place: its own item, named by the key, whatever the business writes are ------------
 
 
-def ledger_item(dynamodb: Any, account: str, entry: str) -> dict[str, Any] | None:
-    key = {"accountId": {"S": account}, "entryId": {"S": entry}}
-    item: dict[str, Any] | None = dynamodb.get_item(TableName=LEDGER_TABLE, Key=key, ConsistentRead=True).get("Item")
+def tally_item(dynamodb: Any, tally: str, entry: str) -> dict[str, Any] | None:
+    key = {"tallyId": {"S": tally}, "entryId": {"S": entry}}
+    item: dict[str, Any] | None = dynamodb.get_item(TableName=TALLIES, Key=key, ConsistentRead=True).get("Item")
     return item
 
 
 def test_the_record_keeps_an_item_of_its_own_beside_the_business_items(store: IdempotencyStore, dynamodb: Any) -> None:
-    result = store.apply_once("Pay#k", "hash-a", {"credited": 500}, credit("acc-1", "PAYMENT#1", 500))
+    result = store.apply_once("Tally#k", "hash-a", {"credited": 500}, credit("t-1", "ENTRY#1", 500))
 
     assert isinstance(result, Applied)
-    record = store.get("Pay#k")
+    record = store.get("Tally#k")
     assert record is not None and record.status is Status.COMPLETED and record.expires_at is not None
-    entry = ledger_item(dynamodb, "acc-1", "PAYMENT#1")
+    entry = tally_item(dynamodb, "t-1", "ENTRY#1")
     assert entry is not None and "ownerToken" not in entry and "payloadHash" not in entry
 
 
 def test_a_key_reused_for_another_business_item_is_a_mismatch_and_applies_nothing(
     store: IdempotencyStore, dynamodb: Any
 ) -> None:
-    # The key first named payment 1 on acc-1; reused for payment 2 on acc-2, it lands on other
+    # The key first named entry 1 on t-1; reused for entry 2 on t-2, it lands on other
     # items altogether: only the record, named by the key, can see the reuse.
-    store.apply_once("Pay#k", "hash-a", None, credit("acc-1", "PAYMENT#1", 500))
+    store.apply_once("Tally#k", "hash-a", None, credit("t-1", "ENTRY#1", 500))
 
-    again = store.apply_once("Pay#k", "hash-b", None, credit("acc-2", "PAYMENT#2", 700))
+    again = store.apply_once("Tally#k", "hash-b", None, credit("t-2", "ENTRY#2", 700))
 
     assert isinstance(again, PayloadMismatch)
-    assert (balance(dynamodb, "acc-1"), balance(dynamodb, "acc-2")) == (500, 0)
-    assert ledger_item(dynamodb, "acc-2", "PAYMENT#2") is None
+    assert (total(dynamodb, "t-1"), total(dynamodb, "t-2")) == (500, 0)
+    assert tally_item(dynamodb, "t-2", "ENTRY#2") is None
 
 
 def test_the_same_business_item_under_another_key_is_a_failed_business_condition(
     store: IdempotencyStore, dynamodb: Any
 ) -> None:
-    store.apply_once("Pay#1", "hash-a", None, credit("acc-1", "PAYMENT#1", 500))
+    store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#1", 500))
 
     with pytest.raises(BusinessConditionFailed):
-        store.apply_once("Pay#other-key", "hash-a", None, credit("acc-1", "PAYMENT#1", 500))
-    assert balance(dynamodb, "acc-1") == 500
-    assert store.get("Pay#other-key") is None
+        store.apply_once("Tally#other-key", "hash-a", None, credit("t-1", "ENTRY#1", 500))
+    assert total(dynamodb, "t-1") == 500
+    assert store.get("Tally#other-key") is None
