@@ -139,7 +139,7 @@ def test_concurrent_consumers_credit_each_payment_exactly_once(settings: Setting
 def test_concurrent_consumers_post_each_receipt_once(
     settings: Settings, local_servers: LocalServers, webhook: WebhookSink
 ) -> None:
-    settings = settings.model_copy(update={"receipt_webhook_url": webhook.receipts_url})
+    settings = settings.model_copy(update={"handler_variables": {"RECEIPT_WEBHOOK_URL": webhook.receipts_url}})
     webhook.default = Answer(delay_s=0.02)  # long enough for the others to find the claim in flight
     bodies = [receipt_body(str(i)) for i in range(20)]
 

@@ -7,19 +7,17 @@ import importlib
 import re
 from typing import Any
 
-from consumer.config import Settings, table_variable
-from consumer.handlers import declared_tables
+from consumer.config import Settings, is_secret_arn, table_variable
+from consumer.handlers import declared_settings, declared_tables
 from testkit.template import REPO_ROOT, ResourceRef, Template
 from tests.infrastructure.lookups import parameter_name, properties, read
 from tests.infrastructure.source_scan import package_modules
 
 _VARIABLE_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
-# The variables the function is documented to take from its stack.
+# The variables the function is documented to take from its stack, beside each declared table's.
 STACK_PROVIDED_VARIABLES = {
     "IDEMPOTENCY_TABLE_NAME",
-    "LEDGER_TABLE_NAME",
     "DEAD_LETTER_QUEUE_URL",
-    "RECEIPT_WEBHOOK_URL",
     "IDEMPOTENCY_TTL_SECONDS",
     "POWERTOOLS_SERVICE_NAME",
     "POWERTOOLS_METRICS_NAMESPACE",
@@ -27,11 +25,23 @@ STACK_PROVIDED_VARIABLES = {
 }
 
 
+def _handler_variables(only_stack_provided: bool = False) -> set[str]:
+    """The variables of the registered handlers' own settings; ``only_stack_provided``: those the stack must
+    give (a setting without a default, and one naming a secret, whose grant takes the same parameter)."""
+    return {
+        name.upper()
+        for model in declared_settings()
+        for name, field in model.model_fields.items()
+        if not only_stack_provided or field.is_required() or is_secret_arn(model, name)
+    }
+
+
 def _variables_the_code_reads() -> set[str]:
-    """Settings' fields (read as upper-case variables), the declared tables' variables, and names passed
-    to ``env.get`` or ``os.environ.get``."""
-    names = {field.upper() for field in Settings.model_fields if field != "table_names"}
+    """Settings' fields (read as upper-case variables), the declared tables' variables, the handlers' own
+    settings, and names passed to ``env.get`` or ``os.environ.get``."""
+    names = {field.upper() for field in Settings.model_fields if field not in ("table_names", "handler_variables")}
     names.update(table_variable(table) for table in declared_tables())
+    names.update(_handler_variables())
     for tree in package_modules().values():
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
@@ -73,7 +83,8 @@ def test_environment_provides_what_the_function_reads_and_nothing_it_does_not(
     transformed_template: dict[str, Any],
 ) -> None:
     variables = set(properties(transformed_template, "ConsumerFunction")["Environment"]["Variables"])
-    assert variables >= STACK_PROVIDED_VARIABLES
+    tables = {table_variable(table) for table in declared_tables()}
+    assert variables >= STACK_PROVIDED_VARIABLES | tables | _handler_variables(only_stack_provided=True)
     # A misspelt name is silently ignored by the code; here it is an error.
     unread = {name for name in variables - _variables_the_code_reads() if not name.startswith("POWERTOOLS_")}
     assert unread == set()
@@ -84,12 +95,11 @@ def test_environment_at_the_defaults_is_accepted_by_the_settings(
 ) -> None:
     variables = resolver.resolve(properties(transformed_template, "ConsumerFunction")["Environment"]["Variables"])
     environment = {name: _as_environment_value(value) for name, value in variables.items()}
-    settings = Settings.from_env(environment, tables=declared_tables())
+    settings = Settings.from_env(environment, tables=declared_tables(), handler_settings=declared_settings())
     assert settings.idempotency_table_name == "IdempotencyTable-after-deployment"
     assert settings.table_names == {table: f"{table}-after-deployment" for table in declared_tables()}
     assert settings.dead_letter_queue_url == "ConsumerDeadLetterQueue-after-deployment"
     assert settings.idempotency_ttl_seconds == 7 * 24 * 3600
-    assert settings.receipt_webhook_url == ""
 
 
 def test_function_logs_to_its_own_log_group_with_bounded_retention(

@@ -24,7 +24,7 @@ from consumer.dead_letter import DeadLetterQueue
 from consumer.envelope import Message, parse_message
 from consumer.errors import ErrorType, PoisonMessage
 from consumer.handlers.payment_received import PaymentReceived
-from consumer.handlers.receipt_requested import ReceiptRequested
+from consumer.handlers.receipt_requested import ReceiptRequested, ReceiptSettings
 from consumer.outcome import Outcome, RecordResult
 
 _MODELS: dict[str, type[BaseModel]] = {"PaymentReceived": PaymentReceived, "ReceiptRequested": ReceiptRequested}
@@ -94,12 +94,12 @@ class NaiveConsumer:
 
     def _send_receipt(self, receipt: ReceiptRequested, message: Message) -> None:
         request = urllib.request.Request(
-            self._settings.receipt_webhook_url,
+            self._settings.of(ReceiptSettings).receipt_webhook_url,
             data=json.dumps(receipt.model_dump(mode="json")).encode(),
             headers={"Content-Type": "application/json", "Idempotency-Key": message.idempotency_key},
             method="POST",
         )
-        with urllib.request.urlopen(request, timeout=self._settings.webhook_timeout_ms / 1000):
+        with urllib.request.urlopen(request, timeout=self._settings.of(ReceiptSettings).webhook_timeout_ms / 1000):
             pass
         self._dynamodb.put_item(
             TableName=self._settings.table_names["LedgerTable"],

@@ -146,5 +146,5 @@ def test_a_missing_or_malformed_secret_sends_nothing_unsigned_and_keeps_the_mess
 
 
 def test_a_webhook_beyond_loopback_without_a_secret_is_refused_at_start(dynamodb: Any, sqs: Any, clock: Clock) -> None:
-    with pytest.raises(ConfigurationError, match="WEBHOOK_SECRET_ARN"):
+    with pytest.raises(ConfigurationError, match="RECEIPT_WEBHOOK_URL beyond loopback needs a signing key"):
         make_consumer(dynamodb, sqs, clock, webhook_url="https://receipts.example.com/hook")

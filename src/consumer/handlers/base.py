@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from consumer.config import Settings
+from consumer.config import HandlerSettings, Settings
 from consumer.idempotency.writes import Write
 
 
@@ -59,6 +59,9 @@ class MessageHandler(ABC, Generic[PayloadT]):
     # (``consumer.config.table_variable``: LedgerTable -> LEDGER_TABLE_NAME); the infrastructure tests
     # check that variable and the role's grants for each, and a write to any other table is refused.
     tables: ClassVar[tuple[str, ...]] = ()
+    # Settings of its own (a URL, a timeout, a secret's ARN), each field read from its upper-case
+    # variable at start; the handler reads them with ``settings.of(<its model>)``.
+    settings_model: ClassVar[type[HandlerSettings]] = HandlerSettings
 
     def __init__(self, settings: Settings) -> None:
         # Each declared table's deployed name; a handler writes ``self.table_names["LedgerTable"]``.
