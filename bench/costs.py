@@ -56,7 +56,7 @@ class Backend:
             idempotency_table_name=f"{prefix}-idempotency",
             table_names={LEDGER_TABLE: f"{prefix}-ledger"},
             dead_letter_queue_url=self.dead_letter_queue_url,
-            receipt_webhook_url=webhook_url,
+            handler_variables={"RECEIPT_WEBHOOK_URL": webhook_url},
         )
         names = {IDEMPOTENCY_TABLE: settings.idempotency_table_name, **settings.table_names}
         with unobserved():

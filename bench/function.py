@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.systems import SYSTEM_ENV, SYSTEMS
 from consumer.config import Settings
-from consumer.handlers import declared_tables
+from consumer.handlers import declared_settings, declared_tables
 
 # Where a function's own time lands, by the first of these found in its file's path.
 _PACKAGES = ("botocore", "urllib3", "consumer", "pydantic", "aws_lambda_powertools", "jmespath", "concurrent", "json")
@@ -32,7 +32,7 @@ _BUILTIN = "~"  # pstats' file name for C functions: their time goes to whoever 
 _probe = RoundTripProbe()
 # Installed before the system creates its clients: the latency is slept per HTTP request, in this process.
 with on_new_clients(_probe.handler_specs()):
-    _settings = Settings.from_env(tables=declared_tables())
+    _settings = Settings.from_env(tables=declared_tables(), handler_settings=declared_settings())
     _system = {system.name: system for system in SYSTEMS}[os.environ[SYSTEM_ENV]](_settings)
 
 

@@ -39,7 +39,8 @@ SYSTEM_ENV = "BENCH_SYSTEM"
 def settings_environment(settings: Settings) -> dict[str, str]:
     """The variables ``Settings.from_env`` reads ``settings`` back from."""
     tables = {table_variable(table): name for table, name in settings.table_names.items()}
-    return {name.upper(): str(value) for name, value in settings.model_dump(exclude={"table_names"}).items()} | tables
+    own = settings.model_dump(exclude={"table_names", "handler_variables"}).items()
+    return {name.upper(): str(value) for name, value in own} | tables | settings.handler_variables
 
 
 class ThisConsumer:

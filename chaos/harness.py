@@ -24,7 +24,7 @@ from chaos.faults import DEFAULT_RATES, FaultKind
 from chaos.invariants import Checker, EndState, History, Verdict, scan
 from chaos.runtime_handler import PLAN_VARIABLE, Plan
 from consumer.config import Settings
-from consumer.handlers import declared_tables
+from consumer.handlers import declared_settings, declared_tables
 from local.poller import Poller, PollerGroup
 from testkit import dead_letters
 from testkit.lambda_runtime import LambdaEnvironment, check_handler
@@ -137,13 +137,12 @@ def _webhook_plan(config: ChaosConfig, rng: random.Random, calls: int) -> list[t
 
 
 def _settings(function_environment: Mapping[str, str], config: ChaosConfig) -> Settings:
-    overrides = {name: getattr(config, name) for name in _SETTINGS_OF_THE_RUN} | {
-        "retry_backoff_base_seconds": 1,
-        "retry_backoff_max_seconds": config.visibility_timeout_s,
+    overrides = {name.upper(): str(getattr(config, name)) for name in _SETTINGS_OF_THE_RUN} | {
+        "RETRY_BACKOFF_BASE_SECONDS": "1",
+        "RETRY_BACKOFF_MAX_SECONDS": str(config.visibility_timeout_s),
     }
     # Validated as the function validates its environment: the cross-field rules apply.
-    settings = Settings.from_env(function_environment, declared_tables())
-    return Settings.model_validate({**settings.model_dump(), **overrides})
+    return Settings.from_env({**function_environment, **overrides}, declared_tables(), declared_settings())
 
 
 def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, webhook_url: str) -> LocalResources:

@@ -13,8 +13,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from consumer.handlers.base import ID_PATTERN, Effect, MessageContext, MessageHandler, Mode
-from consumer.idempotency.writes import Put, Update
+from consumer.api import ID_PATTERN, Effect, MessageContext, MessageHandler, Mode, Put, Update
 
 
 class RefundIssued(BaseModel):

@@ -15,25 +15,32 @@ serial, and a refused one can be redriven once the first is settled.
 
 Not registered: to use it, add it to ``HANDLERS``, a ``SubscriptionTable`` keyed by
 ``subscriptionId`` (S) to template.yaml with its variable and grants (README's checklist "A
-handler with its own table"), and ``BILLING_WEBHOOK_URL``. Tests:
+handler with its own table"), and its settings (``BillingSettings``: ``BILLING_WEBHOOK_URL``, and
+``BILLING_SECRET_ARN`` beyond loopback; README "A setting of your own"). Tests:
 ``tests/examples/test_subscription_renewed.py``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, StrictInt
 
-from consumer.config import Settings
-from consumer.errors import ConfigurationError
-from consumer.handlers.base import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
-from consumer.idempotency.writes import Update
-from consumer.webhook import SigningKey, WebhookClient
-
-BILLING_URL_VARIABLE = "BILLING_WEBHOOK_URL"
+from consumer.api import (
+    ID_PATTERN,
+    Effect,
+    Guard,
+    HandlerSettings,
+    MessageContext,
+    MessageHandler,
+    Mode,
+    SecretArn,
+    Settings,
+    SigningKey,
+    Update,
+    WebhookClient,
+)
 
 
 class SubscriptionRenewed(BaseModel):
@@ -45,24 +52,28 @@ class SubscriptionRenewed(BaseModel):
     amountCents: StrictInt = Field(gt=0, le=10**9)
 
 
+class BillingSettings(HandlerSettings):
+    # Where renewals are charged (BILLING_WEBHOOK_URL): required, a renewal has nowhere else to go.
+    billing_webhook_url: str = Field(min_length=1)
+    # The whole charge's deadline (BILLING_TIMEOUT_MS), never beyond the lease.
+    billing_timeout_ms: PositiveInt = 5_000
+    # The secret that signs the charges (BILLING_SECRET_ARN): beyond loopback the client refuses to start without it.
+    billing_secret_arn: SecretArn = ""
+
+
 class SubscriptionRenewedHandler(MessageHandler[SubscriptionRenewed]):
     event_type: ClassVar[str] = "SubscriptionRenewed"
     mode: ClassVar[Mode] = Mode.LOCK
     payload_model: ClassVar[type[BaseModel]] = SubscriptionRenewed
     tables: ClassVar[tuple[str, ...]] = ("SubscriptionTable",)
+    settings_model: ClassVar[type[HandlerSettings]] = BillingSettings
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
-        self._timeout_ms = settings.webhook_timeout_ms
-        url = os.environ.get(BILLING_URL_VARIABLE, "")
-        if not url:
-            raise ConfigurationError(f"{BILLING_URL_VARIABLE} is not set: renewals have nowhere to be charged")
-        key = SigningKey(settings.webhook_secret_arn) if settings.webhook_secret_arn else None
-        self._billing = WebhookClient(url, BILLING_URL_VARIABLE, signing_key=key)
-        if key is None and self._billing.leaves_host:
-            raise ConfigurationError(
-                f"{BILLING_URL_VARIABLE} beyond loopback needs WEBHOOK_SECRET_ARN to sign its calls"
-            )
+        own = settings.of(BillingSettings)
+        self._timeout_ms = own.billing_timeout_ms
+        key = SigningKey(own.billing_secret_arn) if own.billing_secret_arn else None
+        self._billing = WebhookClient(own.billing_webhook_url, "BILLING_WEBHOOK_URL", signing_key=key)
 
     def contention_key(self, payload: SubscriptionRenewed) -> str:
         return f"SubscriptionTable/{payload.subscriptionId}"

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from consumer.config import Settings
-from consumer.handlers import declared_tables
+from consumer.handlers import declared_settings, declared_tables
 from testkit.template import REPO_ROOT
 from tests.handlers import TEST_TABLES, create_test_tables
 
@@ -28,8 +28,12 @@ def settings_for_tests(tables: Mapping[str, Any] | None = None, **overrides: Any
     The idempotency table, the core's test handlers' tables (tests/handlers.py) and every table a
     registered handler declares are named by ``table_name_for_tests``, or by ``tables`` (logical
     id -> a name, or a deployed resource with a ``name``), so a handler with a table of its own
-    needs no change here, and the core's tests need none of the registered handlers.
+    needs no change here, and the core's tests need none of the registered handlers. An override
+    that is no field of ``Settings`` sets a registered handler's own setting (``receipt_webhook_url=...``).
     """
+    own = {name.upper(): str(overrides.pop(name)) for name in set(overrides) - set(Settings.model_fields)}
+    declared = {name.upper() for model in declared_settings() for name in model.model_fields}
+    assert set(own) <= declared, f"no setting and no registered handler's setting: {sorted(set(own) - declared)}"
     given = {table: getattr(name, "name", name) for table, name in (tables or {}).items()}
     every = dict.fromkeys(("IdempotencyTable", *TEST_TABLES, *declared_tables(), *given))
     names = {table: given.get(table, table_name_for_tests(table)) for table in every}
@@ -37,6 +41,7 @@ def settings_for_tests(tables: Mapping[str, Any] | None = None, **overrides: Any
         "idempotency_table_name": names.pop("IdempotencyTable"),
         "dead_letter_queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/test-dlq",
         "table_names": names,
+        "handler_variables": own,
     }
     return Settings(**(values | overrides))
 

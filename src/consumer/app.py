@@ -28,7 +28,7 @@ from consumer.config import Settings
 from consumer.conflicts import ConflictRetry
 from consumer.dead_letter import DeadLetterQueue
 from consumer.errors import ConfigurationError
-from consumer.handlers import MessageHandler, build_handlers, declared_tables
+from consumer.handlers import MessageHandler, build_handlers, declared_settings, declared_tables
 from consumer.idempotency.store import IdempotencyStore
 from consumer.outcome import Outcome
 from consumer.processor import RecordProcessor
@@ -147,7 +147,7 @@ def build_consumer() -> BatchRunner:
     Settings, the runtime's SDK and the tables are checked first, so a misconfigured
     function fails its first invocation with the cause named, before any record is touched.
     """
-    settings = Settings.from_env(tables=declared_tables())
+    settings = Settings.from_env(tables=declared_tables(), handler_settings=declared_settings())
     session = botocore.session.get_session()
     require_botocore(session)
     return wire(settings, session, check_tables=True)

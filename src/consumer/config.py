@@ -1,11 +1,12 @@
 """Settings read once per container from the function's environment, validated as a whole.
 
 Each field is read from the variable of the same name in upper case
-(``lease_max_ms`` from ``LEASE_MAX_MS``), and each table a handler declares from the
-variable ``table_variable`` names (``LedgerTable`` from ``LEDGER_TABLE_NAME``). Rules
-that tie several fields together are checked here, at the first invocation, before any
-record is touched: a setting that could only fail per record would send every record of
-that kind to the DLQ instead.
+(``lease_max_ms`` from ``LEASE_MAX_MS``), each table a handler declares from the
+variable ``table_variable`` names (``LedgerTable`` from ``LEDGER_TABLE_NAME``), and each
+handler's own settings (``MessageHandler.settings_model``, a ``HandlerSettings``) the same
+way. Rules that tie several fields together are checked here, at the first invocation,
+before any record is touched: a setting that could only fail per record would send every
+record of that kind to the DLQ instead.
 """
 
 from __future__ import annotations
@@ -13,18 +14,61 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import Self
+from typing import Annotated, Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from consumer.errors import ConfigurationError
 
-_REQUIRED = ("idempotency_table_name", "dead_letter_queue_url")
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 def table_variable(logical_id: str) -> str:
     """The variable that carries a template table's name: LedgerTable -> LEDGER_TABLE_NAME."""
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", logical_id).upper() + "_NAME"
+
+
+class HandlerSettings(BaseModel):
+    """Settings a handler declares as its own (``MessageHandler.settings_model``): each field is read
+    from its upper-case variable at start (``billing_url`` from ``BILLING_URL``); a field without a
+    default is required. The handler reads them with ``settings.of(its model)``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class _SecretArnMarker:
+    """Marks a setting that names a Secrets Manager secret: the role must be able to read it."""
+
+
+# A handler setting that names a secret: empty, or the ARN the template's grant and variable carry.
+SecretArn = Annotated[
+    str, Field(pattern=r"^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:\S+)?$"), _SecretArnMarker()
+]
+
+
+def is_secret_arn(model: type[BaseModel], field: str) -> bool:
+    return any(isinstance(meta, _SecretArnMarker) for meta in model.model_fields[field].metadata)
+
+
+def read_settings(model: type[ModelT], env: Mapping[str, str], given: Mapping[str, Any] | None = None) -> ModelT:
+    """``model`` from ``env``, each field from its upper-case variable (but those ``given``); raise
+    ``ConfigurationError`` naming each missing or bad variable."""
+    values: dict[str, Any] = dict(given or {})
+    for name, field in model.model_fields.items():
+        raw = env.get(name.upper(), "").strip()
+        if raw and name not in values:
+            values[name] = raw
+        elif field.is_required() and name not in values:
+            raise ConfigurationError(f"environment variable {name.upper()} is required and is empty or unset")
+    try:
+        return model.model_validate(values)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in issue['loc']).upper() or 'settings'} {issue['msg']}"
+            f" (got {issue['input']!r})"
+            for issue in error.errors()
+        )
+        raise ConfigurationError(f"invalid configuration: {problems}") from None
 
 
 class Settings(BaseModel):
@@ -34,7 +78,8 @@ class Settings(BaseModel):
     dead_letter_queue_url: str = Field(min_length=1)
     # The deployed name of each table the handlers declare (``MessageHandler.tables``), by logical id.
     table_names: dict[str, str] = Field(default_factory=dict)
-    receipt_webhook_url: str = ""
+    # The variables the handlers' own settings read, as set (``of`` reads a handler's model from them).
+    handler_variables: dict[str, str] = Field(default_factory=dict)
     # Must outlive every redelivery and producer resend you want caught: SQS keeps
     # messages up to 14 days, producers may resend later still.
     idempotency_ttl_seconds: PositiveInt = 7 * 24 * 3600
@@ -49,9 +94,6 @@ class Settings(BaseModel):
     max_workers: PositiveInt = 10
     # Results bigger than this are stored as a digest to stay far below the 400 KB item limit.
     result_max_bytes: PositiveInt = 64 * 1024
-    webhook_timeout_ms: PositiveInt = 5_000
-    # The Secrets Manager secret (whsec_<base64>) that signs webhook calls; required beyond loopback.
-    webhook_secret_arn: str = ""
     # A transiently failed record comes back after base x 2^(receives - 1) seconds, capped.
     retry_backoff_base_seconds: PositiveInt = 2
     retry_backoff_max_seconds: PositiveInt = 300
@@ -83,31 +125,29 @@ class Settings(BaseModel):
         """Every table the function uses, by logical id: its idempotency table and the handlers' tables."""
         return {"IdempotencyTable": self.idempotency_table_name, **self.table_names}
 
+    def of(self, model: type[ModelT]) -> ModelT:
+        """A handler's own settings (its ``settings_model``), from the variables read at start."""
+        return read_settings(model, self.handler_variables)
+
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, tables: Iterable[str] = ()) -> Settings:
-        """Read and validate every setting, and the name of each of ``tables`` (logical ids the handlers
-        declare); raise ``ConfigurationError`` naming each bad variable."""
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        tables: Iterable[str] = (),
+        handler_settings: Iterable[type[HandlerSettings]] = (),
+    ) -> Settings:
+        """Read and validate every setting, the name of each of ``tables`` (logical ids the handlers
+        declare) and each of ``handler_settings`` (the models they declare); raise ``ConfigurationError``
+        naming each bad variable."""
         env = os.environ if env is None else env
-        values: dict[str, object] = {}
-        for name in (field for field in cls.model_fields if field != "table_names"):
-            raw = env.get(name.upper(), "").strip()
-            if raw:
-                values[name] = raw
-            elif name in _REQUIRED:
-                raise ConfigurationError(f"environment variable {name.upper()} is required and is empty or unset")
         names = {table: env.get(table_variable(table), "").strip() for table in tables}
         missing = [f"{table_variable(table)} (table {table})" for table, name in names.items() if not name]
         if missing:
             raise ConfigurationError(
                 f"environment variable {', '.join(missing)} is required by a handler's tables and is empty or unset"
             )
-        values["table_names"] = names
-        try:
-            return cls.model_validate(values)
-        except ValidationError as error:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in issue['loc']).upper() or 'settings'} {issue['msg']}"
-                f" (got {issue['input']!r})"
-                for issue in error.errors()
-            )
-            raise ConfigurationError(f"invalid configuration: {problems}") from None
+        own: dict[str, str] = {}
+        for model in handler_settings:
+            read_settings(model, env)
+            own |= {name.upper(): env[name.upper()] for name in model.model_fields if env.get(name.upper(), "").strip()}
+        return read_settings(cls, env, given={"table_names": names, "handler_variables": own})

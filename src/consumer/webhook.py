@@ -157,14 +157,23 @@ class WebhookClient:
         setting: str = "webhook URL",
         signing_key: Callable[[], Sequence[bytes]] | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        allow_unsigned: bool = False,
     ) -> None:
+        """Refuse, at start, a URL that is not http(s), http beyond loopback, and a call beyond
+        loopback without a ``signing_key``: unsigned, a receiver could not tell this function's calls
+        from anyone's. ``allow_unsigned=True`` lifts the last, only for a receiver that cannot verify."""
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigurationError(f"{setting} must be an https URL, got {url!r}")
-        # Calls that leave this host: a handler requires them signed.
-        self.leaves_host = not _is_loopback(parts.hostname)
-        if parts.scheme == "http" and self.leaves_host:
+        leaves_host = not _is_loopback(parts.hostname)
+        if parts.scheme == "http" and leaves_host:
             raise ConfigurationError(f"{setting} must use https (http only to loopback), got {url!r}")
+        if leaves_host and signing_key is None and not allow_unsigned:
+            raise ConfigurationError(
+                f"{setting} beyond loopback needs a signing key to sign its calls (or allow_unsigned=True for a"
+                f" receiver that cannot verify), got {url!r}"
+            )
         self._https = parts.scheme == "https"
         self._host = parts.hostname
         self._port = parts.port

@@ -17,7 +17,7 @@ import pytest
 from consumer.handlers.base import MessageHandler
 from consumer.idempotency.record import Status
 from consumer.outcome import Outcome
-from examples.subscription_renewed import BILLING_URL_VARIABLE, SubscriptionRenewedHandler
+from examples.subscription_renewed import SubscriptionRenewedHandler
 from testkit.dynamodb_local import DynamoDBLocal
 from testkit.webhook import Answer, WebhookSink
 from tests.conftest import TableFactory
@@ -42,7 +42,9 @@ def subscriptions(dynamodb_local: DynamoDBLocal) -> Iterator[str]:
 class Trial:
     def __init__(self, dynamodb_local: DynamoDBLocal, records: str, subscriptions: str, billing: WebhookSink) -> None:
         self.table = subscriptions
-        settings = settings_for_tests(table_names={"SubscriptionTable": self.table})
+        settings = settings_for_tests(table_names={"SubscriptionTable": self.table}).model_copy(
+            update={"handler_variables": {"BILLING_WEBHOOK_URL": f"{billing.url}/billing"}}
+        )
         self.handler = SubscriptionRenewedHandler(settings)
         self.rig = LockRig(dynamodb_local, records, self.handler, settings)
         self.billing = billing
@@ -73,9 +75,7 @@ def trial(
     id_table: TableFactory,
     subscriptions: str,
     webhook: WebhookSink,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> Trial:
-    monkeypatch.setenv(BILLING_URL_VARIABLE, f"{webhook.url}/billing")
     # Records of their own: every trial uses the same keys.
     return Trial(dynamodb_local, id_table("renewal-records"), subscriptions, webhook)
 

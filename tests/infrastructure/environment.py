@@ -12,18 +12,16 @@ from typing import Any
 
 from cfnlint.decode import cfn_yaml
 
-from consumer.config import Settings, table_variable
-from consumer.handlers import declared_tables
+from consumer.config import Settings, is_secret_arn, table_variable
+from consumer.handlers import declared_settings, declared_tables
 from tests.infrastructure.source_scan import package_modules
 
 FUNCTION = "ConsumerFunction"
 _VARIABLE_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
-# The variables the function is documented to take from its stack.
+# The variables the function is documented to take from its stack, beside each declared table's and the handlers'.
 STACK_PROVIDED_VARIABLES = {
     "IDEMPOTENCY_TABLE_NAME",
-    "LEDGER_TABLE_NAME",
     "DEAD_LETTER_QUEUE_URL",
-    "RECEIPT_WEBHOOK_URL",
     "IDEMPOTENCY_TTL_SECONDS",
     "POWERTOOLS_SERVICE_NAME",
     "POWERTOOLS_METRICS_NAMESPACE",
@@ -31,11 +29,23 @@ STACK_PROVIDED_VARIABLES = {
 }
 
 
+def handler_variables(only_stack_provided: bool = False) -> set[str]:
+    """The variables of the registered handlers' own settings; ``only_stack_provided``: those the stack must
+    give (a setting without a default, and one naming a secret, whose grant takes the same parameter)."""
+    return {
+        name.upper()
+        for model in declared_settings()
+        for name, field in model.model_fields.items()
+        if not only_stack_provided or field.is_required() or is_secret_arn(model, name)
+    }
+
+
 def variables_the_code_reads() -> set[str]:
-    """Settings' fields (read as upper-case variables), the declared tables' variables, and names passed
-    to ``env.get`` or ``os.environ.get``."""
-    names = {field.upper() for field in Settings.model_fields if field != "table_names"}
+    """Settings' fields (read as upper-case variables), the declared tables' variables, the handlers' own
+    settings, and names passed to ``env.get`` or ``os.environ.get``."""
+    names = {field.upper() for field in Settings.model_fields if field not in ("table_names", "handler_variables")}
     names.update(table_variable(table) for table in declared_tables())
+    names.update(handler_variables())
     for tree in package_modules().values():
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
@@ -60,7 +70,9 @@ def _lines(template_path: Path) -> tuple[int, dict[str, int]]:
 def environment_mistakes(template_path: Path, variables: Mapping[str, Any]) -> list[str]:
     """What is wrong with ``variables`` (the function's, from ``template_path``), one sentence per mistake."""
     variables_line, lines = _lines(template_path)
-    wanted: dict[str, str | None] = dict.fromkeys(STACK_PROVIDED_VARIABLES)
+    wanted: dict[str, str | None] = dict.fromkeys(
+        STACK_PROVIDED_VARIABLES | handler_variables(only_stack_provided=True)
+    )
     wanted.update({table_variable(table): table for table in ("IdempotencyTable", *declared_tables())})
     read = variables_the_code_reads()
     unread = sorted(name for name in variables if name not in read and not name.startswith("POWERTOOLS_"))

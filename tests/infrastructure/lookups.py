@@ -105,3 +105,9 @@ def grants_by_resource(template: Mapping[str, Any], role_id: str, **overrides: A
 
 def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
+
+
+def key_schema(table: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """A table's key attribute -> (key type, attribute type)."""
+    types = {definition["AttributeName"]: definition["AttributeType"] for definition in table["AttributeDefinitions"]}
+    return {key["AttributeName"]: (key["KeyType"], types[key["AttributeName"]]) for key in table["KeySchema"]}

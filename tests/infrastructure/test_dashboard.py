@@ -37,9 +37,7 @@ REQUIRED = {
     ("AWS/Lambda", "Errors", "ConsumerFunction"),
     ("AWS/Lambda", "Throttles", "ConsumerFunction"),
     ("AWS/DynamoDB", "WriteThrottleEvents", "IdempotencyTable"),
-    ("AWS/DynamoDB", "WriteThrottleEvents", "LedgerTable"),
     ("AWS/DynamoDB", "TransactionConflict", "IdempotencyTable"),
-    ("AWS/DynamoDB", "TransactionConflict", "LedgerTable"),
 }
 
 # Runs the real handler on an empty batch in a process of its own, with the function's environment, and prints

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from consumer.config import is_secret_arn
+from consumer.handlers import declared_settings
 from tests.infrastructure.lookups import (
     EVENT_SOURCE_POLLING,
     as_list,
     grants_by_resource,
+    parameter_name,
     policy_statements,
     properties,
     read,
@@ -58,15 +61,35 @@ def test_function_writes_only_its_own_log_group(transformed_template: dict[str, 
     assert grants["ConsumerLogGroup"] == {"logs:CreateLogStream", "logs:PutLogEvents"}
 
 
-SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:receipts-webhook-AbCdEf"
+SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:handler-secret-AbCdEf"
 
 
-def test_the_webhook_secret_is_readable_only_when_named_and_only_that_secret(
+def _secret_parameters(template: dict[str, Any]) -> dict[str, str]:
+    """The parameter that feeds each handler setting naming a secret (``SecretArn``), by its variable."""
+    variables = properties(template, "ConsumerFunction")["Environment"]["Variables"]
+    found = {}
+    for model in declared_settings():
+        for name in (name for name in model.model_fields if is_secret_arn(model, name)):
+            assert name.upper() in variables, f"{name.upper()} names a secret: give it to the function from a parameter"
+            found[name.upper()] = parameter_name(variables[name.upper()])
+    return found
+
+
+def test_a_handlers_secret_is_readable_only_when_named_and_only_that_secret(
     transformed_template: dict[str, Any],
 ) -> None:
     without = grants_by_resource(transformed_template, ROLE)
     assert not any(action.startswith("secretsmanager:") for actions in without.values() for action in actions)
-    named = grants_by_resource(transformed_template, ROLE, WebhookSecretArn=SECRET_ARN)
-    assert named == {**without, SECRET_ARN: {"secretsmanager:GetSecretValue"}}
-    environment = read(transformed_template, WebhookSecretArn=SECRET_ARN).properties("ConsumerFunction")
-    assert environment["Environment"]["Variables"]["WEBHOOK_SECRET_ARN"] == SECRET_ARN
+    secret_parameters = _secret_parameters(transformed_template)
+    for variable, parameter in secret_parameters.items():
+        named = grants_by_resource(transformed_template, ROLE, **{parameter: SECRET_ARN})
+        assert named == {**without, SECRET_ARN: {"secretsmanager:GetSecretValue"}}
+        environment = read(transformed_template, **{parameter: SECRET_ARN}).properties("ConsumerFunction")
+        assert environment["Environment"]["Variables"][variable] == SECRET_ARN
+    # A secret's parameter (and its grant) left behind by a handler that is gone is an error too.
+    taking_secrets = {
+        name
+        for name, spec in transformed_template["Parameters"].items()
+        if "secretsmanager" in spec.get("AllowedPattern", "")
+    }
+    assert taking_secrets == set(secret_parameters.values())

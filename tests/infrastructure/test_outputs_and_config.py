@@ -16,7 +16,6 @@ REQUIRED_OUTPUTS = {
     "ConsumerQueueUrl": ResourceRef("ConsumerQueue"),
     "DeadLetterQueueUrl": ResourceRef("ConsumerDeadLetterQueue"),
     "IdempotencyTableName": ResourceRef("IdempotencyTable"),
-    "LedgerTableName": ResourceRef("LedgerTable"),
     "ConsumerFunctionName": ResourceRef("ConsumerFunction"),
 }
 # Properties that give an IAM resource a fixed name, which CloudFormation accepts only with CAPABILITY_NAMED_IAM.

@@ -5,18 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from consumer.handlers import declared_tables
-from consumer.handlers.base import MessageContext
-from consumer.handlers.payment_received import PaymentReceived, PaymentReceivedHandler
 from consumer.idempotency import store
-from consumer.idempotency.writes import Put
-from tests.infrastructure.lookups import properties, resources_of_type
-from tests.utils import settings_for_tests
-
-
-def _key_schema(table: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    """Key attribute -> (key type, attribute type)."""
-    types = {definition["AttributeName"]: definition["AttributeType"] for definition in table["AttributeDefinitions"]}
-    return {key["AttributeName"]: (key["KeyType"], types[key["AttributeName"]]) for key in table["KeySchema"]}
+from tests.infrastructure.lookups import key_schema, properties, resources_of_type
 
 
 def test_each_table_a_handler_declares_is_a_template_table(transformed_template: dict[str, Any]) -> None:
@@ -40,32 +30,5 @@ def test_idempotency_table_is_keyed_and_expired_by_the_attributes_the_store_writ
     table = properties(transformed_template, "IdempotencyTable")
     # The store's expression attribute names are the attributes it reads and writes.
     attribute = store._NAMES
-    assert _key_schema(table) == {attribute["#id"]: ("HASH", "S")}
+    assert key_schema(table) == {attribute["#id"]: ("HASH", "S")}
     assert table["TimeToLiveSpecification"] == {"AttributeName": attribute["#expires"], "Enabled": True}
-
-
-def test_ledger_table_is_keyed_by_what_the_payment_handler_writes(transformed_template: dict[str, Any]) -> None:
-    table = properties(transformed_template, "LedgerTable")
-    schema = _key_schema(table)
-    assert schema == {"accountId": ("HASH", "S"), "entryId": ("RANGE", "S")}
-
-    payment = PaymentReceived(paymentId="p-1", accountId="acc-1", amountCents=100, currency="EUR")
-    context = MessageContext(message_id="m-1", idempotency_key="k-1", receive_count=1, remaining_ms=lambda: 1_000)
-    writes = PaymentReceivedHandler(settings_for_tests()).handle(payment, context).writes
-    assert writes
-    for write in writes:
-        key = (
-            {name: value for name, value in write.item.items() if name in schema}
-            if isinstance(write, Put)
-            else write.key
-        )
-        assert set(key) == set(schema), write
-        assert all(isinstance(value, str) for value in key.values()), write
-
-
-def test_ledger_survives_the_stack_and_can_be_restored(transformed_template: dict[str, Any]) -> None:
-    ledger = transformed_template["Resources"]["LedgerTable"]
-    assert ledger["DeletionPolicy"] == "Retain"
-    assert ledger["UpdateReplacePolicy"] == "Retain"
-    assert ledger["Properties"]["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
-    assert ledger["Properties"]["DeletionProtectionEnabled"] is True

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from consumer.config import Settings, table_variable
+import pytest
+from pydantic import PositiveInt
+
+from consumer.api import HandlerSettings, SecretArn
+from consumer.config import Settings, is_secret_arn, table_variable
 from consumer.errors import ConfigurationError
+from consumer.handlers import declared_settings
 from consumer.idempotency.lease import lease_duration
 
 REQUIRED = {"IDEMPOTENCY_TABLE_NAME": "i", "LEDGER_TABLE_NAME": "l", "DEAD_LETTER_QUEUE_URL": "https://q"}
@@ -17,7 +22,7 @@ def test_defaults_apply_when_only_the_required_variables_are_set() -> None:
 
     assert settings.idempotency_table_name == "i"
     assert settings.idempotency_ttl_seconds == 7 * 24 * 3600
-    assert settings.receipt_webhook_url == ""
+    assert settings.handler_variables == {}
 
 
 def test_tuning_variables_override_the_defaults() -> None:
@@ -104,3 +109,59 @@ def test_a_declared_table_without_its_variable_is_named_with_the_table() -> None
 
     with pytest.raises(ConfigurationError, match=r"INVENTORY_TABLE_NAME \(table InventoryTable\)"):
         Settings.from_env(env, tables=("LedgerTable", "InventoryTable"))
+
+
+class BillingSettings(HandlerSettings):
+    """A handler's own settings, as README "A setting of your own" shows them."""
+
+    billing_url: str
+    billing_timeout_ms: PositiveInt = 3_000
+    billing_secret_arn: SecretArn = ""
+
+
+ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:billing-AbCdEf"
+
+
+def test_a_handlers_own_settings_are_read_from_their_upper_case_variables() -> None:
+    env = {**REQUIRED, "BILLING_URL": " https://billing.example.com/charge ", "BILLING_SECRET_ARN": ARN}
+
+    settings = Settings.from_env(env, tables=TABLES, handler_settings=(BillingSettings,))
+
+    own = settings.of(BillingSettings)
+    assert (own.billing_url, own.billing_timeout_ms, own.billing_secret_arn) == (
+        "https://billing.example.com/charge",
+        3_000,
+        ARN,
+    )
+    # Carried as the variables, so the settings survive a JSON round trip (the chaos run's workers).
+    assert Settings.model_validate_json(settings.model_dump_json()).of(BillingSettings) == own
+
+
+@pytest.mark.parametrize(
+    ("variables", "named"),
+    [
+        ({}, "environment variable BILLING_URL is required"),
+        ({"BILLING_URL": "u", "BILLING_TIMEOUT_MS": "soon"}, "BILLING_TIMEOUT_MS Input should be a valid integer"),
+        ({"BILLING_URL": "u", "BILLING_TIMEOUT_MS": "0"}, "BILLING_TIMEOUT_MS Input should be greater than 0"),
+        ({"BILLING_URL": "u", "BILLING_SECRET_ARN": "billing"}, "BILLING_SECRET_ARN String should match"),
+    ],
+)
+def test_a_missing_or_bad_handler_setting_is_refused_at_start_with_its_variable(
+    variables: dict[str, str], named: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        Settings.from_env({**REQUIRED, **variables}, tables=TABLES, handler_settings=(BillingSettings,))
+
+
+def test_a_secret_arn_setting_is_marked_for_the_templates_grant() -> None:
+    assert is_secret_arn(BillingSettings, "billing_secret_arn")
+    assert not is_secret_arn(BillingSettings, "billing_url")
+
+
+def test_the_cores_settings_name_no_handlers_setting() -> None:
+    """A handler's setting goes with the handler: removing it leaves nothing of it in consumer.config."""
+    source = (Path(__file__).resolve().parents[2] / "src" / "consumer" / "config.py").read_text(encoding="utf-8")
+    for model in declared_settings():
+        for name in model.model_fields:
+            assert name not in Settings.model_fields
+            assert name not in source and name.upper() not in source, (model.__name__, name)

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from consumer.config import Settings
+from consumer.config import HandlerSettings, Settings
 from consumer.idempotency.writes import Write
 
 
@@ -71,6 +71,58 @@ ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 
 class MessageHandler(ABC, Generic[PayloadT]):
+    """One message type's business logic: declare what it needs, return the writes to commit.
+
+    A complete handler, in ``src/consumer/handlers/points_earned.py``::
+
+        from typing import ClassVar
+
+        from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+        from consumer.api import (
+            ID_PATTERN, Effect, HandlerSettings, MessageContext, MessageHandler, Mode, Settings, Update
+        )
+
+
+        class PointsEarned(BaseModel):
+            model_config = ConfigDict(extra="forbid", frozen=True)
+
+            memberId: str = Field(pattern=ID_PATTERN)
+            points: PositiveInt
+
+
+        class PointsSettings(HandlerSettings):
+            points_cap: PositiveInt = 10_000  # read from POINTS_CAP at start; a bad value fails the start
+
+
+        class PointsEarnedHandler(MessageHandler[PointsEarned]):
+            event_type: ClassVar[str] = "PointsEarned"  # the envelope's eventType
+            mode: ClassVar[Mode] = Mode.OPTIMISTIC  # pure: writes only, one transaction with the record
+            payload_model: ClassVar[type[BaseModel]] = PointsEarned
+            tables: ClassVar[tuple[str, ...]] = ("PointsTable",)  # POINTS_TABLE_NAME, granted in template.yaml
+            settings_model: ClassVar[type[HandlerSettings]] = PointsSettings
+
+            def __init__(self, settings: Settings) -> None:
+                super().__init__(settings)
+                self.cap = settings.of(PointsSettings).points_cap
+
+            def handle(self, payload: PointsEarned, context: MessageContext) -> Effect:
+                add = Update(
+                    table=self.table_names["PointsTable"],
+                    key={"memberId": payload.memberId},
+                    expression="ADD points :points",
+                    condition="attribute_not_exists(points) OR points <= :room",  # else dead-lettered
+                    values={":points": payload.points, ":room": self.cap - payload.points},
+                    reason=f"member {payload.memberId} would pass the cap of {self.cap} points",
+                )
+                return Effect(result={"added": payload.points}, writes=(add,))
+
+    Then add ``PointsEarnedHandler`` to ``HANDLERS`` in ``consumer/handlers/__init__.py``. A lock-mode
+    handler (``Mode.LOCK``) may call outside DynamoDB before returning its writes, through a
+    ``WebhookClient``; raise ``PoisonMessage`` for a message that can never succeed, ``TransientError``
+    for one that may later. README "Writing your own handler" has the rest.
+    """
+
     event_type: ClassVar[str]
     mode: ClassVar[Mode]
     payload_model: ClassVar[type[BaseModel]]
@@ -79,6 +131,9 @@ class MessageHandler(ABC, Generic[PayloadT]):
     # (``consumer.config.table_variable``: LedgerTable -> LEDGER_TABLE_NAME); the infrastructure tests
     # check that variable and the role's grants for each, and a write to any other table is refused.
     tables: ClassVar[tuple[str, ...]] = ()
+    # Settings of its own (a URL, a timeout, a secret's ARN), each field read from its upper-case
+    # variable at start; the handler reads them with ``settings.of(<its model>)``.
+    settings_model: ClassVar[type[HandlerSettings]] = HandlerSettings
 
     def __init__(self, settings: Settings) -> None:
         # Each declared table's deployed name; a handler writes ``self.table_names["LedgerTable"]``.

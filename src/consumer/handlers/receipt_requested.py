@@ -11,13 +11,22 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, StrictInt
 
-from consumer.config import Settings
-from consumer.errors import ConfigurationError, TransientError
-from consumer.handlers.base import ID_PATTERN, Effect, MessageContext, MessageHandler, Mode
-from consumer.idempotency.writes import Put
-from consumer.webhook import SigningKey, WebhookClient
+from consumer.api import (
+    ID_PATTERN,
+    Effect,
+    HandlerSettings,
+    MessageContext,
+    MessageHandler,
+    Mode,
+    Put,
+    SecretArn,
+    Settings,
+    SigningKey,
+    TransientError,
+    WebhookClient,
+)
 
 
 class ReceiptRequested(BaseModel):
@@ -31,23 +40,31 @@ class ReceiptRequested(BaseModel):
     email: str | None = Field(default=None, max_length=254)
 
 
+class ReceiptSettings(HandlerSettings):
+    # Where receipts are posted (RECEIPT_WEBHOOK_URL); while empty, receipts wait in the queue.
+    receipt_webhook_url: str = ""
+    # The whole call's deadline (WEBHOOK_TIMEOUT_MS), never beyond the lease.
+    webhook_timeout_ms: PositiveInt = 5_000
+    # The Secrets Manager secret (whsec_<base64>) that signs the calls (WEBHOOK_SECRET_ARN): beyond
+    # loopback, the client refuses to start without it.
+    webhook_secret_arn: SecretArn = ""
+
+
 class ReceiptRequestedHandler(MessageHandler[ReceiptRequested]):
     event_type: ClassVar[str] = "ReceiptRequested"
     mode: ClassVar[Mode] = Mode.LOCK
     payload_model: ClassVar[type[BaseModel]] = ReceiptRequested
     tables: ClassVar[tuple[str, ...]] = ("LedgerTable",)
+    settings_model: ClassVar[type[HandlerSettings]] = ReceiptSettings
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
-        self._timeout_ms = settings.webhook_timeout_ms
+        own = settings.of(ReceiptSettings)
+        self._timeout_ms = own.webhook_timeout_ms
         self._client: WebhookClient | None = None
-        if not settings.receipt_webhook_url:
-            return
-        key = SigningKey(settings.webhook_secret_arn) if settings.webhook_secret_arn else None
-        self._client = WebhookClient(settings.receipt_webhook_url, "RECEIPT_WEBHOOK_URL", signing_key=key)
-        if key is None and self._client.leaves_host:
-            # Unsigned, a receiver could not tell this function's receipts from anyone's.
-            raise ConfigurationError("RECEIPT_WEBHOOK_URL beyond loopback needs WEBHOOK_SECRET_ARN to sign its calls")
+        if own.receipt_webhook_url:
+            key = SigningKey(own.webhook_secret_arn) if own.webhook_secret_arn else None
+            self._client = WebhookClient(own.receipt_webhook_url, "RECEIPT_WEBHOOK_URL", signing_key=key)
 
     def handle(self, payload: ReceiptRequested, context: MessageContext) -> Effect:
         if self._client is None:
