@@ -80,7 +80,7 @@ def test_a_plain_http_or_odd_url_beyond_loopback_is_refused_at_start(url: str) -
 
 
 def test_a_webhook_beyond_loopback_without_a_secret_is_refused_at_start() -> None:
-    with pytest.raises(ConfigurationError, match="WEBHOOK_SECRET_ARN"):
+    with pytest.raises(ConfigurationError, match="RECEIPT_WEBHOOK_URL beyond loopback needs a signing key"):
         ReceiptRequestedHandler(settings_for_tests(receipt_webhook_url="https://receipts.example.com/hook"))
 
 

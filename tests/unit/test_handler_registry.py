@@ -46,7 +46,7 @@ def test_every_handler_file_is_registered_in_build_handlers() -> None:
 HANDLER_API = {
     "MessageHandler", "Mode", "Effect", "MessageContext", "Put", "Update", "Delete", "ConditionCheck", "PoisonMessage",
     "TransientError", "ErrorType", "WebhookClient", "SigningKey", "ID_PATTERN", "HandlerSettings", "SecretArn",
-    "Settings", "ConfigurationError",
+    "Settings", "ConfigurationError", "Guard",
 }  # fmt: skip
 
 
