@@ -30,7 +30,7 @@ import boto3
 from consumer.app import wire
 from consumer.config import Settings
 from consumer.envelope import payload_hash
-from consumer.handlers.base import Effect, Guard, MessageContext, MessageHandler, Mode
+from consumer.handlers.base import Effect, Guard, MessageContext, MessageHandler
 from consumer.idempotency.record import Attr
 from consumer.idempotency.store import COMMIT_UPDATE
 from consumer.idempotency.writes import ConditionCheck, Write
@@ -89,7 +89,8 @@ class State:
 
 def line(subject: Subject, rule: str, payload: Any, what: str, advice: str = "") -> str:
     body = json.dumps(payload, sort_keys=True, default=str)
-    return f"{subject.name}: rule '{rule}' broken for payload {body[:300]}: {what}" + (f"; {advice}" if advice else "")
+    text = f"{subject.name}: rule '{rule}' broken for payload {body[:300]}: {what}" + (f"; {advice}" if advice else "")
+    return " ".join(text.split())  # one line, whatever a reason quoted (a validation error spans several)
 
 
 def differences(before: Items, after: Items) -> str:
@@ -200,11 +201,12 @@ class Rig:
             self._keys[table] = [(k["AttributeName"], types[k["AttributeName"]]) for k in keys]
         return self._keys[table]
 
+    def called_keys(self) -> list[str | None]:
+        """The ``Idempotency-Key`` of every call the sink saw since it was last cleared."""
+        return self.sink.keys()
+
     def _key_of(self, table: str, item: Mapping[str, Any]) -> dict[str, Any]:
         return {name: item[name] for name, _ in self.key_schema(table)}
-
-    def keys_called(self) -> list[str | None]:
-        return self.sink.keys()
 
 
 # -- the network guard ----------------------------------------------------------------------
@@ -299,7 +301,7 @@ def other_content_is_refused(rig: Rig, subject: Subject, payload: Payload, other
     if first.outcome is not Outcome.APPLIED:
         return line(subject, REUSED, payload, f"the first delivery did not apply: {_ending(first)}", SEEDS)
     rig.seed(subject, other)
-    before, calls = rig.items(), len(rig.keys_called())
+    before, calls = rig.items(), len(rig.called_keys())
     again = rig.deliver(subject, rig.message(subject, key, other))
     after = rig.items()
     if after != before:
@@ -307,29 +309,36 @@ def other_content_is_refused(rig: Rig, subject: Subject, payload: Payload, other
         return line(subject, REUSED, payload, what)
     if again.outcome is not Outcome.POISON or not (again.reason or "").startswith("IdempotencyKeyReused"):
         return line(subject, REUSED, payload, f"the key reused for other content ended {_ending(again)}")
-    if len(rig.keys_called()) != calls:
+    if len(rig.called_keys()) != calls:
         return line(subject, REUSED, payload, "the key reused for other content made a call")
     return None
 
 
-def _reference(
-    rig: Rig, subject: Subject, key: str, record: Any, payload: Payload
-) -> tuple[Items, State, RecordResult, int]:
-    """The seeded tables, then one delivery's state, ending and calls; the tables are then put back as seeded."""
+def _reference(rig: Rig, subject: Subject, key: str, record: Any, payload: Payload) -> tuple[State, RecordResult, int]:
+    """One delivery's state, ending and calls, from the seeded tables; the tables are then put back as seeded."""
     rig.seed(subject, payload)
     seeded = rig.items()
     rig.sink.clear()
     result = rig.deliver(subject, record)
-    state, calls = rig.state(subject, key), len(rig.keys_called())
+    state, calls = rig.state(subject, key), len(rig.called_keys())
     rig.restore(subject, key, seeded)
     rig.sink.clear()
-    return seeded, state, result, calls
+    return state, result, calls
+
+
+def _unlike(one: State, after: State) -> str | None:
+    """How ``after`` differs from the state one delivery leaves, if it does."""
+    if after.items != one.items:
+        return differences(one.items, after.items)
+    if after.record != one.record:
+        return f"the record is {after.record}, one delivery leaves {one.record}"
+    return None
 
 
 def concurrent_deliveries_leave_one(rig: Rig, subject: Subject, payload: Payload) -> str | None:
     key = _fresh_key()
     record = rig.message(subject, key, payload)
-    _, one, reference, calls = _reference(rig, subject, key, record, payload)
+    one, reference, calls = _reference(rig, subject, key, record, payload)
     consumers = [rig.consumer(subject) for _ in range(CONCURRENT_DELIVERIES)]
     start = threading.Barrier(len(consumers))
     results: list[RecordResult] = []
@@ -345,19 +354,16 @@ def concurrent_deliveries_leave_one(rig: Rig, subject: Subject, payload: Payload
         thread.join()
     after = rig.state(subject, key)
     endings = ", ".join(sorted(_ending(result) for result in results))
-    if after != one:
-        what = f"{len(consumers)} deliveries ({endings}) left {differences(one.items, after.items)}"
-        if after.items == one.items:
-            what = f"{len(consumers)} deliveries ({endings}) left the record {after.record}, one leaves {one.record}"
-        return line(subject, CONCURRENT, payload, what)
+    if unlike := _unlike(one, after):
+        return line(subject, CONCURRENT, payload, f"{len(consumers)} deliveries ({endings}) left: {unlike}")
     applied = sum(result.outcome is Outcome.APPLIED for result in results)
     settled = [r for r in results if r.outcome is Outcome.POISON and not _same_ending(reference, r)]
     if applied != (reference.outcome is Outcome.APPLIED) or settled:
         return line(
             subject, CONCURRENT, payload, f"one delivery ends {_ending(reference)}, {len(consumers)} ended {endings}"
         )
-    if len(rig.keys_called()) != calls:
-        what = f"one delivery makes {calls} call(s), {len(consumers)} concurrent ones made {len(rig.keys_called())}"
+    if len(rig.called_keys()) != calls:
+        what = f"one delivery makes {calls} call(s), {len(consumers)} concurrent ones made {len(rig.called_keys())}"
         return line(subject, CONCURRENT, payload, what)
     return None
 
@@ -379,7 +385,7 @@ def crash_before_commit_leaves_one(rig: Rig, subject: Subject, payload: Payload)
     """Lock mode. ``None`` also when no commit was reached (nothing to crash at): the test asks one payload did."""
     key = _fresh_key()
     record = rig.message(subject, key, payload)
-    _, one, reference, _ = _reference(rig, subject, key, record, payload)
+    one, reference, _ = _reference(rig, subject, key, record, payload)
     try:
         rig.deliver(subject, record, session=dying_at_the_commit())
     except Crash:
@@ -394,12 +400,11 @@ def crash_before_commit_leaves_one(rig: Rig, subject: Subject, payload: Payload)
     same = redelivered.outcome is reference.outcome and (
         reference.outcome is not Outcome.POISON or redelivered.reason == reference.reason
     )
-    if after != one or not same:
-        what = f"after the crash and the redelivery ({_ending(redelivered)}): {differences(one.items, after.items)}"
-        if after.items == one.items:
-            what = f"the record is {after.record} after the crash and the redelivery, one delivery leaves {one.record}"
-        return line(subject, CRASH, payload, what)
-    others = [called for called in rig.keys_called() if called != key]
+    unlike = _unlike(one, after)
+    if unlike or not same:
+        endings = f"the redelivery ended {_ending(redelivered)}, one delivery ends {_ending(reference)}"
+        return line(subject, CRASH, payload, f"{endings}; {unlike or 'the tables and the record are alike'}")
+    others = [called for called in rig.called_keys() if called != key]
     if others:
         what = f"the calls carried {sorted(set(map(str, others)))}, not the message's key {key!r}"
         return line(subject, CRASH, payload, what, "pass context.idempotency_key downstream as the Idempotency-Key")
@@ -444,11 +449,11 @@ def refused_guard_makes_no_call(rig: Rig, subject: Subject, payload: Payload) ->
     refused_subject = Subject(subject.handler, refusing)
     for delivery, record in (
         ("first delivery", rig.message(subject, key, payload)),
-        ("redrive", rig.message(subject, key, payload, receives=1)),
+        ("redrive", rig.message(subject, key, payload)),
     ):
         result = rig.deliver(refused_subject, record)
-        if calls.handled != handled or rig.keys_called():
-            what = f"the {delivery} refused by the guard ran handle, and the sink saw {len(rig.keys_called())} call(s)"
+        if calls.handled != handled or rig.called_keys():
+            what = f"the {delivery} refused by the guard ran handle, and the sink saw {len(rig.called_keys())} call(s)"
             return line(subject, GUARD, payload, what)
         if result.outcome is not Outcome.POISON or not (result.reason or "").startswith("BusinessConditionFailed"):
             return line(subject, GUARD, payload, f"the {delivery} refused by the guard ended {_ending(result)}")
@@ -460,14 +465,14 @@ def refused_guard_makes_no_call(rig: Rig, subject: Subject, payload: Payload) ->
 
 def refused_payload_writes_nothing(rig: Rig, subject: Subject, invalid: payloads.Invalid) -> str | None:
     key = _fresh_key()
-    before, calls = rig.items(), len(rig.keys_called())
+    before, calls = rig.items(), len(rig.called_keys())
     result = rig.deliver(subject, rig.message(subject, key, invalid.payload))
     what = ""
     if result.outcome is not Outcome.POISON or not (result.reason or "").startswith("SchemaViolation"):
         what = f"({invalid.defect}) ended {_ending(result)}"
     elif rig.items() != before or rig.record_status(subject, key) is not None:
         what = f"({invalid.defect}) wrote: {differences(before, rig.items())}"
-    elif len(rig.keys_called()) != calls:
+    elif len(rig.called_keys()) != calls:
         what = f"({invalid.defect}) made a call"
     return line(subject, SCHEMA, invalid.payload, what) if what else None
 
@@ -514,7 +519,3 @@ def draws(subject: Subject, rule: str, count: int = 2, samples: bool = True) -> 
 
 def failures(rule: Callable[..., str | None], rig: Rig, subject: Subject, cases: Sequence[Any]) -> list[str]:
     return [found for case in cases if (found := rule(rig, subject, *case)) is not None]
-
-
-def applies_to(subject: Subject, mode: Mode) -> bool:
-    return subject.handler.mode is mode
