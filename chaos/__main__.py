@@ -64,13 +64,7 @@ def parse(argv: Sequence[str]) -> ChaosConfig:
         default=_DEFAULTS.consumer,
         help=f"module:callable(settings, session, *, clock) building the consumer (default {_DEFAULTS.consumer})",
     )
-    parser.add_argument(
-        "--handler",
-        type=_consumer,
-        action="append",
-        default=[],
-        help="module:Class, repeatable: a handler added to the registered ones (e.g. a test's own)",
-    )
+    parser.add_argument("--handler", type=_consumer, action="append", default=[], help="module:Class, repeatable")
     arguments = parser.parse_args(argv)
     scale = 0.0 if arguments.no_faults else arguments.fault_scale
     rates = {kind: min(1.0, rate * scale) for kind, rate in DEFAULT_RATES.items()}

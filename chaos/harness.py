@@ -110,10 +110,8 @@ def build_workload(
     for index, handler in enumerate(handlers):
         drawn_payloads = payloads.valid_payloads(handler, count + 1, seed=config.seed * 1_000 + index)
         for n, payload in enumerate(drawn_payloads[:count]):
-            hot = n and rng.random() < config.hot_share
-            originals.append(
-                drawn(handler, f"{run_id}-{handler.event_type}-{n}", rng.choice(drawn_payloads[:n]) if hot else payload)
-            )
+            hot = rng.choice(drawn_payloads[:n]) if n and rng.random() < config.hot_share else payload
+            originals.append(drawn(handler, f"{run_id}-{handler.event_type}-{n}", hot))
         reused = drawn(handler, originals[-1].key or "", drawn_payloads[count])
         # The last key of each handler again with another payload: the other one dead-lettered as reused.
         poisoned = [Outgoing(reused.body, "reused", reused.key, group=reused.key)]
@@ -121,13 +119,11 @@ def build_workload(
         for round_ in range(math.ceil(count * config.poison_ratio / 3)):
             invalid = payloads.invalid_payloads(handler, seed=round_)
             refused = envelope(handler.event_type, f"{run_id}-refused-{round_}", invalid[round_ % len(invalid)].payload)
+            unknown = envelope("NoSuchEvent", f"{run_id}-{round_}", {})
             poisoned += [
-                Outgoing(refused[:-1], "poison", expected_error=ErrorType.INVALID_JSON),
-                Outgoing(
-                    envelope("NoSuchEvent", f"{run_id}-{round_}", {}), "poison", None, ErrorType.UNKNOWN_EVENT_TYPE
-                ),
-                Outgoing(refused, "poison", expected_error=ErrorType.SCHEMA_VIOLATION),
-            ]
+                Outgoing(body, "poison", expected_error=error)
+                for body, error in ((refused[:-1], ErrorType.INVALID_JSON), (unknown, ErrorType.UNKNOWN_EVENT_TYPE))
+            ] + [Outgoing(refused, "poison", expected_error=ErrorType.SCHEMA_VIOLATION)]
         originals += poisoned
     return with_resends(originals, config.duplicate_ratio, rng), seeds
 
@@ -181,12 +177,7 @@ def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, webhook_url
 
 
 def _environments(
-    servers: LocalServers,
-    function: FunctionSpec,
-    config: ChaosConfig,
-    run_dir: Path,
-    seeds: list[int],
-    tables: Mapping[str, str],
+    servers: LocalServers, function: FunctionSpec, config: ChaosConfig, run_dir: Path, seeds: list[int]
 ) -> list[LambdaEnvironment]:
     """One execution environment per poller, chaos's handler in place of the function's. Each has a seed
     and a journal of its own, so that its n-th cold start draws the same faults whatever the others do."""
@@ -194,14 +185,13 @@ def _environments(
     task_root.mkdir()
     for name, source in _PACKAGES.items():
         (task_root / name).symlink_to(source, target_is_directory=True)
-    # The tables of the handlers the run adds reach them as the template's reach the registered ones.
-    variables = {table_variable(table): name for table, name in tables.items()}
-    packaged = replace(function, handler=_HANDLER, code_dir=task_root, environment=function.environment | variables)
+    packaged = replace(function, handler=_HANDLER, code_dir=task_root)
     # The function's environment puts the consumer's clients on the local endpoints (AWS_ENDPOINT_URL_*).
-    shared = {**servers.function_environment(packaged), "PYTHONPATH": str(task_root)}
+    shared = {**servers.function_environment(function), "PYTHONPATH": str(task_root)}
     python = venv_python()
     check_handler(packaged, shared, python)
-    settings = _settings(packaged.environment, config, list(tables)).model_dump_json()
+    tables = [table for handler in chaos_handlers(config) for table in handler.tables]
+    settings = _settings(function.environment, config, tables).model_dump_json()
     environments = []
     for index, seed in enumerate(seeds):
         plan = Plan(
@@ -291,12 +281,14 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
         tables = _handler_tables(dynamodb, resources, handlers, f"chaos-{run_id}-{uuid.uuid4().hex[:6]}")
         payloads.put_seeds(dynamodb, tables, seeds_items)
         function = resources.function()
-        function = replace(function, environment=function.environment | {WEBHOOK_VARIABLE: f"{sink.url}/chaos"})
+        # The tables of the handlers the run adds reach them as the template's reach the registered ones.
+        variables = {table_variable(table): name for table, name in tables.items()} | {WEBHOOK_VARIABLE: sink.url}
+        function = replace(function, environment=function.environment | variables)
         trigger = function.triggers[0]
         queue = resources.queues[trigger.queue_logical_id]
         sqs.set_queue_attributes(QueueUrl=queue.url, Attributes={"VisibilityTimeout": str(config.visibility_timeout_s)})
         seeds = [rng.getrandbits(32) for _ in range(config.pollers)]
-        environments = _environments(servers, function, config, Path(run_dir), seeds, tables)
+        environments = _environments(servers, function, config, Path(run_dir), seeds)
         emulated_before = _emulated_conflicts(servers)
         try:
             pollers = [Poller(sqs, queue, trigger, env.start(), on_batch=history.settled) for env in environments]
