@@ -64,11 +64,17 @@ def parse(argv: Sequence[str]) -> ChaosConfig:
         default=_DEFAULTS.consumer,
         help=f"module:callable(settings, session, *, clock) building the consumer (default {_DEFAULTS.consumer})",
     )
+    parser.add_argument("--handler", type=_consumer, action="append", default=[], help="module:Class, repeatable")
     arguments = parser.parse_args(argv)
     scale = 0.0 if arguments.no_faults else arguments.fault_scale
     rates = {kind: min(1.0, rate * scale) for kind, rate in DEFAULT_RATES.items()}
     rates.update(dict(arguments.rate))
-    return ChaosConfig(**{name: getattr(arguments, name) for name in numbers}, rates=rates, consumer=arguments.consumer)
+    return ChaosConfig(
+        **{name: getattr(arguments, name) for name in numbers},
+        rates=rates,
+        consumer=arguments.consumer,
+        handlers=tuple(arguments.handler),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

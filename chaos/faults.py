@@ -146,6 +146,8 @@ class FaultPolicy:
     idempotency_table: str
     zombies: Zombies
     forced: Counter[FaultKind] = field(default_factory=Counter)
+    # When set, the forced crashes and zombies are taken only on records of this event type.
+    forced_on: str | None = None
     # Records this invocation touched: a crash cuts off whatever the other threads were doing to them.
     _touched: set[str] = field(default_factory=set, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
@@ -154,8 +156,9 @@ class FaultPolicy:
         with self._lock:
             self._touched.clear()
 
-    def roll(self, kind: FaultKind, forcible: bool = True) -> bool:
-        if forcible and self.forced[kind] > 0:
+    def roll(self, kind: FaultKind, forcible: bool = True, record_id: str | None = None) -> bool:
+        on_its_records = self.forced_on is None or (record_id or "").startswith(f"{self.forced_on}#")
+        if forcible and self.forced[kind] > 0 and (record_id is None or on_its_records):
             return True  # owed until injected: an opportunity that comes to nothing (no free pause slot) passes it on
         rate = self.rates.get(kind, 0.0)
         return rate > 0 and self._draw() < rate
@@ -193,10 +196,10 @@ class FaultPolicy:
         if attempt > 1:
             return None  # one decision per call; its retries go through untouched
         for kind, when in _CRASH_POINTS.get(call.step, ()):
-            if self.roll(kind):
+            if self.roll(kind, record_id=call.record_id):
                 crash = self._crash(kind, call.record_id)
                 return TransportPlan(before=crash) if when == "before" else TransportPlan(after=crash)
-        if call.step is Step.COMMIT and self.roll(FaultKind.ZOMBIE):
+        if call.step is Step.COMMIT and self.roll(FaultKind.ZOMBIE, record_id=call.record_id):
             return self._zombie(call)
         return None
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import pkgutil
 import random
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from http import HTTPStatus
 from pathlib import Path
@@ -22,18 +23,20 @@ from typing import Any
 
 from chaos.faults import DEFAULT_RATES, FaultKind
 from chaos.invariants import Checker, EndState, History, Verdict, scan
-from chaos.runtime_handler import PLAN_VARIABLE, Plan
-from consumer.config import Settings
-from consumer.handlers import declared_settings, declared_tables
+from chaos.runtime_handler import PLAN_VARIABLE, WEBHOOK_VARIABLE, Plan
+from consumer.config import Settings, table_variable
+from consumer.errors import ErrorType
+from local.demo import example_checks
 from local.poller import Poller, PollerGroup
-from testkit import dead_letters
+from testkit import dead_letters, payloads
+from testkit.conflict_emulation import COMMITS_PATH
 from testkit.lambda_runtime import LambdaEnvironment, check_handler
 from testkit.lambda_venv import venv_python
-from testkit.messages import Outgoing, payment, payments, poison, queue_counts, receipts, send_all, with_resends
+from testkit.messages import Outgoing, drawn, envelope, queue_counts, send_all, with_resends
 from testkit.resources import FunctionSpec, LocalResources
 from testkit.servers import LocalServers
-from testkit.tables import IDEMPOTENCY_TABLE, LEDGER_TABLE
-from testkit.template import REPO_ROOT
+from testkit.tables import IDEMPOTENCY_TABLE, create_table
+from testkit.template import REPO_ROOT, Template
 from testkit.webhook import Answer, WebhookSink
 
 # The runtime's task root stands for the deployment package: links to the consumer and to what
@@ -43,7 +46,6 @@ _PACKAGES = {
     **{name: REPO_ROOT / name for name in ("chaos", "local", "testkit", "tests")},
 }
 _HANDLER = "chaos.runtime_handler.handler"
-HOT_ACCOUNT = "acc-hot-"  # the prefix of the hot accounts' ids
 # The consumer's settings that the run sets, under the same names as in ``ChaosConfig``.
 _SETTINGS_OF_THE_RUN = ("lease_max_ms", "lease_min_ms", "lease_margin_ms", "deadline_margin_ms", "webhook_timeout_ms")
 
@@ -51,20 +53,21 @@ _SETTINGS_OF_THE_RUN = ("lease_max_ms", "lease_min_ms", "lease_margin_ms", "dead
 @dataclass(frozen=True)
 class ChaosConfig:
     seed: int = 1
-    messages: int = 1_000  # distinct business messages (payments and receipts)
-    accounts: int = 20
-    # The hot-item workload: this share of all payments on ``hot_accounts`` accounts.
+    messages: int = 1_000  # distinct messages, drawn from each handler's payload model in turn
+    # Hot items: this share of the messages carries another's payload under a key of its own, so that
+    # they contend for the same business items (and the handler's rules refuse or accept them).
     hot_share: float = 0.3
-    hot_accounts: int = 2
     pollers: int = 3
-    receipt_ratio: float = 0.25
     duplicate_ratio: float = 0.2  # resends: the same key and body again, with a new messageId
-    poison_ratio: float = 0.02  # of ``messages``; one in four of them reuses a payment's key with another amount
+    poison_ratio: float = 0.02  # of ``messages``; one in four of them reuses a key with another payload
     rates: Mapping[FaultKind, float] = field(default_factory=lambda: dict(DEFAULT_RATES))
     # Per kind, faults injected at their first opportunities whatever the draws: in each execution environment,
     # and for the webhook's kinds at the head of its answers. Empty: every fault drawn at its rate.
     forced: Mapping[FaultKind, int] = field(default_factory=dict)
     consumer: str = "consumer.app:wire"  # module:callable(settings, session, *, clock) building the consumer
+    # module:Class of handlers added to the registered ones (their tables, if not the template's, made by the run).
+    handlers: tuple[str, ...] = ()
+    forced_on: str | None = None  # the event type whose records take the forced crashes and zombies (None: any)
     visibility_timeout_s: int = 2
     max_receive_count: int = 30
     lease_max_ms: int = 1_500
@@ -92,22 +95,37 @@ class ChaosReport:
         return sum(verdict.violations for verdict in self.verdicts)
 
 
-def build_workload(config: ChaosConfig, rng: random.Random, run_id: str) -> list[Outgoing]:
-    """Payments over accounts (a share on the hot ones), receipts, producer resends and poison, seeded."""
-    receipt_count = round(config.messages * config.receipt_ratio)
-    paid = payments(config.messages - receipt_count, config.accounts, rng, prefix=f"pay-{run_id}")
-    for index, message in enumerate(paid):
-        if rng.random() < config.hot_share:
-            assert message.key is not None and message.payload is not None
-            account = f"{HOT_ACCOUNT}{rng.randrange(config.hot_accounts)}"
-            paid[index] = payment(message.key, message.payload["paymentId"], account, message.payload["amountCents"])
-    receipted = receipts(receipt_count, config.accounts, rng, prefix=f"rcpt-{run_id}")
-    mixed = with_resends([*paid, *receipted], config.duplicate_ratio, rng)
-    rounds = math.ceil(config.messages * config.poison_ratio / 4)
-    bad = [message for _ in range(rounds) for message in poison(1, reused=rng.choice(paid) if paid else None)]
-    for message in bad:
-        mixed.insert(rng.randrange(len(mixed) + 1), message)
-    return mixed
+def chaos_handlers(config: ChaosConfig) -> tuple[payloads.Handler, ...]:
+    return (*payloads.registered(), *(pkgutil.resolve_name(name) for name in config.handlers))
+
+
+def build_workload(
+    config: ChaosConfig, rng: random.Random, run_id: str, handlers: Sequence[payloads.Handler]
+) -> tuple[list[Outgoing], list[payloads.SeedItem]]:
+    """Messages drawn from each handler's model (some on another's payload: hot items), producer resends and
+    poison, seeded; and the seed items they need."""
+    originals: list[Outgoing] = []
+    seeds: list[payloads.SeedItem] = []
+    count = max(1, round(config.messages / len(handlers)))
+    for index, handler in enumerate(handlers):
+        drawn_payloads = payloads.valid_payloads(handler, count + 1, seed=config.seed * 1_000 + index)
+        for n, payload in enumerate(drawn_payloads[:count]):
+            hot = rng.choice(drawn_payloads[:n]) if n and rng.random() < config.hot_share else payload
+            originals.append(drawn(handler, f"{run_id}-{handler.event_type}-{n}", hot))
+        reused = drawn(handler, originals[-1].key or "", drawn_payloads[count])
+        # The last key of each handler again with another payload: the other one dead-lettered as reused.
+        poisoned = [Outgoing(reused.body, "reused", reused.key, group=reused.key)]
+        seeds += [item for payload in drawn_payloads for item in payloads.seed_items(handler, payload)]
+        for round_ in range(math.ceil(count * config.poison_ratio / 3)):
+            invalid = payloads.invalid_payloads(handler, seed=round_)
+            refused = envelope(handler.event_type, f"{run_id}-refused-{round_}", invalid[round_ % len(invalid)].payload)
+            unknown = envelope("NoSuchEvent", f"{run_id}-{round_}", {})
+            poisoned += [
+                Outgoing(body, "poison", expected_error=error)
+                for body, error in ((refused[:-1], ErrorType.INVALID_JSON), (unknown, ErrorType.UNKNOWN_EVENT_TYPE))
+            ] + [Outgoing(refused, "poison", expected_error=ErrorType.SCHEMA_VIOLATION)]
+        originals += poisoned
+    return with_resends(originals, config.duplicate_ratio, rng), seeds
 
 
 def _webhook_plan(config: ChaosConfig, rng: random.Random, calls: int) -> list[tuple[FaultKind | None, Answer]]:
@@ -136,13 +154,17 @@ def _webhook_plan(config: ChaosConfig, rng: random.Random, calls: int) -> list[t
     return plan
 
 
-def _settings(function_environment: Mapping[str, str], config: ChaosConfig) -> Settings:
+def _settings(
+    function_environment: Mapping[str, str], config: ChaosConfig, handlers: Sequence[payloads.Handler]
+) -> Settings:
     overrides = {name.upper(): str(getattr(config, name)) for name in _SETTINGS_OF_THE_RUN} | {
         "RETRY_BACKOFF_BASE_SECONDS": "1",
         "RETRY_BACKOFF_MAX_SECONDS": str(config.visibility_timeout_s),
     }
+    tables = dict.fromkeys(table for handler in handlers for table in handler.tables)
+    own = dict.fromkeys(handler.settings_model for handler in handlers)
     # Validated as the function validates its environment: the cross-field rules apply.
-    return Settings.from_env({**function_environment, **overrides}, declared_tables(), declared_settings())
+    return Settings.from_env({**function_environment, **overrides}, tables, own)
 
 
 def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, webhook_url: str) -> LocalResources:
@@ -171,7 +193,7 @@ def _environments(
     shared = {**servers.function_environment(function), "PYTHONPATH": str(task_root)}
     python = venv_python()
     check_handler(packaged, shared, python)
-    settings = _settings(function.environment, config).model_dump_json()
+    settings = _settings(function.environment, config, chaos_handlers(config)).model_dump_json()
     environments = []
     for index, seed in enumerate(seeds):
         plan = Plan(
@@ -188,6 +210,8 @@ def _environments(
             max_pause_s=config.visibility_timeout_s + (config.lease_max_ms + 2 * config.max_skew_ms) / 1000 + 5,
             deadline_margin_ms=config.deadline_margin_ms,
             forced={kind.value: count for kind, count in config.forced.items()},
+            forced_on=config.forced_on,
+            handlers=list(config.handlers),
         )
         variables = {**shared, PLAN_VARIABLE: json.dumps(asdict(plan))}
         environments.append(LambdaEnvironment(packaged, variables, python=python, name=f"chaos-{index}"))
@@ -207,11 +231,38 @@ def _wait_until_drained(sqs: Any, queue_url: str, timeout_s: float) -> bool:
 
 def _emulated_conflicts(servers: LocalServers) -> int:
     """Conflicts the local stack's emulation has raised so far (its proxy counts for every run on it)."""
-    proxy = servers.dynamodb.proxy
-    if proxy is None:
-        return 0
-    stats = proxy.stats()
+    assert servers.dynamodb.proxy is not None
+    stats = servers.dynamodb.proxy.stats()
     return stats.get("transactions_cancelled", 0) + stats.get("writes_refused", 0)
+
+
+def _handler_tables(
+    dynamodb: Any, resources: LocalResources, handlers: Sequence[payloads.Handler], prefix: str
+) -> dict[str, str]:
+    """Every handler's tables by logical id: the stack's, and for a table the template lacks (a core test's
+    handler), one made here in the idempotency table's shape (key ``id``)."""
+    names = {}
+    for table in dict.fromkeys(table for handler in handlers for table in handler.tables):
+        if table in resources.tables:
+            names[table] = resources.tables[table].name
+        else:
+            names[table] = f"{prefix}-{table}"
+            create_table(dynamodb, names[table], Template.from_file().properties(IDEMPOTENCY_TABLE))
+    return names
+
+
+def _examples_own(checker: Checker, dynamodb: Any, tables: Mapping[str, str]) -> list[Verdict]:
+    """The registered examples' own invariants (``tests/examples/<event type>_checks.py``), on what was applied."""
+    registered, verdicts = {handler.event_type for handler in payloads.registered()}, []
+    for event_type, path in example_checks():
+        if event_type not in registered:
+            print(f"{event_type} not registered: its own checks ({path.name}) not run")
+            continue
+        found = payloads.load_module(path).demo_checks(
+            dynamodb, tables.__getitem__, checker.applied_payloads(event_type)
+        )
+        verdicts += [Verdict(f"{event_type}: {text}", int(not passed), []) for passed, text in found]
+    return verdicts
 
 
 def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
@@ -219,16 +270,22 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
     started = time.monotonic()
     rng = random.Random(config.seed)
     run_id = uuid.UUID(int=rng.getrandbits(128)).hex[:8]
-    workload = build_workload(config, rng, run_id)
+    handlers = chaos_handlers(config)
+    workload, seeds_items = build_workload(config, rng, run_id, handlers)
     history = History()
     # The pollers share it, as they did the harness's: a pool for them all.
     sqs = servers.client("sqs", max_pool_connections=50, timeout_s=30.0)
     dynamodb = servers.client("dynamodb")
     with WebhookSink() as sink, tempfile.TemporaryDirectory(prefix="chaos-run-", ignore_cleanup_errors=True) as run_dir:
-        webhook_plan = _webhook_plan(config, rng, calls=4 * max(1, round(config.messages * config.receipt_ratio)))
+        webhook_plan = _webhook_plan(config, rng, calls=4 * max(1, config.messages))
         sink.answer_next(*(answer for _, answer in webhook_plan))
         resources = _deploy(servers, config, run_id, sink.receipts_url)
+        tables = _handler_tables(dynamodb, resources, handlers, f"chaos-{run_id}-{uuid.uuid4().hex[:6]}")
+        payloads.put_seeds(dynamodb, tables, seeds_items)
         function = resources.function()
+        # The tables of the handlers the run adds reach them as the template's reach the registered ones.
+        variables = {table_variable(table): name for table, name in tables.items()} | {WEBHOOK_VARIABLE: sink.url}
+        function = replace(function, environment=function.environment | variables)
         trigger = function.triggers[0]
         queue = resources.queues[trigger.queue_logical_id]
         sqs.set_queue_attributes(QueueUrl=queue.url, Attributes={"VisibilityTimeout": str(config.visibility_timeout_s)})
@@ -246,13 +303,20 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
                 environment.stop()
         emulated = _emulated_conflicts(servers) - emulated_before
         history.read_journals(Path(run_dir))
+        records_table = resources.tables[IDEMPOTENCY_TABLE].name
+        assert servers.dynamodb.proxy is not None
+        commits = servers.dynamodb.proxy.stats(COMMITS_PATH)
         end = EndState(
-            ledger=scan(dynamodb, resources.tables[LEDGER_TABLE].name),
-            records=scan(dynamodb, resources.tables[IDEMPOTENCY_TABLE].name),
+            records=scan(dynamodb, records_table),
+            commits={
+                record.partition("/")[2]: n for record, n in commits.items() if record.startswith(f"{records_table}/")
+            },
             dead_letters=dead_letters.peek(sqs, resources.dead_letter_queue(queue).url),
             webhook_calls=sink.received(),
             drained=drained,
         )
+        checker = Checker(sent, end, history)
+        verdicts = [*checker.all(), *_examples_own(checker, dynamodb, tables)]
     history.faults.update(kind for kind, _ in webhook_plan[: len(end.webhook_calls)] if kind is not None)
     return ChaosReport(
         config=config,
@@ -260,6 +324,6 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
         history=history,
         end=end,
         emulated_conflicts=emulated,
-        verdicts=Checker(sent, end, history).all(),
+        verdicts=verdicts,
         duration_s=time.monotonic() - started,
     )

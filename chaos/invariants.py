@@ -1,10 +1,11 @@
-"""A run's history (the runtimes' journals, what the pollers saw) and end state (ledger, records,
-dead letters, webhook calls), and the invariants they are checked against (DESIGN: "Invariants
-every reliability test checks"), each counted as a number of violations."""
+"""A run's history (the runtimes' journals, what the pollers saw) and end state (records, the commits DynamoDB
+accepted, dead letters, webhook calls), and the invariants they are checked against (DESIGN: "Invariants every
+reliability test checks"), each counted as a number of violations. They hold for any handler: whether a message
+was applied is read from its idempotency record and the commits seen at the conflict proxy, never from a table of
+the handler's; an example's own invariants (the payment ledger's balances) are its checks in ``tests/examples``."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -16,6 +17,7 @@ from boto3.dynamodb.types import TypeDeserializer
 
 from chaos import journal
 from chaos.faults import FaultKind
+from consumer.envelope import payload_hash
 from consumer.errors import ErrorType
 from consumer.idempotency.record import Attr, Status
 from consumer.outcome import Outcome
@@ -30,8 +32,8 @@ _EXAMPLES = 3
 _EXIT_ERROR = "Runtime.ExitError"
 _UNFINISHED = (Outcome.RETRIED, Outcome.CONFLICT)
 CUT_OFF = "request cut off by a crash"
-# The ledger entry of each event type: its entryId prefix and the payload field that ends it.
-_ENTRIES = {"PaymentReceived": ("PAYMENT#", "paymentId"), "ReceiptRequested": ("RECEIPT#", "receiptId")}
+# What may dead-letter a well-formed message of a handler: its business rule, or its key taken by another payload.
+_REFUSALS = (ErrorType.BUSINESS_CONDITION_FAILED, ErrorType.IDEMPOTENCY_KEY_REUSED)
 
 
 @dataclass
@@ -52,6 +54,8 @@ class History:
     # (a lock-mode commit is retried for the invocation's whole time, so it gives up only when that
     # time is out: an attempt cut off like any other, whose claim the next owner takes after the lease).
     unfinished: Counter[str] = field(default_factory=Counter)
+    # messageId -> the outcomes of its deliveries.
+    results: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     crashed: int = 0
     # batchItemFailures ids that were not ids of the invocation's batch.
     foreign_failure_ids: list[str] = field(default_factory=list)
@@ -94,12 +98,14 @@ class History:
                     self.outcomes[outcome] += 1
                     self.conflicts_absorbed += absorbed
                     self.unfinished[message_id] += outcome in _UNFINISHED
+                    self.results[message_id].add(outcome)
 
 
 @dataclass(frozen=True)
 class EndState:
-    ledger: list[dict[str, Any]]
     records: list[dict[str, Any]]
+    # Record id -> the commits of it DynamoDB accepted, counted at the conflict proxy.
+    commits: Mapping[str, int]
     dead_letters: list[DeadLetter]
     webhook_calls: list[ReceivedRequest]
     drained: bool
@@ -118,38 +124,11 @@ def scan(client: Any, table: str) -> list[dict[str, Any]]:
     return [{name: _deserializer.deserialize(value) for name, value in item.items()} for item in items]
 
 
-@dataclass
-class _KeyGroup:
-    """Every message sent under one idempotency key of one event type, by payload: a key reused
-    with other content (another amount, or another business id altogether) is another variant."""
-
-    event_type: str
-    key: str
-    variants: dict[str, tuple[dict[str, Any], list[str]]] = field(default_factory=dict)  # canonical -> messageIds
-
-    def entry_id(self, payload: Mapping[str, Any]) -> tuple[str, str]:
-        prefix, id_field = _ENTRIES[self.event_type]
-        return payload["accountId"], prefix + payload[id_field]
-
-    @property
-    def first(self) -> dict[str, Any]:
-        return next(iter(self.variants.values()))[0]
-
-    def message_ids(self) -> list[str]:
-        return [message_id for _, ids in self.variants.values() for message_id in ids]
-
-
-def _groups(sent: Mapping[str, Outgoing]) -> dict[tuple[str, str], _KeyGroup]:
-    groups: dict[tuple[str, str], _KeyGroup] = {}
-    for message_id, message in sent.items():
-        payload, event_type, key = message.payload, message.event_type, message.key
-        well_formed = (
-            message.kind in ("payment", "receipt") or message.expected_error == ErrorType.IDEMPOTENCY_KEY_REUSED
-        )
-        if well_formed and payload is not None and event_type is not None and key is not None:
-            group = groups.setdefault((event_type, key), _KeyGroup(event_type, key))
-            group.variants.setdefault(json.dumps(payload, sort_keys=True), (payload, []))[1].append(message_id)
-    return groups
+def record_id(message: Outgoing) -> str | None:
+    """The idempotency record a well-formed message claims; ``None`` for poison that never reaches one."""
+    if message.payload is None or message.event_type is None or message.key is None:
+        return None
+    return f"{message.event_type}#{message.key}"
 
 
 class Checker:
@@ -157,10 +136,9 @@ class Checker:
         self.sent = sent
         self.end = end
         self.history = history
-        self.groups = _groups(sent)
-        self.payments = [group for group in self.groups.values() if group.event_type == "PaymentReceived"]
-        self.receipts = [group for group in self.groups.values() if group.event_type == "ReceiptRequested"]
-        self.entries = {(item["accountId"], item["entryId"]): item for item in end.ledger}
+        completed = (record for record in end.records if record.get(Attr.STATUS) == Status.COMPLETED)
+        # Record id -> the hash of the payload it was committed with.
+        self.committed = {record[Attr.ID]: record.get(Attr.PAYLOAD_HASH) for record in completed}
         self.dead: defaultdict[str, list[str | None]] = defaultdict(list)
         for letter in end.dead_letters:
             self.dead[letter.original_message_id].append(letter.error_type)
@@ -168,15 +146,15 @@ class Checker:
     def all(self) -> list[Verdict]:
         checks: dict[str, Callable[[], Iterable[str]]] = {
             "queue drained before the time limit": self.queue_drained,
-            "nothing lost (applied, or in the DLQ with its reason)": self.nothing_lost,
-            "no payment applied twice (balance = sum of distinct payments)": self.no_payment_applied_twice,
+            "every message applied once, a duplicate, or in the DLQ with a reason": self.nothing_lost,
+            "no key committed twice (commits DynamoDB accepted)": self.no_key_committed_twice,
             "no key applied with two payloads": self.no_key_applied_twice,
-            "no healthy message dead-lettered": self.dead_letters_explained,
-            "no record stuck IN_PROGRESS": self.no_record_stuck,
+            "no message dead-lettered for a reason it cannot have": self.dead_letters_explained,
+            "no record stuck IN_PROGRESS after its lease": self.no_record_stuck,
             "no zombie commit or release over a newer owner": lambda: self.history.zombie_writes_accepted,
             "batchItemFailures name only the batch's ids": self.failures_name_their_batch,
-            "receipt webhook: a repeat call only after a failed attempt": self.receipts_called_once,
-            "every receipt call carries its message's Idempotency-Key": self.receipts_carry_their_key,
+            "webhook: a repeat call only after a failed attempt": self.called_once,
+            "every webhook call carries a key that was sent": self.calls_carry_their_key,
         }
         verdicts = []
         for name, check in checks.items():
@@ -184,20 +162,15 @@ class Checker:
             verdicts.append(Verdict(name, len(found), found[:_EXAMPLES]))
         return verdicts
 
-    def applied(self, group: _KeyGroup) -> list[str]:
-        """The variants applied under a key: their ledger entry carries the key (and, for a
-        payment, the amount); the contract allows one at most."""
-        found = []
-        for canonical, (payload, _) in group.variants.items():
-            entry = self.entries.get(group.entry_id(payload))
-            if entry is None or entry.get("idempotencyKey") != group.key:
-                continue
-            if group.event_type != "PaymentReceived" or int(entry["amountCents"]) == payload["amountCents"]:
-                found.append(canonical)
-        return found
+    def applied(self, message: Outgoing) -> bool:
+        """Its record is COMPLETED with its payload: applied by it, or by an earlier copy (it is a duplicate)."""
+        record = record_id(message)
+        return record in self.committed and self.committed[record] == payload_hash(message.payload or {})
 
-    def dead_lettered_for(self, message_id: str, error_type: str) -> bool:
-        return error_type in self.dead.get(message_id, [])
+    def applied_payloads(self, event_type: str) -> list[dict[str, Any]]:
+        """The payloads of ``event_type`` applied, one per key: what an example's own checks are given."""
+        applied = {m.key: m.payload for m in self.sent.values() if m.event_type == event_type and self.applied(m)}
+        return [payload for payload in applied.values() if payload is not None]
 
     # -- the invariants: each yields its violations ------------------------------------
 
@@ -206,71 +179,35 @@ class Checker:
             yield "messages still queued or in flight at the time limit"
 
     def nothing_lost(self) -> Iterator[str]:
-        for group in self.groups.values():
-            applied = self.applied(group)
-            if not applied:
-                yield f"{group.event_type} {group.key}: never applied"
-                continue
-            for canonical, (_, message_ids) in group.variants.items():
-                for message_id in message_ids:
-                    if canonical not in applied and not self.dead_lettered_for(
-                        message_id, ErrorType.IDEMPOTENCY_KEY_REUSED
-                    ):
-                        yield f"{message_id} reused key {group.key}: neither applied nor dead-lettered"
         for message_id, message in self.sent.items():
-            if message.kind == "poison" and message.expected_error != ErrorType.IDEMPOTENCY_KEY_REUSED:
-                assert message.expected_error is not None
-                if not self.dead_lettered_for(message_id, message.expected_error):
-                    yield f"poison {message_id} not in the DLQ as {message.expected_error}"
+            if not self.applied(message) and not any(self.dead.get(message_id, [])):
+                yield f"{message_id} ({message.kind} {message.key}): neither applied nor dead-lettered with a reason"
+
+    def no_key_committed_twice(self) -> Iterator[str]:
+        for record, commits in self.end.commits.items():
+            if commits > 1:
+                yield f"{record}: {commits} commits accepted"
+        for record in self.committed.keys() - self.end.commits.keys():
+            yield f"{record}: COMPLETED with no commit seen at the proxy"
 
     def no_key_applied_twice(self) -> Iterator[str]:
-        for group in self.groups.values():
-            applied = self.applied(group)
-            if len(applied) > 1:
-                yield f"{group.event_type} {group.key}: applied with {len(applied)} payloads: {', '.join(applied)}"
-
-    def no_payment_applied_twice(self) -> Iterator[str]:
-        credited: Counter[str] = Counter()
-        for group in self.payments:
-            for canonical in self.applied(group):
-                payload = group.variants[canonical][0]
-                credited[payload["accountId"]] += int(payload["amountCents"])
-        sent_payments = {group.entry_id(payload) for group in self.payments for payload, _ in group.variants.values()}
-        entries_by_account: Counter[str] = Counter()
-        for (account, entry_id), item in self.entries.items():
-            if entry_id.startswith("PAYMENT#"):
-                entries_by_account[account] += int(item["amountCents"])
-                if (account, entry_id) not in sent_payments:
-                    yield f"{account}/{entry_id}: a ledger entry for no payment sent"
-        for (account, entry_id), item in self.entries.items():
-            if entry_id != "BALANCE":
-                continue
-            balance = int(item.get("balanceCents", 0))
-            if balance != entries_by_account[account] or balance != credited[account]:
-                yield (
-                    f"{account}: balance {balance}, payment entries {entries_by_account[account]},"
-                    f" distinct payments applied {credited[account]}"
-                )
+        for message_id, message in self.sent.items():
+            succeeded = self.history.results[message_id] & {Outcome.APPLIED, Outcome.DUPLICATE}
+            if record_id(message) is not None and succeeded and not self.applied(message):
+                yield f"{message_id}: {'/'.join(sorted(succeeded))} under {message.key}, committed with another payload"
 
     def dead_letters_explained(self) -> Iterator[str]:
         for message_id, reasons in self.dead.items():
             message = self.sent.get(message_id)
-            for reason in reasons:
-                if reason is None:
-                    continue  # moved by the redrive policy: counted, and lost only if never applied
+            for reason in filter(None, reasons):  # moved by the redrive policy: lost only if never applied
                 if message is None:
                     yield f"{message_id}: dead-lettered ({reason}) but never sent"
-                elif message.kind == "poison" and message.expected_error != ErrorType.IDEMPOTENCY_KEY_REUSED:
-                    if reason != message.expected_error:
-                        yield f"{message_id}: dead-lettered as {reason}, not {message.expected_error}"
-                elif reason != ErrorType.IDEMPOTENCY_KEY_REUSED or self._is_winner(message_id, message):
+                elif message.expected_error is not None and reason != message.expected_error:
+                    yield f"{message_id}: dead-lettered as {reason}, not {message.expected_error}"
+                elif message.expected_error is None and (
+                    reason not in _REFUSALS or (reason == ErrorType.IDEMPOTENCY_KEY_REUSED and self.applied(message))
+                ):
                     yield f"{message_id} ({message.kind} {message.key}): dead-lettered as {reason}"
-
-    def _is_winner(self, message_id: str, message: Outgoing) -> bool:
-        group = self.groups.get((message.event_type or "", message.key or ""))
-        if group is None:
-            return False
-        return any(message_id in group.variants[canonical][1] for canonical in self.applied(group))
 
     def no_record_stuck(self) -> Iterator[str]:
         for record in self.end.records:
@@ -281,7 +218,7 @@ class Checker:
         for message_id in self.history.foreign_failure_ids:
             yield f"{message_id} reported outside its batch"
 
-    def receipts_called_once(self) -> Iterator[str]:
+    def called_once(self) -> Iterator[str]:
         """More than one accepted webhook call per key only after as many failed attempts.
 
         A transaction conflict absorbed in process is not a failed attempt: the consumer retries
@@ -289,19 +226,23 @@ class Checker:
         still ends in conflict is one: its invocation's time ran out before the commit landed.
         """
         accepted = Counter(call.idempotency_key for call in self.end.webhook_calls if 200 <= call.status < 300)
-        for group in self.receipts:
-            faults = self.history.faults_by_record.get(f"{group.event_type}#{group.key}", Counter())
+        by_key: defaultdict[str, list[str]] = defaultdict(list)
+        for message_id, message in self.sent.items():
+            if message.key is not None:
+                by_key[message.key].append(message_id)
+        for key, calls in accepted.items():
+            records = {record_id(self.sent[message_id]) for message_id in by_key.get(key or "", [])}
+            faults = sum((self.history.faults_by_record.get(record or "", Counter()) for record in records), Counter())
             failed_attempts = (
                 sum(faults.values())
                 - faults[FaultKind.TRANSACTION_CONFLICT]
-                + sum(self.history.unfinished[message_id] for message_id in group.message_ids())
+                + sum(self.history.unfinished[message_id] for message_id in by_key.get(key or "", []))
             )
-            if accepted[group.key] > 1 + failed_attempts:
-                yield f"{group.key}: {accepted[group.key]} calls accepted, {failed_attempts} failed attempts"
+            if calls > 1 + failed_attempts:
+                yield f"{key}: {calls} calls accepted, {failed_attempts} failed attempts"
 
-    def receipts_carry_their_key(self) -> Iterator[str]:
-        key_of = {group.first["receiptId"]: group.key for group in self.receipts}
+    def calls_carry_their_key(self) -> Iterator[str]:
+        keys = {message.key for message in self.sent.values()}
         for call in self.end.webhook_calls:
-            receipt_id = call.json().get("receiptId")
-            if call.idempotency_key != key_of.get(receipt_id):
-                yield f"receipt {receipt_id}: key {call.idempotency_key!r}, sent as {key_of.get(receipt_id)!r}"
+            if call.idempotency_key not in keys:
+                yield f"a call to {call.path} with key {call.idempotency_key!r}, never sent"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from chaos.faults import FaultKind
-from chaos.harness import HOT_ACCOUNT, ChaosReport
+from chaos.harness import ChaosReport
 
 _WIDTH = 84
 
@@ -20,13 +20,10 @@ def _row(label: str, value: object) -> str:
 
 def render(report: ChaosReport) -> str:
     config, history, end = report.config, report.history, report.end
-    business = [message for message in report.sent.values() if message.kind in ("payment", "receipt")]
+    business = [message for message in report.sent.values() if message.kind == "drawn"]
     distinct = {message.key: message for message in business}  # a resend reuses its original's key
-    kinds = Counter(message.kind for message in distinct.values())
-    hot = sum(
-        message.kind == "payment" and (message.payload or {})["accountId"].startswith(HOT_ACCOUNT)
-        for message in distinct.values()
-    )
+    by_type = Counter(message.event_type for message in distinct.values())
+    hot = len(distinct) - len({message.body.replace(message.key or "", "") for message in distinct.values()})
     injected_conflicts = history.faults[FaultKind.TRANSACTION_CONFLICT]
     webhook_calls_per_key = Counter(call.idempotency_key for call in end.webhook_calls)
     dead_letters = Counter(letter.error_type or "redrive (no reason)" for letter in end.dead_letters)
@@ -34,11 +31,10 @@ def render(report: ChaosReport) -> str:
         f"chaos run: seed {config.seed}, {config.pollers} pollers, {report.duration_s:.0f} s",
         *_section("sent"),
         _row("messages sent", len(report.sent)),
-        _row("distinct payments", kinds["payment"]),
-        _row("distinct receipt requests", kinds["receipt"]),
+        *(_row(f"distinct {event_type} (drawn from its model)", count) for event_type, count in by_type.items()),
         _row("duplicates (same key, new messageId)", len(business) - len(distinct)),
-        _row("poison (incl. key reused with another payload)", len(report.sent) - len(business)),
-        _row(f"payments on {config.hot_accounts} hot accounts ({config.hot_share:.0%} share)", hot),
+        _row("poison and keys reused with another payload", len(report.sent) - len(business)),
+        _row(f"on another's payload under a key of its own (hot items, {config.hot_share:.0%})", hot),
         *_section("faults injected"),
     ]
     lines += [_row(f"{kind.description} [{kind.value}]", history.faults[kind]) for kind in FaultKind]
@@ -59,7 +55,8 @@ def render(report: ChaosReport) -> str:
         _row("  absorbed in process (retried within the record's time)", history.conflicts_absorbed),
         _row("  returned to SQS (outcome conflict)", history.outcomes["conflict"]),
         _row("webhook calls", len(end.webhook_calls)),
-        _row("  receipts whose webhook was called more than once", sum(n > 1 for n in webhook_calls_per_key.values())),
+        _row("  keys whose webhook was called more than once", sum(n > 1 for n in webhook_calls_per_key.values())),
+        _row("commits DynamoDB accepted (seen at the conflict proxy)", sum(end.commits.values())),
         *_section("invariants (violations; each must be 0)"),
     ]
     for verdict in report.verdicts:

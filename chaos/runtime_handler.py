@@ -21,10 +21,13 @@ import boto3
 from chaos.faults import FaultKind, FaultPolicy, Zombies
 from chaos.journal import Journal
 from chaos.transport_faults import install_faults
+from consumer import handlers
 from consumer.config import Settings
 from consumer.idempotency.record import Attr
 
 PLAN_VARIABLE = "CHAOS_PLAN"
+# The run's webhook sink, for a handler the run adds that calls out (its URL: any path under it).
+WEBHOOK_VARIABLE = "CHAOS_WEBHOOK_URL"
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,9 @@ class Plan:
     max_pause_s: float
     deadline_margin_ms: int
     forced: dict[str, int]  # fault kind -> the faults each environment injects at their first opportunities
+    forced_on: str | None  # the event type whose records take the forced crashes and zombies (None: any)
+    # module:Class of handlers the run adds to the registered ones (a core test's own, its tables made by the run).
+    handlers: list[str]
 
 
 class Environment:
@@ -67,10 +73,14 @@ class Environment:
         zombies = Zombies(run_dir, plan.max_paused, plan.max_pause_s, owner_of)
         rates = {FaultKind(kind): rate for kind, rate in plan.rates.items()}
         forced = Counter({FaultKind(kind): count - self.journal.injected[kind] for kind, count in plan.forced.items()})
-        self.faults = FaultPolicy(rates, random.Random(self._rng.random()), self.journal, table, zombies, +forced)
+        self.faults = FaultPolicy(
+            rates, random.Random(self._rng.random()), self.journal, table, zombies, +forced, plan.forced_on
+        )
         self._deadline_margin_ms = plan.deadline_margin_ms
         session = boto3.session.Session()
         install_faults(session, self.faults, services=("dynamodb", "sqs"))
+        # Registered as a user registers theirs, so that any consumer the plan names builds them.
+        handlers.HANDLERS = (*handlers.HANDLERS, *(pkgutil.resolve_name(name) for name in plan.handlers))
         self.consumer = pkgutil.resolve_name(plan.consumer)(settings, session, clock=self.clock)
 
     def clock(self) -> float:

@@ -11,7 +11,6 @@ queue is FIFO, one message group per key, and each group's order is checked too 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import random
 import time
 from collections import Counter
@@ -134,10 +133,7 @@ def _examples(stack: DeployedStack, sent: list[messages.Outgoing], applied: set[
         if event_type not in registered:
             checks.append(Check(True, f"{event_type} not registered: its own checks ({path.name}) not run"))
             continue
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = payloads.load_module(path)
         ours = [
             m.payload
             for m in sent

@@ -23,6 +23,7 @@ LATENCY_ENV = "LOCAL_DYNAMODB_LATENCY_MS"
 DEFAULT_HOLD_MS = 5.0
 # DynamoDB has no such path, so no client's request is ever taken for it.
 STATS_PATH = "/conflict-proxy/stats"
+COMMITS_PATH = "/conflict-proxy/commits"
 _SWITCH = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
 
 
@@ -79,8 +80,9 @@ class ConflictProxy(LoopbackServer):
         proxy = [sys.executable, "-m", "testkit.conflict_proxy", "--upstream", self.upstream, "--port", str(port)]
         return [*proxy, *settings, *switch]
 
-    def stats(self) -> dict[str, int]:
-        """What the proxy has seen: ``transactions``, ``transactions_cancelled``, ``writes_refused``."""
-        with urllib.request.urlopen(f"{self.endpoint_url}{STATS_PATH}", timeout=10) as answer:
+    def stats(self, path: str = STATS_PATH) -> dict[str, int]:
+        """What the proxy has seen: ``transactions``, ``transactions_cancelled``, ``writes_refused``; or at
+        ``COMMITS_PATH``, the commits DynamoDB accepted per idempotency record (``table/id``)."""
+        with urllib.request.urlopen(f"{self.endpoint_url}{path}", timeout=10) as answer:
             counts: dict[str, int] = json.load(answer)
         return counts

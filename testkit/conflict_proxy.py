@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import urllib3
 
-from testkit.conflict_emulation import STATS_PATH, ConflictEmulation
+from testkit.conflict_emulation import COMMITS_PATH, STATS_PATH, ConflictEmulation
 from testkit.conflict_rules import (
     SINGLE_ITEM_WRITES,
     TRANSACT_WRITE,
@@ -45,6 +45,9 @@ _HOP_BY_HOP = frozenset(
 )
 _TABLE_CHANGES = frozenset({"CreateTable", "DeleteTable"})
 _JSON = "application/x-amz-json-1.0"
+# The idempotency record's COMPLETED status as the store writes it (``consumer.idempotency.record.Status``): a write
+# DynamoDB accepted that sets it is a commit, seen here rather than believed from the consumer.
+_COMPLETED = {"S": "COMPLETED"}
 
 Reply = tuple[int, str, list[tuple[str, str]], bytes]
 
@@ -66,6 +69,8 @@ class ConflictProxyServer(ThreadingHTTPServer):
         self._counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
         self.key_schemas: dict[str, tuple[str, ...]] = {}
+        # "table/record id" -> the accepted commits' transaction tokens (a replayed transaction is one commit).
+        self.commits: dict[str, set[str]] = {}
         super().__init__((LOOPBACK, port), _ProxyHandler)
 
     def forward(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes) -> Reply:
@@ -97,6 +102,16 @@ class ConflictProxyServer(ThreadingHTTPServer):
         with self._counts_lock:
             return dict(self._counts)
 
+    def observe_commits(self, request: dict[str, Any]) -> None:
+        transaction = request.get("TransactItems")
+        updates = [item.get("Update") or {} for item in transaction or []] if transaction else [request]
+        token = request.get("ClientRequestToken") or uuid.uuid4().hex
+        for update in updates:
+            if _COMPLETED in (update.get("ExpressionAttributeValues") or {}).values():
+                record = f"{update.get('TableName')}/{((update.get('Key') or {}).get('id') or {}).get('S')}"
+                with self._counts_lock:
+                    self.commits.setdefault(record, set()).add(token)
+
 
 class _ProxyHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -111,8 +126,11 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         """Silent: a load run makes thousands of requests."""
 
     def do_GET(self) -> None:
-        if self.path == STATS_PATH:
-            self._reply(200, "OK", [("Content-Type", "application/json")], json.dumps(self.server.counts()).encode())
+        if self.path in (STATS_PATH, COMMITS_PATH):
+            with self.server._counts_lock:
+                commits = {record: len(tokens) for record, tokens in self.server.commits.items()}
+            document = self.server.counts() if self.path == STATS_PATH else commits
+            self._reply(200, "OK", [("Content-Type", "application/json")], json.dumps(document).encode())
         else:
             self.do_POST()  # any other path is DynamoDB Local's to answer
 
@@ -122,6 +140,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         operation = (self.headers.get("X-Amz-Target") or "").rpartition(".")[2]
         self._wait_half_latency()
         reply = self._answer(operation, headers, body)
+        if reply[0] == 200 and operation in (TRANSACT_WRITE, "UpdateItem"):
+            self.server.observe_commits(_json_object(body) or {})
         self._wait_half_latency()
         self._reply(*reply)
 

@@ -112,66 +112,12 @@ def receipt(key: str, receipt_id: str, account_id: str, payment_id: str, amount_
     return Outgoing(envelope("ReceiptRequested", key, payload), "receipt", key)
 
 
-def _account(rng: random.Random, accounts: int) -> str:
-    return f"acc-{rng.randrange(accounts):03d}"
-
-
-def payments(count: int, accounts: int, rng: random.Random, prefix: str = "pay") -> list[Outgoing]:
-    return [
-        payment(f"{prefix}-{i:06d}", f"{prefix}-p{i:06d}", _account(rng, accounts), rng.randrange(100, 100_000))
-        for i in range(count)
-    ]
-
-
-def receipts(count: int, accounts: int, rng: random.Random, prefix: str = "rcpt") -> list[Outgoing]:
-    return [
-        receipt(
-            f"{prefix}-{i:06d}",
-            f"{prefix}-r{i:06d}",
-            _account(rng, accounts),
-            f"{prefix}-p{i:06d}",
-            rng.randrange(100, 100_000),
-        )
-        for i in range(count)
-    ]
-
-
 def with_resends(messages: Sequence[Outgoing], fraction: float, rng: random.Random) -> list[Outgoing]:
     """The messages plus resends of about ``fraction`` of them, shuffled in among the originals."""
     resends = [message for message in messages if rng.random() < fraction]
     mixed = [*messages, *resends]
     rng.shuffle(mixed)
     return mixed
-
-
-def poison(per_kind: int, reused: Outgoing | None = None) -> list[Outgoing]:
-    """Messages that can never succeed, ``per_kind`` of each; key reuse needs an applied payment."""
-    made: list[Outgoing] = []
-    for index in range(per_kind):
-        made.append(Outgoing('{"eventType": "PaymentReceived", "payload": ', "poison", None, ErrorType.INVALID_JSON))
-        bad = envelope("PaymentReceived", f"bad-{index}", {"paymentId": f"bad-{index}", "accountId": "acc-000"})
-        made.append(Outgoing(bad, "poison", f"bad-{index}", ErrorType.SCHEMA_VIOLATION))
-        unknown = envelope("LoyaltyPointsAwarded", f"points-{index}", {"awardId": f"pts-{index}", "points": 50})
-        made.append(Outgoing(unknown, "poison", f"points-{index}", ErrorType.UNKNOWN_EVENT_TYPE))
-        if reused is not None and reused.kind == "payment" and reused.payload is not None:
-            # The key reused for the same payment with another amount, and for another payment on
-            # another account: a producer that regenerates its business id on a retry.
-            changed = {**reused.payload, "amountCents": reused.payload["amountCents"] + 1 + index}
-            other = {
-                **reused.payload,
-                "paymentId": f"{reused.payload['paymentId']}-again-{index}",
-                "accountId": "acc-reuse",
-            }
-            made += [
-                Outgoing(
-                    envelope("PaymentReceived", reused.key, variant),
-                    "poison",
-                    reused.key,
-                    ErrorType.IDEMPOTENCY_KEY_REUSED,
-                )
-                for variant in (changed, other)
-            ]
-    return made
 
 
 def ledger_balance(dynamodb: Any, table: str, account: str) -> int:

@@ -124,7 +124,7 @@ def seed_items(handler: Handler, payload: Mapping[str, Any], root: Path = REPO) 
     path = seeds_file(handler.event_type, root)
     if path is None:
         return []
-    items = list(_seeds_module(path).seed_items(dict(payload)))
+    items = list(load_module(path).seed_items(dict(payload)))
     undeclared = {table for table, _ in items} - set(handler.tables)
     if undeclared:
         raise GeneratorError(f"{path} seeds {sorted(undeclared)}, not among {handler.event_type}'s tables")
@@ -132,7 +132,8 @@ def seed_items(handler: Handler, payload: Mapping[str, Any], root: Path = REPO) 
 
 
 @cache
-def _seeds_module(path: Path) -> Any:
+def load_module(path: Path) -> Any:
+    """A module of the author's under ``tests/`` (seed items, an example's own checks), loaded from its file."""
     spec = importlib.util.spec_from_file_location(f"seeds_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise GeneratorError(f"cannot load {path}")

@@ -1,0 +1,88 @@
+"""What the core's chaos test adds to the registered handlers, and consumers that get it wrong on purpose.
+
+``GuardedPeriod``: a lock-mode handler with a guard, whatever the examples are. Its rule, a paid-up period that
+only moves forward, is checked with the claim, before its outside call (to the run's webhook sink): the guard
+marks the item pending under the idempotency key, the commit settles it, a release undoes it. Its table is not
+in the template: the harness makes it in the idempotency table's shape (key ``id``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from consumer.app import wire
+from consumer.batch import BatchRunner
+from consumer.config import Settings
+from consumer.handlers.base import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
+from consumer.idempotency import store as store_module
+from consumer.idempotency.writes import Update
+from consumer.webhook import WebhookClient
+
+WEBHOOK_VARIABLE = "CHAOS_WEBHOOK_URL"
+
+
+class Period(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    itemId: str = Field(pattern=ID_PATTERN)
+    through: StrictInt = Field(gt=0, le=999_999)
+
+
+class GuardedPeriod(MessageHandler[Period]):
+    event_type: ClassVar[str] = "GuardedPeriodMoved"
+    mode: ClassVar[Mode] = Mode.LOCK
+    payload_model: ClassVar[type[BaseModel]] = Period
+    tables: ClassVar[tuple[str, ...]] = ("ChaosPeriodTable",)
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self._timeout_ms = settings.webhook_timeout_ms
+        self._webhook = WebhookClient(os.environ[WEBHOOK_VARIABLE], WEBHOOK_VARIABLE)
+
+    def contention_key(self, payload: Period) -> str:
+        return payload.itemId
+
+    def _write(self, payload: Period, key: str, expression: str, condition: str) -> Update:
+        values = {":key": key, ":through": payload.through}
+        return Update(
+            self.table_names["ChaosPeriodTable"],
+            {"id": payload.itemId},
+            expression,
+            condition=condition,
+            values={name: value for name, value in values.items() if name in expression + condition},
+            reason=f"{payload.itemId} through {payload.through}: not forward, or another move pending",
+        )
+
+    def guard(self, payload: Period, context: MessageContext) -> Guard:
+        key = context.idempotency_key
+        reserve = self._write(
+            payload,
+            key,
+            "SET pendingKey = :key",
+            "(attribute_not_exists(pendingKey) OR pendingKey = :key)"
+            " AND (attribute_not_exists(through) OR through < :through)",
+        )
+        return Guard((reserve,), undo=(self._write(payload, key, "REMOVE pendingKey", "pendingKey = :key"),))
+
+    def handle(self, payload: Period, context: MessageContext) -> Effect:
+        deadline_s = max(0.1, min(self._timeout_ms, context.remaining_ms()) / 1000)
+        self._webhook.post(json.dumps(payload.model_dump()).encode(), context.idempotency_key, deadline_s)
+        settle = self._write(
+            payload, context.idempotency_key, "SET through = :through REMOVE pendingKey", "pendingKey = :key"
+        )
+        return Effect(result={"through": payload.through}, writes=(settle,))
+
+
+# The claim's condition made to hold for any record (its placeholders kept, as DynamoDB wants them all used):
+# a duplicate claims a COMPLETED key again, whatever its payload.
+UNCONDITIONAL = store_module._CLAIMABLE.replace("#expires < :now_s", "#expires <> :now_s")
+
+
+def unconditional_wire(settings: Settings, session: Any, *, clock: Callable[[], float]) -> BatchRunner:
+    store_module._CLAIMABLE = UNCONDITIONAL
+    return wire(settings, session, clock)
