@@ -13,11 +13,11 @@ import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, StrictInt
 
 from consumer.app import wire
 from consumer.batch import BatchRunner
-from consumer.config import Settings
+from consumer.config import HandlerSettings, Settings
 from consumer.handlers.base import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
 from consumer.idempotency import store as store_module
 from consumer.idempotency.writes import Update
@@ -33,15 +33,21 @@ class Period(BaseModel):
     through: StrictInt = Field(gt=0, le=999_999)
 
 
+class CallTimeout(HandlerSettings):
+    # The run's webhook deadline (WEBHOOK_TIMEOUT_MS, set by the harness from ChaosConfig.webhook_timeout_ms).
+    webhook_timeout_ms: PositiveInt = 5_000
+
+
 class GuardedPeriod(MessageHandler[Period]):
     event_type: ClassVar[str] = "GuardedPeriodMoved"
     mode: ClassVar[Mode] = Mode.LOCK
     payload_model: ClassVar[type[BaseModel]] = Period
     tables: ClassVar[tuple[str, ...]] = ("ChaosPeriodTable",)
+    settings_model: ClassVar[type[HandlerSettings]] = CallTimeout
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
-        self._timeout_ms = settings.webhook_timeout_ms
+        self._timeout_ms = settings.of(CallTimeout).webhook_timeout_ms
         self._webhook = WebhookClient(os.environ[WEBHOOK_VARIABLE], WEBHOOK_VARIABLE)
 
     def contention_key(self, payload: Period) -> str:
