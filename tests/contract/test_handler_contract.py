@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from consumer import processor
 from consumer.config import Settings
-from consumer.handlers import declared_tables
+from consumer.handlers import declared_settings, declared_tables
 from consumer.handlers.base import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
 from consumer.idempotency import store
 from consumer.idempotency.record import IdempotencyRecord, Status
@@ -130,7 +130,9 @@ def rig(local_servers: LocalServers) -> Iterator[Rig]:
         for name, value in stack.function_environment.items():
             if name.startswith("AWS_"):
                 environment.setenv(name, value)
-        settings = Settings.from_env(stack.function_environment, tables=declared_tables())
+        settings = Settings.from_env(
+            stack.function_environment, tables=declared_tables(), handler_settings=declared_settings()
+        )
         dynamodb = local_servers.client("dynamodb")
         hold_table = f"contract-hold-{uuid.uuid4().hex[:8]}"
         create_table(dynamodb, hold_table, _HOLD_TABLE_PROPERTIES)
