@@ -18,12 +18,13 @@ from moto import mock_aws
 from bench.capacity import CapacityMeter
 from bench.probe import RoundTripProbe, unobserved
 from bench.systems import System
+from consumer.api import ID_PATTERN
 from consumer.config import Settings
 from consumer.handlers import HANDLERS, MessageHandler, Mode
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import LambdaContext, sqs_event
 from testkit.messages import envelope
-from testkit.payloads import Handler, put_seeds, seed_items, valid_payloads
+from testkit.payloads import GeneratorError, Handler, put_seeds, refusal, seed_items, valid_payloads
 from testkit.tables import IDEMPOTENCY_TABLE, create_template_tables
 
 NEW, DUPLICATE, DUPLICATE_IN_BATCH = "new", "duplicate", "duplicate inside one batch"
@@ -87,12 +88,26 @@ class Draws:
         self.handler, self._seed = handler, seed
         self._run_id = uuid.uuid4().hex[:8]
         self._draw = itertools.count()
+        model = handler.payload_model
+        self._identifiers = [
+            field.alias or name
+            for name, field in model.model_fields.items()
+            if any(getattr(constraint, "pattern", None) == ID_PATTERN for constraint in field.metadata)
+        ]
 
     def bodies(self, count: int) -> list[str]:
         n = next(self._draw)
-        payloads = valid_payloads(self.handler, count, seed=n)
+        keys = [f"{self._run_id}-{n}-{i}" for i in range(count)]
+        # Drawn identifiers are short and repeat (two payments on one account in two currencies, refused): each
+        # message names entities of its own, its key in every ID_PATTERN field, so that every message applies.
+        payloads = [
+            {**payload, **{field: f"{key}.{field}" for field in self._identifiers}}
+            for key, payload in zip(keys, valid_payloads(self.handler, count, seed=n), strict=True)
+        ]
+        if (why := refusal(self.handler.payload_model, payloads[0])) is not None:
+            raise GeneratorError(f"{self.handler.event_type}: fresh identifiers refused: {why}")
         self._seed(payloads)
-        return [envelope(self.handler.event_type, f"{self._run_id}-{n}-{i}", p) for i, p in enumerate(payloads)]
+        return [envelope(self.handler.event_type, key, p) for key, p in zip(keys, payloads, strict=True)]
 
 
 def timed_handler(handlers: Sequence[Handler] = HANDLERS) -> Handler:
@@ -116,9 +131,14 @@ def moto_backend() -> Iterator[Backend]:
             os.environ.pop(name, None)
         with mock_aws():
             session = boto3.session.Session()
+            sqs = session.client("sqs")
             with unobserved():
-                queue_url = session.client("sqs").create_queue(QueueName="bench-dead-letters")["QueueUrl"]
+                queue_url = sqs.create_queue(QueueName="bench-dead-letters")["QueueUrl"]
             yield Backend(session.client("dynamodb"), queue_url)
+            # A refused message is dead-lettered, not failed: its cost is not an applied message's.
+            left = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessages"])
+            if refused := int(left["Attributes"]["ApproximateNumberOfMessages"]):
+                raise RuntimeError(f"{refused} measured messages were dead-lettered: see the consumer's log")
 
 
 class Cost(NamedTuple):

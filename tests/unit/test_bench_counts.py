@@ -15,11 +15,22 @@ from typing import Any
 import pytest
 
 from bench.capacity import CapacityMeter, item_size, number_size, read_units, write_units
-from bench.costs import DUPLICATE, DUPLICATE_IN_BATCH, NEW, Backend, Cost, Draws, message_costs, moto_backend
+from bench.costs import (
+    DUPLICATE,
+    DUPLICATE_IN_BATCH,
+    NEW,
+    Backend,
+    Cost,
+    Draws,
+    message_costs,
+    moto_backend,
+    run_batch,
+)
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.systems import ThisConsumer
 from consumer import app
 from consumer.handlers import MessageHandler
+from testkit.messages import envelope
 from testkit.webhook import WebhookSink
 from tests.handlers import CallHandler, TallyHandler, create_test_tables
 
@@ -82,6 +93,20 @@ def test_write_units_follow_the_transaction_items(consumer_costs: dict[str, dict
 def test_no_message_reads_dynamodb(consumer_costs: dict[str, dict[str, Cost]]) -> None:
     # Failed conditions return the old item: a duplicate is recognised without a GetItem.
     assert all(cost.read_units == 0 for costs in consumer_costs.values() for cost in costs.values())
+
+
+def test_a_message_refused_by_its_handler_stops_the_cost_measurement(probe: RoundTripProbe) -> None:
+    """Dead-lettered, it is no failure of its batch; but its cost is a refusal's, not an applied message's."""
+
+    def body(key: str, unit: str) -> str:
+        return envelope(TallyHandler.event_type, key, {"entryId": key, "tallyId": "t", "amount": 1, "unit": unit})
+
+    refused = pytest.raises(RuntimeError, match="1 measured messages were dead-lettered")
+    with refused, on_new_clients(probe.handler_specs()), moto_backend() as moto:
+        settings = replace(moto, handlers=HANDLERS, create_tables=create_test_tables).settings("refused", "")
+        consumer = ThisConsumer(settings, {TallyHandler.event_type: TallyHandler(settings)})
+        run_batch(consumer, [body("a", "PTS"), body("b", "EUR")])  # a tally counts in one unit
+    app.build_consumer.cache_clear()
 
 
 def test_the_latency_hook_delays_requests_answered_by_moto_in_process(backend: Backend, probe: RoundTripProbe) -> None:

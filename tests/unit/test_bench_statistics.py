@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import random
+from typing import cast
 
 import pytest
 
+from bench import timing
 from bench.costs import (
     DYNAMODB_PER_WRITE_UNIT,
     LAMBDA_ARM64_PER_GB_S,
@@ -18,6 +20,7 @@ from bench.costs import (
     timed_handler,
 )
 from bench.timing import median_ci
+from testkit.lambda_runtime import LambdaEnvironment
 from tests.handlers import CallHandler, TallyHandler
 
 
@@ -71,6 +74,24 @@ def test_draws_are_distinct_messages_of_the_handler_each_seeded_once() -> None:
     assert len({body["metadata"]["idempotencyKey"] for body in bodies}) == 20
     assert len({json.dumps(body["payload"], sort_keys=True) for body in bodies}) == 20
     assert [payload for batch in seeded for payload in batch] == [body["payload"] for body in bodies]
+
+
+def test_each_drawn_message_names_business_items_of_its_own() -> None:
+    # Polyfactory's identifiers are short and repeat within a few hundred draws: each message names a tally and
+    # an entry of its own, so that none is refused for another's unit or entry.
+    draws = Draws(TallyHandler)
+    payloads = [json.loads(body)["payload"] for _ in range(30) for body in draws.bodies(10)]
+    for field in ("tallyId", "entryId"):
+        assert len({payload[field] for payload in payloads}) == 300
+
+
+def test_a_failed_invocation_names_what_the_function_logged_as_warnings_and_errors() -> None:
+    function = cast(LambdaEnvironment, object())
+    timing._logs[function] = log = timing._LastLog()
+    log.write("START\n" + json.dumps({"level": "INFO", "message": "applied"}))
+    warning = {"level": "WARNING", "message": "dead-lettered", "idempotency_key": "k-1", "reason": "unit refused"}
+    log.write("START\n" + json.dumps(warning) + "\nEND\n")  # only the last invocation's log is kept
+    assert timing._why_failed(function) == "dead-lettered k-1 unit refused"
 
 
 def test_the_timed_handler_is_the_first_optimistic_one_and_a_guard_is_seen() -> None:
