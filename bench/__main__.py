@@ -1,7 +1,7 @@
 """`python -m bench`: measure, then write BENCHMARKS.md and its two charts and print the table.
 
 Calls and capacity units per message on moto in process; then each system as a Lambda function of
-its own on DynamoDB Local at each memory size's CPU share, and this consumer profiled; then cold
+its own on DynamoDB Local at each memory size's CPU share; then cold
 starts from the built artifact (``--only cold-start``: those alone, printed). Progress goes to stderr.
 """
 
@@ -14,7 +14,6 @@ import os
 import platform
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -26,7 +25,6 @@ from bench.coldstart import measure_cold_starts
 from bench.costs import Backend, Draws, guarded, message_costs, moto_backend, timed_handler
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.report import (
-    NO_QUOTA,
     TARGET_BATCH,
     TARGET_LATENCY_MS,
     TARGET_MEMORY_MB,
@@ -37,7 +35,7 @@ from bench.report import (
     cold_start_targets,
     stdout_report,
 )
-from bench.systems import SYSTEM_ENV, SYSTEMS, ThisConsumer, settings_environment
+from bench.systems import SYSTEM_ENV, SYSTEMS, settings_environment
 from bench.timing import POWERTOOLS_ENV, REPO_ROOT, invoke, system_functions, time_batches
 from consumer.config import Settings
 from consumer.handlers import HANDLERS
@@ -48,7 +46,6 @@ from testkit.lambda_sqs import REGION
 from testkit.webhook import WebhookSink
 
 NARRATIVE = Path(__file__).resolve().parent / "methodology.md"
-_PROFILE_RECORDS = 100
 _PACKAGES = ("boto3", "botocore", "moto", "aws-lambda-powertools", "pydantic")
 # DynamoDB Local has no SQS, and the benchmark sends no poison message: any record that fails stops the run.
 _UNUSED_QUEUE_URL = f"https://sqs.{REGION}.amazonaws.com/000000000000/bench-dead-letters-unused"
@@ -143,15 +140,16 @@ class _Run:
                 }
                 for system, settings in zip(SYSTEMS, self.settings, strict=True)
             }
-            for index, memory_mb in enumerate([*self.arguments.memory_sizes, NO_QUOTA]):
-                _progress(f"starting the three functions at {memory_mb or 'no quota'} MB")
-                with system_functions(variables, memory_mb or 1769, cpu_share=memory_mb != NO_QUOTA) as functions:
+            for index, memory_mb in enumerate(self.arguments.memory_sizes):
+                _progress(f"starting the three functions at {memory_mb} MB")
+                with system_functions(variables, memory_mb) as functions:
                     if index == 0:
                         self.warm_up(functions)
-                    if memory_mb == TARGET_MEMORY_MB:
-                        self.time_target_share(functions)
-                    else:  # the cost chart's point and the earlier run's setting: batches of 10 only
-                        self.time(functions, TimingKey(memory_mb, TARGET_LATENCY_MS, TARGET_BATCH))
+                    # At the target share every latency and batch size; elsewhere the cost chart's point.
+                    sizes = (1, TARGET_BATCH) if memory_mb == TARGET_MEMORY_MB else (TARGET_BATCH,)
+                    latencies = self.arguments.latencies_ms if memory_mb == TARGET_MEMORY_MB else [TARGET_LATENCY_MS]
+                    for key in (TimingKey(memory_mb, latency, size) for latency in latencies for size in sizes):
+                        self.time(functions, key)
 
     def warm_up(self, functions: dict[str, LambdaEnvironment]) -> None:
         """DynamoDB Local's JVM compiles its hot paths during the first thousands of requests: pay that untimed."""
@@ -162,8 +160,7 @@ class _Run:
                 invoke(function, self.messages.bodies(TARGET_BATCH), 0)
 
     def time(self, functions: dict[str, LambdaEnvironment], key: TimingKey) -> None:
-        share = "no quota" if key.memory_mb == NO_QUOTA else f"{key.memory_mb} MB"
-        _progress(f"{share}: batches of {key.batch_size} at {key.latency_ms} ms")
+        _progress(f"{key.memory_mb} MB: batches of {key.batch_size} at {key.latency_ms} ms")
         self.results.timings[key] = time_batches(
             functions,
             lambda: self.messages.bodies(key.batch_size),
@@ -172,19 +169,6 @@ class _Run:
             max_repetitions=self.arguments.max_repetitions,
             precision=self.arguments.precision,
         )
-
-    def time_target_share(self, functions: dict[str, LambdaEnvironment]) -> None:
-        """Every latency and batch size, and the profile."""
-        for latency in self.arguments.latencies_ms:
-            for size in (1, TARGET_BATCH):
-                self.time(functions, TimingKey(TARGET_MEMORY_MB, latency, size))
-        # cProfile sees one thread: a batch of one record is one lane, run in the handler's thread.
-        _progress(f"{TARGET_MEMORY_MB} MB: this consumer under cProfile, {_PROFILE_RECORDS} batches of one record")
-        by_package: Counter[str] = Counter()
-        for _ in range(_PROFILE_RECORDS):
-            answer = invoke(functions[ThisConsumer.name], self.messages.bodies(1), TARGET_LATENCY_MS, profile=True)
-            by_package.update(answer["profile"]["by_package_s"])
-        self.results.profile, self.results.profile_records = {"by_package_s": dict(by_package)}, _PROFILE_RECORDS
 
 
 def _cpu_model() -> str:

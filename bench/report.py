@@ -6,7 +6,6 @@ import datetime
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from bench.coldstart import CONSUMER as COLD_CONSUMER
 from bench.coldstart import FLOOR, FULL_CPU, LAMBDA_SHARES, ColdStarts
@@ -24,12 +23,10 @@ from bench.costs import (
 from bench.systems import NAMES, PowertoolsBaseline
 from bench.timing import Samples, median_ci
 
-# The CPU share the targets are read at, and the configuration every system's function had
-# in the run that reported 15.7x: no quota at all (the harness's two cores).
+# The CPU share the targets are read at.
 TARGET_MEMORY_MB = 512
 TARGET_LATENCY_MS = 10
 TARGET_BATCH = 10
-NO_QUOTA = 0
 
 TIMES = "\u00d7"
 CONSUMER, BASELINES, POWERTOOLS = NAMES[0], NAMES[1:], PowertoolsBaseline.name
@@ -41,7 +38,7 @@ COLD_START_TARGET = 1.25
 
 @dataclass(frozen=True, order=True)
 class TimingKey:
-    memory_mb: int  # NO_QUOTA: the function's process had the whole machine
+    memory_mb: int
     latency_ms: int
     batch_size: int
 
@@ -55,9 +52,6 @@ class BenchResults:
     costs: dict[str, dict[str, dict[str, Cost]]] = field(default_factory=dict)
     timings: dict[TimingKey, dict[str, Samples]] = field(default_factory=dict)
     cold_starts: ColdStarts | None = None
-    # This consumer under cProfile at the target share: records profiled and the summary.
-    profile_records: int = 0
-    profile: dict[str, Any] | None = None
 
     def samples(self, memory_mb: int, latency_ms: int, batch_size: int) -> dict[str, Samples]:
         return self.timings.get(TimingKey(memory_mb, latency_ms, batch_size), {})
@@ -83,7 +77,7 @@ def _interval(median_s: float, interval: tuple[float, float]) -> str:
 
 
 def _share(memory_mb: int) -> str:
-    return "no quota (2 cores)" if memory_mb == NO_QUOTA else f"{memory_mb} MB ({memory_mb / 1769:.2f} vCPU)"
+    return f"{memory_mb} MB ({memory_mb / 1769:.2f} vCPU)"
 
 
 def _row(cells: Iterable[str]) -> str:
@@ -109,7 +103,7 @@ def _timing_table(results: BenchResults) -> list[str]:
 def _cpu_table(results: BenchResults) -> list[str]:
     header = ["CPU share", *NAMES, *(f"{name}: throttled per batch, ms" for name in NAMES)]
     rows = []
-    for memory in [*results.memory_sizes_mb, NO_QUOTA]:
+    for memory in results.memory_sizes_mb:
         if not (samples := results.samples(memory, TARGET_LATENCY_MS, TARGET_BATCH)):
             continue
         in_order = [samples[name] for name in NAMES]
@@ -255,28 +249,6 @@ def targets(results: BenchResults) -> list[str]:
     return verdicts
 
 
-def _profile(results: BenchResults) -> list[str]:
-    if not results.profile:
-        return []
-    by_package: dict[str, float] = results.profile["by_package_s"]
-    total, records = sum(by_package.values()), results.profile_records
-    lines = [
-        f"cProfile (CPU clock) inside this consumer's function at {TARGET_MEMORY_MB} MB, one invocation of "
-        f"{records} batches of one new message (one lane, so in the profiled thread) at {TARGET_LATENCY_MS} ms: "
-        f"{total / records * 1000:.2f} ms "
-        "of CPU per record under the profiler (its own overhead included). Own time by package:",
-        "",
-        *_table(
-            ["package", "share of CPU", "ms per record"],
-            (
-                [package, f"{seconds / total:.0%}", f"{seconds / records * 1000:.3f}"]
-                for package, seconds in sorted(by_package.items(), key=lambda item: -item[1])
-            ),
-        ),
-    ]
-    return lines
-
-
 def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str) -> str:
     today = datetime.date.today().isoformat()
     sqs = ", ".join(f"{count:g} {request}" for request, count in sqs_requests(TARGET_BATCH).items())
@@ -310,7 +282,6 @@ def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str
         "### DynamoDB calls and request units per message (moto in-process, item sizes read around each write)": (
             _unit_table(results)
         ),
-        "## Where this consumer's CPU goes": _profile(results),
     }
     lines = [
         "# Benchmarks",

@@ -99,16 +99,14 @@ def bench_function(memory_mb: int) -> FunctionSpec:
 
 @contextmanager
 def system_functions(
-    environments: Mapping[str, Mapping[str, str]], memory_mb: int, *, cpu_share: bool = True
+    environments: Mapping[str, Mapping[str, str]], memory_mb: int
 ) -> Iterator[dict[str, LambdaEnvironment]]:
     """One warm execution environment per system (name -> its function's variables) at ``memory_mb``."""
     with ExitStack() as stack:
         functions = {}
         for name, variables in environments.items():
             log = _LastLog()
-            fleet = LambdaFleet(
-                bench_function(memory_mb), variables, memory_mb=memory_mb, cpu_share=cpu_share, log_sink=log
-            )
+            fleet = LambdaFleet(bench_function(memory_mb), variables, memory_mb=memory_mb, log_sink=log)
             functions[name] = stack.enter_context(fleet).add()
             _logs[functions[name]] = log
         yield functions
@@ -136,10 +134,8 @@ def _why_failed(function: LambdaEnvironment) -> str:
     )
 
 
-def invoke(
-    function: LambdaEnvironment, bodies: list[str], latency_ms: float, *, profile: bool = False
-) -> dict[str, Any]:
-    invocation = function.invoke({"latency_ms": latency_ms, "event": sqs_event(bodies), "profile": profile})
+def invoke(function: LambdaEnvironment, bodies: list[str], latency_ms: float) -> dict[str, Any]:
+    invocation = function.invoke({"latency_ms": latency_ms, "event": sqs_event(bodies)})
     if not invocation.succeeded:
         raise RuntimeError(f"{function.name}: the invocation failed: {invocation.error or 'timed out'}")
     answer: dict[str, Any] = invocation.response
