@@ -1,7 +1,7 @@
 """`python -m bench`: measure, then write BENCHMARKS.md and its two charts and print the table.
 
 Calls and capacity units per message on moto in process; then each system as a Lambda function of
-its own on DynamoDB Local at each memory size's CPU share, and this consumer profiled; then cold
+its own on DynamoDB Local at each memory size's CPU share; then cold
 starts from the built artifact (``--only cold-start``: those alone, printed). Progress goes to stderr.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import platform
 import sys
@@ -16,14 +17,14 @@ import time
 from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from bench.capacity import CapacityMeter
 from bench.chart import draw_batch_latency_chart, draw_cost_chart
 from bench.coldstart import measure_cold_starts
-from bench.costs import Backend, message_costs, moto_backend
+from bench.costs import Backend, Draws, guarded, message_costs, moto_backend, timed_handler
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.report import (
-    NO_QUOTA,
     TARGET_BATCH,
     TARGET_LATENCY_MS,
     TARGET_MEMORY_MB,
@@ -34,21 +35,21 @@ from bench.report import (
     cold_start_targets,
     stdout_report,
 )
-from bench.systems import SYSTEM_ENV, SYSTEMS, ThisConsumer, settings_environment
+from bench.systems import SYSTEM_ENV, SYSTEMS, settings_environment
 from bench.timing import POWERTOOLS_ENV, REPO_ROOT, invoke, system_functions, time_batches
+from consumer.config import Settings
+from consumer.handlers import HANDLERS
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.dynamodb_local import DynamoDBLocal, JavaNotFound, jar_directory, java_runtime
 from testkit.lambda_runtime import LambdaEnvironment
 from testkit.lambda_sqs import REGION
-from testkit.messages import MessageFactory
 from testkit.webhook import WebhookSink
 
 NARRATIVE = Path(__file__).resolve().parent / "methodology.md"
-_PROFILE_RECORDS = 100
 _PACKAGES = ("boto3", "botocore", "moto", "aws-lambda-powertools", "pydantic")
 # DynamoDB Local has no SQS, and the benchmark sends no poison message: any record that fails stops the run.
 _UNUSED_QUEUE_URL = f"https://sqs.{REGION}.amazonaws.com/000000000000/bench-dead-letters-unused"
-_UNUSED_WEBHOOK_URL = "http://127.0.0.1:9/receipts"  # the benchmark sends only payments
+_UNUSED_WEBHOOK_URL = "http://127.0.0.1:9/unused"  # the timed handler is optimistic: no webhook
 
 
 def _integers(text: str) -> list[int]:
@@ -96,7 +97,13 @@ class _Run:
     def __init__(self, arguments: argparse.Namespace) -> None:
         self.arguments = arguments
         self.results = BenchResults(memory_sizes_mb=arguments.memory_sizes, latencies_ms=arguments.latencies_ms)
-        self.messages = MessageFactory()
+        self.settings: list[Settings] = []
+        self.backend: Backend | None = None
+        self.messages = Draws(timed_handler(), self._seed)
+
+    def _seed(self, payloads: list[dict[str, Any]]) -> None:
+        if self.backend is not None:
+            self.backend.seed(self.settings, self.messages.handler, payloads)
 
     def measure_costs(self, webhook_url: str) -> None:
         # In process, the systems read the variables the template gives the function from this process.
@@ -105,36 +112,44 @@ class _Run:
         with on_new_clients(probe.handler_specs()), moto_backend() as backend:
             meter = CapacityMeter(backend.reader)
             with on_new_clients(meter.handler_specs()):
-                systems = [system(backend.settings(system.name, webhook_url)) for system in SYSTEMS]
-            _progress("moto in-process: DynamoDB calls and capacity units per message")
+                settings = [backend.settings(system.name, webhook_url) for system in SYSTEMS]
+                systems = [system(each) for system, each in zip(SYSTEMS, settings, strict=True)]
+            _progress("moto in-process: DynamoDB calls and capacity units per message, per handler")
             count = self.arguments.cost_messages
-            costs = {system.name: message_costs(system, self.messages, probe, meter, count) for system in systems}
-            self.results.costs = costs
+            for handler in HANDLERS:
+                draws = Draws(handler, functools.partial(backend.seed, settings, handler))
+                name = f"{handler.event_type} ({handler.mode.value}{', guarded' if guarded(handler) else ''})"
+                for system in systems:
+                    self.results.costs.setdefault(system.name, {})[name] = message_costs(
+                        system, draws, probe, meter, count
+                    )
 
     def measure_on_dynamodb_local(self) -> None:
         _progress("DynamoDB Local behind the conflict emulation: starting")
         with DynamoDBLocal() as server:
-            backend = Backend(server.client(), _UNUSED_QUEUE_URL)
+            self.backend = backend = Backend(server.client(), _UNUSED_QUEUE_URL)
+            self.settings = [backend.settings(system.name, _UNUSED_WEBHOOK_URL) for system in SYSTEMS]
             variables = {
                 system.name: {
                     **DUMMY_CREDENTIALS_ENV,
-                    **settings_environment(backend.settings(system.name, _UNUSED_WEBHOOK_URL)),
+                    **settings_environment(settings),
                     SYSTEM_ENV: system.name,
                     "AWS_ENDPOINT_URL_DYNAMODB": server.endpoint_url,
                     **POWERTOOLS_ENV,
                     "POWERTOOLS_LOG_LEVEL": "INFO",
                 }
-                for system in SYSTEMS
+                for system, settings in zip(SYSTEMS, self.settings, strict=True)
             }
-            for index, memory_mb in enumerate([*self.arguments.memory_sizes, NO_QUOTA]):
-                _progress(f"starting the three functions at {memory_mb or 'no quota'} MB")
-                with system_functions(variables, memory_mb or 1769, cpu_share=memory_mb != NO_QUOTA) as functions:
+            for index, memory_mb in enumerate(self.arguments.memory_sizes):
+                _progress(f"starting the three functions at {memory_mb} MB")
+                with system_functions(variables, memory_mb) as functions:
                     if index == 0:
                         self.warm_up(functions)
-                    if memory_mb == TARGET_MEMORY_MB:
-                        self.time_target_share(functions)
-                    else:  # the cost chart's point and the earlier run's setting: batches of 10 only
-                        self.time(functions, TimingKey(memory_mb, TARGET_LATENCY_MS, TARGET_BATCH))
+                    # At the target share every latency and batch size; elsewhere the cost chart's point.
+                    sizes = (1, TARGET_BATCH) if memory_mb == TARGET_MEMORY_MB else (TARGET_BATCH,)
+                    latencies = self.arguments.latencies_ms if memory_mb == TARGET_MEMORY_MB else [TARGET_LATENCY_MS]
+                    for key in (TimingKey(memory_mb, latency, size) for latency in latencies for size in sizes):
+                        self.time(functions, key)
 
     def warm_up(self, functions: dict[str, LambdaEnvironment]) -> None:
         """DynamoDB Local's JVM compiles its hot paths during the first thousands of requests: pay that untimed."""
@@ -142,34 +157,18 @@ class _Run:
         _progress(f"warming DynamoDB Local's JVM: {batches} batches of {TARGET_BATCH} per system")
         for _ in range(batches):
             for function in functions.values():
-                invoke(function, self.messages.payments(TARGET_BATCH), 0)
+                invoke(function, self.messages.bodies(TARGET_BATCH), 0)
 
     def time(self, functions: dict[str, LambdaEnvironment], key: TimingKey) -> None:
-        share = "no quota" if key.memory_mb == NO_QUOTA else f"{key.memory_mb} MB"
-        hot = ", one account" if key.hot else ""
-        _progress(f"{share}: batches of {key.batch_size}{hot} at {key.latency_ms} ms")
-        batch = self.messages.payments_on_one_account if key.hot else self.messages.payments
+        _progress(f"{key.memory_mb} MB: batches of {key.batch_size} at {key.latency_ms} ms")
         self.results.timings[key] = time_batches(
             functions,
-            lambda: batch(key.batch_size),
+            lambda: self.messages.bodies(key.batch_size),
             latency_ms=key.latency_ms,
             min_repetitions=self.arguments.min_repetitions,
             max_repetitions=self.arguments.max_repetitions,
             precision=self.arguments.precision,
         )
-
-    def time_target_share(self, functions: dict[str, LambdaEnvironment]) -> None:
-        """Every latency and batch size, the hot account, and the profile."""
-        for latency in self.arguments.latencies_ms:
-            for size in (1, TARGET_BATCH):
-                self.time(functions, TimingKey(TARGET_MEMORY_MB, latency, size))
-        self.time(functions, TimingKey(TARGET_MEMORY_MB, TARGET_LATENCY_MS, TARGET_BATCH, hot=True))
-        # cProfile sees one thread: records on one account share one lane, which runs in the handler's
-        # thread. Each record still costs what a new payment costs (its own transaction), the lane pool aside.
-        _progress(f"{TARGET_MEMORY_MB} MB: this consumer under cProfile, {_PROFILE_RECORDS} records in one lane")
-        bodies = self.messages.payments_on_one_account(_PROFILE_RECORDS)
-        answer = invoke(functions[ThisConsumer.name], bodies, TARGET_LATENCY_MS, profile=True)
-        self.results.profile, self.results.profile_records = answer["profile"], _PROFILE_RECORDS
 
 
 def _cpu_model() -> str:
@@ -206,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = _Run(arguments)
     if arguments.only is None:
         with WebhookSink() as webhook, _function_output_discarded():
-            run.measure_costs(webhook.receipts_url)
+            run.measure_costs(webhook.url)
         run.measure_on_dynamodb_local()
     _progress(f"cold starts: sam build, then {arguments.cold_starts} fresh processes per system at each CPU share")
     results = run.results

@@ -83,4 +83,4 @@ def draw_cost_chart(results: BenchResults, path: Path) -> None:
     axis.set_xticks(results.memory_sizes_mb)
     axis.set_ylim(bottom=0)
     axis.grid(True, alpha=0.3)
-    _save(figure, axis, "Cost per million new payments, batches of 10, 10 ms DynamoDB latency", path)
+    _save(figure, axis, "Cost per million new messages, batches of 10, 10 ms DynamoDB latency", path)

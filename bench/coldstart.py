@@ -1,7 +1,8 @@
 """Cold start as Lambda starts a function: fresh Python 3.12 processes on the artifact of ``sam build``.
 
-Init (the handler module's import) and first invocation (one new payment), timed inside each process at each
-CPU setting, the systems taking turns. ``python -m bench --only cold-start`` runs this alone. See methodology.md.
+Init (the handler module's import) and first invocation (one new message of the timed handler), timed inside
+each process at each CPU setting, the systems taking turns. ``python -m bench --only cold-start`` runs this alone.
+See methodology.md.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.costs import Backend
+from bench.costs import Backend, Draws, timed_handler
 from bench.systems import settings_environment
 from bench.timing import POWERTOOLS_ENV, REPO_ROOT, in_turns
 from testkit import cpu_quota
@@ -29,7 +30,6 @@ from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.dynamodb_local import DynamoDBLocal
 from testkit.lambda_sqs import REGION, sqs_event
 from testkit.lambda_venv import find_python, venv_python
-from testkit.messages import MessageFactory
 
 CONSUMER, POWERTOOLS, FLOOR = "this consumer", "Powertools", "botocore floor"
 # The same functions with and without the build step's bytecode: what it saves, and what it does for Powertools.
@@ -124,10 +124,11 @@ class _Starts:
     paths: dict[str, list[Path]]
     environments: dict[str, dict[str, str]]
     quota: cpu_quota.CpuQuota | None
+    draws: Draws
 
     def start(self, system: str, share: int = FULL_CPU, *, importtime: bool = False) -> tuple[float, float, str]:
         """One cold start of ``system`` at ``share``: its init and first invocation in seconds, and its stderr."""
-        event = json.dumps(sqs_event(MessageFactory().payments(1)))
+        event = json.dumps(sqs_event(self.draws.bodies(1)))
         procs = str(self.quota.path / "cgroup.procs") if self.quota is not None and share != FULL_CPU else ""
         options = ["-X", "importtime"] if importtime else []
         command = [
@@ -177,11 +178,12 @@ def measure_cold_starts(processes: int, memory_mb: int, profiles: int = 5) -> Co
         if (quota := _quota(memory_mb)) is not None:
             stack.callback(quota.remove)
         backend = Backend(server.client(), f"https://sqs.{REGION}.amazonaws.com/000000000000/unused")
+        settings = [backend.settings(f"cold-{number}", "http://127.0.0.1:9/unused") for number in range(len(INIT_CODE))]
         environments = {
             system: {
                 **inherited,
                 **DUMMY_CREDENTIALS_ENV,
-                **settings_environment(backend.settings(f"cold-{number}", "http://127.0.0.1:9/receipts")),
+                **settings_environment(settings[number]),
                 **POWERTOOLS_ENV,
                 "POWERTOOLS_LOG_LEVEL": "INFO",
                 "AWS_LAMBDA_FUNCTION_NAME": "ColdStart",
@@ -191,7 +193,9 @@ def measure_cold_starts(processes: int, memory_mb: int, profiles: int = 5) -> Co
             }
             for number, system in enumerate(INIT_CODE)
         }
-        starts = _Starts(venv_python(), paths, environments, quota)
+        handler = timed_handler()
+        draws = Draws(handler, lambda payloads: backend.seed(settings, handler, payloads))
+        starts = _Starts(venv_python(), paths, environments, quota, draws)
         for _ in range(_WARM_UP_ROUNDS):  # untimed: DynamoDB Local's JVM compiles its paths for each table
             for system in INIT_CODE:
                 starts.start(system)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -17,18 +18,17 @@ from moto import mock_aws
 from bench.capacity import CapacityMeter
 from bench.probe import RoundTripProbe, unobserved
 from bench.systems import System
+from consumer.api import ID_PATTERN
 from consumer.config import Settings
+from consumer.handlers import HANDLERS, MessageHandler, Mode
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import LambdaContext, sqs_event
-from testkit.messages import MessageFactory
-from testkit.tables import IDEMPOTENCY_TABLE, LEDGER_TABLE, create_template_tables
+from testkit.messages import envelope
+from testkit.payloads import GeneratorError, Handler, put_seeds, refusal, seed_items, valid_payloads
+from testkit.tables import IDEMPOTENCY_TABLE, create_template_tables
 
-NEW_OPTIMISTIC = "new, optimistic (PaymentReceived)"
-NEW_LOCK = "new, lock (ReceiptRequested + webhook)"
-DUPLICATE_OPTIMISTIC = "duplicate, optimistic"
-DUPLICATE_LOCK = "duplicate, lock"
-DUPLICATE_IN_BATCH = "duplicate inside one batch"
-CASES = (NEW_OPTIMISTIC, NEW_LOCK, DUPLICATE_OPTIMISTIC, DUPLICATE_LOCK, DUPLICATE_IN_BATCH)
+NEW, DUPLICATE, DUPLICATE_IN_BATCH = "new", "duplicate", "duplicate inside one batch"
+CASES = (NEW, DUPLICATE, DUPLICATE_IN_BATCH)
 
 _ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS", "AWS_PROFILE")
 
@@ -45,23 +45,82 @@ MILLION = 1_000_000
 
 @dataclass(frozen=True)
 class Backend:
-    # The benchmark's own client: tables, item sizes. Its calls are never counted.
+    # The benchmark's own client: tables, item sizes, seed items. Its calls are never counted.
     reader: Any
     dead_letter_queue_url: str
+    handlers: Sequence[Handler] = HANDLERS
+    # Creates the tables named (logical id -> name): the template's, or a test's own for its handlers'.
+    create_tables: Callable[[Any, Mapping[str, str]], None] = create_template_tables
 
     def settings(self, system: str, webhook_url: str) -> Settings:
-        """Fresh tables of the template's shapes for one system, and the settings that name them."""
+        """Fresh tables for one system (the idempotency table and the handlers'), and the settings that name
+        them; each URL a handler's settings declare (``*_url``) is the webhook's."""
         prefix = f"{system.replace(' ', '-').lower()}-{uuid.uuid4().hex[:6]}"
+        tables = dict.fromkeys(table for handler in self.handlers for table in handler.tables)
+        own = {handler.settings_model for handler in self.handlers}
         settings = Settings(
             idempotency_table_name=f"{prefix}-idempotency",
-            table_names={LEDGER_TABLE: f"{prefix}-ledger"},
+            table_names={table: f"{prefix}-{table}" for table in tables},
             dead_letter_queue_url=self.dead_letter_queue_url,
-            handler_variables={"RECEIPT_WEBHOOK_URL": webhook_url},
+            handler_variables={
+                name.upper(): webhook_url for m in own for name in m.model_fields if name.endswith("_url")
+            },
         )
-        names = {IDEMPOTENCY_TABLE: settings.idempotency_table_name, **settings.table_names}
         with unobserved():
-            create_template_tables(self.reader, names)
+            self.create_tables(
+                self.reader, {IDEMPOTENCY_TABLE: settings.idempotency_table_name, **settings.table_names}
+            )
         return settings
+
+    def seed(self, settings: Sequence[Settings], handler: Handler, payloads: list[dict[str, Any]]) -> None:
+        """The items these payloads need to apply (``testkit.payloads.seed_items``), in each system's tables."""
+        items = [item for payload in payloads for item in seed_items(handler, payload)]
+        with unobserved():
+            for each in settings:
+                put_seeds(self.reader, each.table_names, items)
+
+
+class Draws:
+    """Bodies of one handler, payloads drawn from its model, each under a key of its own: unique across runs too,
+    as DynamoDB Local's tables outlive one system's turn."""
+
+    def __init__(self, handler: Handler, seed: Callable[[list[dict[str, Any]]], None] = lambda _: None) -> None:
+        self.handler, self._seed = handler, seed
+        self._run_id = uuid.uuid4().hex[:8]
+        self._draw = itertools.count()
+        model = handler.payload_model
+        self._identifiers = [
+            field.alias or name
+            for name, field in model.model_fields.items()
+            if any(getattr(constraint, "pattern", None) == ID_PATTERN for constraint in field.metadata)
+        ]
+
+    def bodies(self, count: int) -> list[str]:
+        n = next(self._draw)
+        keys = [f"{self._run_id}-{n}-{i}" for i in range(count)]
+        # Drawn identifiers are short and repeat (two payments on one account in two currencies, refused): each
+        # message names entities of its own, its key in every ID_PATTERN field, so that every message applies.
+        payloads = [
+            {**payload, **{field: f"{key}.{field}" for field in self._identifiers}}
+            for key, payload in zip(keys, valid_payloads(self.handler, count, seed=n), strict=True)
+        ]
+        if (why := refusal(self.handler.payload_model, payloads[0])) is not None:
+            raise GeneratorError(f"{self.handler.event_type}: fresh identifiers refused: {why}")
+        self._seed(payloads)
+        return [envelope(self.handler.event_type, key, p) for key, p in zip(keys, payloads, strict=True)]
+
+
+def timed_handler(handlers: Sequence[Handler] = HANDLERS) -> Handler:
+    """What the systems are timed on: the first optimistic handler registered (no webhook in the way)."""
+    optimistic = [handler for handler in handlers if handler.mode is Mode.OPTIMISTIC]
+    if not optimistic:
+        raise SystemExit("make bench times an optimistic handler: none is registered")
+    return optimistic[0]
+
+
+def guarded(handler: Handler) -> bool:
+    """Its claim is a transaction with its guard (2 write units per item) rather than a single ``UpdateItem``."""
+    return handler.guard is not MessageHandler.guard
 
 
 @contextmanager
@@ -72,9 +131,14 @@ def moto_backend() -> Iterator[Backend]:
             os.environ.pop(name, None)
         with mock_aws():
             session = boto3.session.Session()
+            sqs = session.client("sqs")
             with unobserved():
-                queue_url = session.client("sqs").create_queue(QueueName="bench-dead-letters")["QueueUrl"]
+                queue_url = sqs.create_queue(QueueName="bench-dead-letters")["QueueUrl"]
             yield Backend(session.client("dynamodb"), queue_url)
+            # A refused message is dead-lettered, not failed: its cost is not an applied message's.
+            left = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessages"])
+            if refused := int(left["Attributes"]["ApproximateNumberOfMessages"]):
+                raise RuntimeError(f"{refused} measured messages were dead-lettered: see the consumer's log")
 
 
 class Cost(NamedTuple):
@@ -91,10 +155,10 @@ def run_batch(system: System, bodies: list[str]) -> None:
 
 
 def message_costs(
-    system: System, factory: MessageFactory, probe: RoundTripProbe, meter: CapacityMeter, count: int
+    system: System, draws: Draws, probe: RoundTripProbe, meter: CapacityMeter, count: int
 ) -> dict[str, Cost]:
-    """Each case a batch of ``count`` fresh messages; a duplicate inside one batch is what a batch of pairs
-    costs beyond its new messages, so only the copies are left."""
+    """Each case a batch of ``count`` fresh messages of one handler; a duplicate inside one batch is what a batch
+    of pairs costs beyond its new messages, so only the copies are left."""
 
     def per_message(bodies: list[str]) -> Cost:
         before = (probe.calls, meter.write_units, meter.read_units)
@@ -102,16 +166,11 @@ def message_costs(
         after = (probe.calls, meter.write_units, meter.read_units)
         return Cost(*((end - start) / count for start, end in zip(before, after, strict=True)))
 
-    payments, receipts, paired = factory.payments(count), factory.receipts(count), factory.payments(count)
-    costs = {
-        NEW_OPTIMISTIC: per_message(payments),
-        NEW_LOCK: per_message(receipts),
-        # Redelivered bodies under new messageIds: the keys are already COMPLETED.
-        DUPLICATE_OPTIMISTIC: per_message(payments),
-        DUPLICATE_LOCK: per_message(receipts),
-    }
+    bodies, paired = draws.bodies(count), draws.bodies(count)
+    # Redelivered bodies under new messageIds: the keys are already COMPLETED.
+    costs = {NEW: per_message(bodies), DUPLICATE: per_message(bodies)}
     with_copies = per_message([body for body in paired for _ in range(2)])
-    costs[DUPLICATE_IN_BATCH] = Cost(*(a - b for a, b in zip(with_copies, costs[NEW_OPTIMISTIC], strict=True)))
+    costs[DUPLICATE_IN_BATCH] = Cost(*(a - b for a, b in zip(with_copies, costs[NEW], strict=True)))
     return costs
 
 
@@ -121,7 +180,7 @@ def sqs_requests(batch_size: int) -> dict[str, float]:
         "send (the producer's)": 1.0,
         "receive": 1 / batch_size,
         "delete": 1 / batch_size,  # the mapping deletes a batch's successes in one DeleteMessageBatch
-        # New payments on distinct accounts: none fails, none goes to the DLQ, no visibility change.
+        # New messages on distinct keys: none fails, none goes to the DLQ, no visibility change.
         "visibility changes": 0.0,
         "DLQ sends": 0.0,
     }

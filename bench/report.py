@@ -6,13 +6,12 @@ import datetime
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from bench.coldstart import CONSUMER as COLD_CONSUMER
 from bench.coldstart import FLOOR, FULL_CPU, LAMBDA_SHARES, ColdStarts
 from bench.costs import (
     CASES,
-    NEW_OPTIMISTIC,
+    NEW,
     PRICE_TABLE,
     PRICES_AS_OF,
     REGION,
@@ -24,12 +23,10 @@ from bench.costs import (
 from bench.systems import NAMES, PowertoolsBaseline
 from bench.timing import Samples, median_ci
 
-# The CPU share the targets are read at, and the configuration every system's function had
-# in the run that reported 15.7x: no quota at all (the harness's two cores).
+# The CPU share the targets are read at.
 TARGET_MEMORY_MB = 512
 TARGET_LATENCY_MS = 10
 TARGET_BATCH = 10
-NO_QUOTA = 0
 
 TIMES = "\u00d7"
 CONSUMER, BASELINES, POWERTOOLS = NAMES[0], NAMES[1:], PowertoolsBaseline.name
@@ -41,10 +38,9 @@ COLD_START_TARGET = 1.25
 
 @dataclass(frozen=True, order=True)
 class TimingKey:
-    memory_mb: int  # NO_QUOTA: the function's process had the whole machine
+    memory_mb: int
     latency_ms: int
     batch_size: int
-    hot: bool = False  # all records on one account, through the conflict emulation
 
 
 @dataclass
@@ -52,21 +48,20 @@ class BenchResults:
     memory_sizes_mb: list[int]
     latencies_ms: list[int]
     machine: dict[str, str] = field(default_factory=dict)
-    # system -> case -> cost per message (moto in-process, no latency).
-    costs: dict[str, dict[str, Cost]] = field(default_factory=dict)
+    # system -> handler -> case -> cost per message (moto in-process, no latency).
+    costs: dict[str, dict[str, dict[str, Cost]]] = field(default_factory=dict)
     timings: dict[TimingKey, dict[str, Samples]] = field(default_factory=dict)
     cold_starts: ColdStarts | None = None
-    # This consumer under cProfile at the target share: records profiled and the summary.
-    profile_records: int = 0
-    profile: dict[str, Any] | None = None
 
-    def samples(self, memory_mb: int, latency_ms: int, batch_size: int, *, hot: bool = False) -> dict[str, Samples]:
-        return self.timings.get(TimingKey(memory_mb, latency_ms, batch_size, hot), {})
+    def samples(self, memory_mb: int, latency_ms: int, batch_size: int) -> dict[str, Samples]:
+        return self.timings.get(TimingKey(memory_mb, latency_ms, batch_size), {})
 
-    def cost(self, system: str, memory_mb: int) -> CostPerMillion | None:
-        """Cost per million new payments at ``memory_mb``, from the batch of 10 at the target latency."""
+    def cost(self, system: str, memory_mb: int, handler: str | None = None) -> CostPerMillion | None:
+        """Cost per million new messages of ``handler`` (the timed one by default) at ``memory_mb``: the units
+        its new messages took, the Lambda time of the timed handler's batch of 10 at the target latency."""
         samples = self.samples(memory_mb, TARGET_LATENCY_MS, TARGET_BATCH).get(system)
-        units = self.costs.get(system, {}).get(NEW_OPTIMISTIC)
+        by_handler = self.costs.get(system, {})
+        units = by_handler.get(handler or next(iter(by_handler), ""), {}).get(NEW)
         if samples is None or units is None:
             return None
         return cost_per_million(samples.median_s, TARGET_BATCH, memory_mb, units)
@@ -82,7 +77,7 @@ def _interval(median_s: float, interval: tuple[float, float]) -> str:
 
 
 def _share(memory_mb: int) -> str:
-    return "no quota (2 cores)" if memory_mb == NO_QUOTA else f"{memory_mb} MB ({memory_mb / 1769:.2f} vCPU)"
+    return f"{memory_mb} MB ({memory_mb / 1769:.2f} vCPU)"
 
 
 def _row(cells: Iterable[str]) -> str:
@@ -97,19 +92,18 @@ def _timing_table(results: BenchResults) -> list[str]:
     header = ["CPU share", "latency", "batch", *NAMES, *(f"{name} ÷ this" for name in BASELINES)]
     rows = []
     for key, samples in sorted(results.timings.items()):
-        hot = ", one account" if key.hot else ""
         walls = [
             f"{_interval(samples[name].median_s, samples[name].ci_s)} (n={len(samples[name].wall_s)})" for name in NAMES
         ]
         ratios = [f"{samples[name].median_s / samples[CONSUMER].median_s:.1f}{TIMES}" for name in BASELINES]
-        rows.append([_share(key.memory_mb), f"{key.latency_ms} ms", f"{key.batch_size}{hot}", *walls, *ratios])
+        rows.append([_share(key.memory_mb), f"{key.latency_ms} ms", str(key.batch_size), *walls, *ratios])
     return _table(header, rows)
 
 
 def _cpu_table(results: BenchResults) -> list[str]:
     header = ["CPU share", *NAMES, *(f"{name}: throttled per batch, ms" for name in NAMES)]
     rows = []
-    for memory in [*results.memory_sizes_mb, NO_QUOTA]:
+    for memory in results.memory_sizes_mb:
         if not (samples := results.samples(memory, TARGET_LATENCY_MS, TARGET_BATCH)):
             continue
         in_order = [samples[name] for name in NAMES]
@@ -120,10 +114,24 @@ def _cpu_table(results: BenchResults) -> list[str]:
 
 
 def _unit_table(results: BenchResults) -> list[str]:
-    header = ["case", *(f"{name}: calls / WCU / RCU" for name in NAMES)]
+    header = ["handler", "case", *(f"{name}: calls / WCU / RCU" for name in NAMES)]
     rows = [
-        [case, *(" / ".join(f"{value:g}" for value in results.costs[name][case]) for name in NAMES)] for case in CASES
+        [handler, case, *(" / ".join(f"{value:g}" for value in results.costs[name][handler][case]) for name in NAMES)]
+        for handler in results.costs.get(CONSUMER, {})
+        for case in CASES
     ]
+    return _table(header, rows)
+
+
+def handler_costs(results: BenchResults) -> list[str]:
+    """Per handler, this consumer's write units per new message, duplicate and in-batch duplicate, and its cost
+    per million at the target share (a guarded handler's claim is a transaction: 2 write units per item)."""
+    header = ["handler", *(f"WCU per {case}" for case in CASES), f"USD per million at {TARGET_MEMORY_MB} MB"]
+    rows = []
+    for handler, costs in results.costs.get(CONSUMER, {}).items():
+        cost = results.cost(CONSUMER, TARGET_MEMORY_MB, handler)
+        usd = f"{cost.total_usd:.3f}" if cost else "(not timed)"
+        rows.append([handler, *(f"{costs[case].write_units:g}" for case in CASES), usd])
     return _table(header, rows)
 
 
@@ -202,7 +210,7 @@ def _against(value: float, target: float, *, at_least: bool = False) -> tuple[st
 
 
 def targets(results: BenchResults) -> list[str]:
-    """One line per performance target, read at 512 MB, 10 ms, batch of 10 new payments."""
+    """One line per performance target, read at 512 MB, 10 ms, batch of 10 new messages."""
     verdicts = []
     batch = results.samples(TARGET_MEMORY_MB, TARGET_LATENCY_MS, TARGET_BATCH)
     single = results.samples(TARGET_MEMORY_MB, TARGET_LATENCY_MS, 1)
@@ -235,45 +243,17 @@ def targets(results: BenchResults) -> list[str]:
             f"- {verdict}: cost per million messages "
             f"${ours_cost.total_usd:.3f} against Powertools' ${their_cost.total_usd:.3f} "
             f"(DynamoDB ${ours_cost.dynamodb_usd:.3f} against ${their_cost.dynamodb_usd:.3f}: "
-            f"{results.costs[ours][NEW_OPTIMISTIC].write_units:g} write units per new payment against "
-            f"{results.costs[theirs][NEW_OPTIMISTIC].write_units:g})."
-        )
-    if hot := results.samples(TARGET_MEMORY_MB, TARGET_LATENCY_MS, TARGET_BATCH, hot=True):
-        verdicts.append(
-            f"- beside them, the hot account (10 payments on one account, conflict emulation on): "
-            f"{_ms(hot[ours].median_s)} ms against Powertools' {_ms(hot[theirs].median_s)} ms "
-            f"({hot[theirs].median_s / hot[ours].median_s:.1f}{TIMES})."
+            f"{next(iter(results.costs[ours].values()))[NEW].write_units:g} write units per new message against "
+            f"{next(iter(results.costs[theirs].values()))[NEW].write_units:g})."
         )
     return verdicts
-
-
-def _profile(results: BenchResults) -> list[str]:
-    if not results.profile:
-        return []
-    by_package: dict[str, float] = results.profile["by_package_s"]
-    total, records = sum(by_package.values()), results.profile_records
-    lines = [
-        f"cProfile (CPU clock) inside this consumer's function at {TARGET_MEMORY_MB} MB, one invocation of "
-        f"{records} new payments on one account (one lane, so in the profiled thread) at {TARGET_LATENCY_MS} ms: "
-        f"{total / records * 1000:.2f} ms "
-        "of CPU per record under the profiler (its own overhead included). Own time by package:",
-        "",
-        *_table(
-            ["package", "share of CPU", "ms per record"],
-            (
-                [package, f"{seconds / total:.0%}", f"{seconds / records * 1000:.3f}"]
-                for package, seconds in sorted(by_package.items(), key=lambda item: -item[1])
-            ),
-        ),
-    ]
-    return lines
 
 
 def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str) -> str:
     today = datetime.date.today().isoformat()
     sqs = ", ".join(f"{count:g} {request}" for request, count in sqs_requests(TARGET_BATCH).items())
     sections = {
-        "## Targets (512 MB share, 10 ms injected latency, batch of 10 new payments on distinct accounts)": (
+        "## Targets (512 MB share, 10 ms injected latency, batch of 10 new messages on distinct keys)": (
             targets(results)
         ),
         "## Invocation wall time": [
@@ -282,10 +262,10 @@ def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str
             f"![Batch wall time against injected DynamoDB latency]({charts[0]})",
         ],
         "## CPU per record (batch of 10, 10 ms), ms [95% CI]": _cpu_table(results),
-        "## Cold start (fresh processes from the built artifact: init, then one new payment)": (
+        "## Cold start (fresh processes from the built artifact: init, then one new message)": (
             cold_start_section(results.cold_starts) if results.cold_starts else []
         ),
-        "## Cost per million messages (new payments, batches of 10, 10 ms latency)": [
+        "## Cost per million messages (new messages, batches of 10, 10 ms latency)": [
             *_cost_table(results),
             "",
             f"![Cost per million messages against memory size]({charts[1]})",
@@ -298,10 +278,10 @@ def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str
             f"{TARGET_BATCH} messages. SQS requests per message: {sqs}. "
             "DynamoDB: the request units of the table below.",
         ],
+        "### What each registered handler costs (this consumer)": handler_costs(results),
         "### DynamoDB calls and request units per message (moto in-process, item sizes read around each write)": (
             _unit_table(results)
         ),
-        "## Where this consumer's CPU goes": _profile(results),
     }
     lines = [
         "# Benchmarks",
@@ -325,4 +305,5 @@ def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str
 
 def stdout_report(results: BenchResults) -> str:
     cold = cold_start_section(results.cold_starts) if results.cold_starts else []
-    return "\n".join([*_timing_table(results), "", *_cpu_table(results), "", *cold, "", *targets(results)])
+    tables = [*_timing_table(results), "", *_cpu_table(results), "", *cold, "", *handler_costs(results)]
+    return "\n".join([*tables, "", *targets(results)])

@@ -7,9 +7,10 @@ idempotency mechanism differs between the three.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +49,8 @@ class ThisConsumer:
 
     name = "this consumer"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, handlers: Mapping[str, MessageHandler[Any]] | None = None) -> None:
+        """``handlers``: a test's own, in place of the registered ones (``wire(handlers=...)``)."""
         # Imported here, not by the Powertools function's cold start (bench.coldstart), which imports this module.
         from unittest import mock  # noqa: PLC0415
 
@@ -56,7 +58,13 @@ class ThisConsumer:
 
         # build_consumer() reads the environment once and is cached for the container's
         # life; one ThisConsumer at a time, so the cache is rebuilt for these tables.
-        with mock.patch.dict(os.environ, settings_environment(settings)):
+        own: dict[str, Any] = {
+            "declared_tables": lambda: tuple(settings.table_names),
+            "declared_settings": lambda: tuple({type(handler).settings_model for handler in (handlers or {}).values()}),
+            "build_handlers": lambda _: dict(handlers or {}),
+        }
+        replaced = mock.patch.multiple(app, **own) if handlers else contextlib.nullcontext()
+        with mock.patch.dict(os.environ, settings_environment(settings)), replaced:
             app.build_consumer.cache_clear()
             app.build_consumer()
         self._handler = app.handler

@@ -6,7 +6,9 @@ the clocks are read inside it (``bench.function``). See methodology.md for the r
 
 from __future__ import annotations
 
+import io
 import itertools
+import json
 import math
 import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -97,26 +99,48 @@ def bench_function(memory_mb: int) -> FunctionSpec:
 
 @contextmanager
 def system_functions(
-    environments: Mapping[str, Mapping[str, str]], memory_mb: int, *, cpu_share: bool = True
+    environments: Mapping[str, Mapping[str, str]], memory_mb: int
 ) -> Iterator[dict[str, LambdaEnvironment]]:
     """One warm execution environment per system (name -> its function's variables) at ``memory_mb``."""
     with ExitStack() as stack:
         functions = {}
         for name, variables in environments.items():
-            fleet = LambdaFleet(bench_function(memory_mb), variables, memory_mb=memory_mb, cpu_share=cpu_share)
+            log = _LastLog()
+            fleet = LambdaFleet(bench_function(memory_mb), variables, memory_mb=memory_mb, log_sink=log)
             functions[name] = stack.enter_context(fleet).add()
+            _logs[functions[name]] = log
         yield functions
 
 
-def invoke(
-    function: LambdaEnvironment, bodies: list[str], latency_ms: float, *, profile: bool = False
-) -> dict[str, Any]:
-    invocation = function.invoke({"latency_ms": latency_ms, "event": sqs_event(bodies), "profile": profile})
+class _LastLog(io.StringIO):
+    """What a function logged during its last invocation (the runtime writes each invocation's log at once)."""
+
+    def write(self, text: str) -> int:
+        self.seek(0)
+        self.truncate()
+        return super().write(text)
+
+
+_logs: dict[LambdaEnvironment, _LastLog] = {}
+
+
+def _why_failed(function: LambdaEnvironment) -> str:
+    """The warnings and errors the function logged (the consumer's outcome and reason per message)."""
+    lines = [json.loads(line) for line in _logs[function].getvalue().splitlines() if line.startswith("{")]
+    return "; ".join(
+        " ".join(str(line[k]) for k in ("message", "idempotency_key", "error_type", "reason") if k in line)
+        for line in lines
+        if line.get("level") in ("WARNING", "ERROR")
+    )
+
+
+def invoke(function: LambdaEnvironment, bodies: list[str], latency_ms: float) -> dict[str, Any]:
+    invocation = function.invoke({"latency_ms": latency_ms, "event": sqs_event(bodies)})
     if not invocation.succeeded:
         raise RuntimeError(f"{function.name}: the invocation failed: {invocation.error or 'timed out'}")
     answer: dict[str, Any] = invocation.response
     if answer["failed"]:
-        raise RuntimeError(f"{function.name}: {answer['failed']} of {len(bodies)} records failed")
+        raise RuntimeError(f"{function.name}: {answer['failed']} of {len(bodies)} failed: {_why_failed(function)}")
     return answer
 
 

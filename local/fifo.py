@@ -1,9 +1,8 @@
-"""Per-group order on a FIFO queue, checked from what the pollers completed and what the ledger holds.
+"""Per-group order on a FIFO queue, checked from what the pollers completed.
 
 SQS hands out a message group's messages in the order sent, and the consumer stops a group at
 its first failure, so a group's messages must complete in the order sent (``CompletionLog``,
-``out_of_order``), and each payment's ledger entry must carry its first copy's ``messageId``
-(``not_first_copies``). The order sent is the send's own (``send_all`` keeps it): moto's
+``out_of_order``). The order sent is the send's own (``send_all`` keeps it): moto's
 ``SequenceNumber`` is random, not increasing per group as AWS's is.
 """
 
@@ -56,16 +55,3 @@ def out_of_order(sent: Mapping[str, Outgoing], completed: Mapping[str, int]) -> 
         if previous is None or position > previous[0]:
             latest[group] = (position, message_id)
     return problems
-
-
-def not_first_copies(sent: Mapping[str, Outgoing], applied_by: Mapping[str, str]) -> list[str]:
-    """A line per payment applied by another message than its first copy sent (``applied_by``: ``payment_entries``)."""
-    first_copy: dict[str, str] = {}
-    for message_id, message in sent.items():
-        if message.kind == "payment" and message.payload is not None:
-            first_copy.setdefault(message.payload["paymentId"], message_id)
-    return [
-        f"payment {payment_id}: applied by {applied_by.get(payment_id)}, its first copy sent was {message_id}"
-        for payment_id, message_id in first_copy.items()
-        if applied_by.get(payment_id) != message_id
-    ]

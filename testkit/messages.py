@@ -1,4 +1,4 @@
-"""Message bodies in the project's envelope: payments, receipt requests, producer resends and poison.
+"""Message bodies in the project's envelope, producer resends and poison, and sending them.
 
 A resend is what a producer does after a lost acknowledgement: the same body (same idempotency
 key, same payload) sent again, so SQS gives it a new ``messageId``.
@@ -6,7 +6,6 @@ key, same payload) sent again, so SQS gives it a new ``messageId``.
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 import time
@@ -19,10 +18,9 @@ from typing import Any
 from consumer.errors import ErrorType
 from consumer.handlers import MessageHandler
 
-CURRENCY = "EUR"
 _SEND_BATCH = 10
-# The FIFO group of a message whose body names no account (poison that is not an envelope).
-NO_ACCOUNT_GROUP = "no-account"
+# The FIFO group of a message with neither a group nor a key (poison that is not an envelope).
+NO_KEY_GROUP = "no-key"
 
 
 def envelope(event_type: str, key: str | None, payload: dict[str, Any]) -> str:
@@ -32,43 +30,18 @@ def envelope(event_type: str, key: str | None, payload: dict[str, Any]) -> str:
     return json.dumps(body)
 
 
-def payment_payload(payment_id: str, account_id: str = "acc-1", amount_cents: int = 1250) -> dict[str, Any]:
-    return {"paymentId": payment_id, "accountId": account_id, "amountCents": amount_cents, "currency": CURRENCY}
-
-
-def receipt_payload(
-    receipt_id: str, account_id: str = "acc-1", payment_id: str | None = None, amount_cents: int = 1250
-) -> dict[str, Any]:
-    return {
-        "receiptId": receipt_id,
-        "paymentId": payment_id or f"p-{receipt_id}",
-        "accountId": account_id,
-        "amountCents": amount_cents,
-        "currency": CURRENCY,
-        "email": f"{account_id}@example.com",
-    }
-
-
-def payment_body(payment_id: str, account_id: str = "acc-1", amount: int = 1250, key: str | None = None) -> str:
-    return envelope("PaymentReceived", key or f"pay-{payment_id}", payment_payload(payment_id, account_id, amount))
-
-
-def receipt_body(receipt_id: str, key: str | None = None, account_id: str = "acc-1") -> str:
-    return envelope("ReceiptRequested", key or f"receipt-{receipt_id}", receipt_payload(receipt_id, account_id))
-
-
 @dataclass(frozen=True)
 class Outgoing:
     """One message to send, and what it should come to."""
 
     body: str
-    kind: str  # "drawn" (testkit.payloads), "payment", "receipt", "poison", "custom" (--payload), "from-file"
+    kind: str  # "drawn" (testkit.payloads), "reused", "poison", "custom" (--payload), "from-file", an example's own
     key: str | None = None
     # What the consumer should dead-letter it for, for poison.
     expected_error: ErrorType | None = None
     attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # The MessageGroupId: on a FIFO queue by default the payload's account (see ``group_id``); on a
-    # standard queue a fair-queue tenant, sent only when set.
+    # The MessageGroupId: on a FIFO queue by default the key (see ``group_id``); on a standard queue a
+    # fair-queue tenant, sent only when set.
     group: str | None = None
 
     @cached_property
@@ -91,25 +64,13 @@ class Outgoing:
 
     @property
     def group_id(self) -> str:
-        """The message group on a FIFO queue: the account, so one account's messages apply in order."""
-        if self.group is not None:
-            return self.group
-        account = (self.payload or {}).get("accountId")
-        return account if isinstance(account, str) and account else NO_ACCOUNT_GROUP
+        """The message group on a FIFO queue: the one given, else the key (one message group per key)."""
+        return self.group or self.key or NO_KEY_GROUP
 
 
 def drawn(handler: type[MessageHandler[Any]], key: str, payload: dict[str, Any]) -> Outgoing:
     """A message of any handler (its payload from ``testkit.payloads``); its FIFO group is its key."""
     return Outgoing(envelope(handler.event_type, key, payload), "drawn", key, group=key)
-
-
-def payment(key: str, payment_id: str, account_id: str, amount_cents: int) -> Outgoing:
-    return Outgoing(payment_body(payment_id, account_id, amount_cents, key), "payment", key)
-
-
-def receipt(key: str, receipt_id: str, account_id: str, payment_id: str, amount_cents: int) -> Outgoing:
-    payload = receipt_payload(receipt_id, account_id, payment_id, amount_cents)
-    return Outgoing(envelope("ReceiptRequested", key, payload), "receipt", key)
 
 
 def with_resends(messages: Sequence[Outgoing], fraction: float, rng: random.Random) -> list[Outgoing]:
@@ -118,13 +79,6 @@ def with_resends(messages: Sequence[Outgoing], fraction: float, rng: random.Rand
     mixed = [*messages, *resends]
     rng.shuffle(mixed)
     return mixed
-
-
-def ledger_balance(dynamodb: Any, table: str, account: str) -> int:
-    """An account's balance in the example ledger (0 before its first payment), read consistently."""
-    key = {"accountId": {"S": account}, "entryId": {"S": "BALANCE"}}
-    item = dynamodb.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
-    return int(item["balanceCents"]["N"]) if item else 0
 
 
 def queue_counts(sqs: Any, queue_url: str) -> tuple[int, int]:
@@ -186,34 +140,3 @@ def send_all(
 def tenant_field(message: Outgoing) -> dict[str, str]:
     """On a standard queue a message group is a fair-queue tenant, sent only when the producer names one."""
     return {"MessageGroupId": message.group} if message.group is not None else {}
-
-
-class MessageFactory:
-    """Bodies that never contend (each message has its own key, payment and account) unless asked to."""
-
-    def __init__(self, run_id: str | None = None) -> None:
-        # Keys unique across runs too: DynamoDB Local's tables outlive one system's turn.
-        self._run_id = run_id or uuid.uuid4().hex[:8]
-        self._sequence = itertools.count(1)
-
-    def payment(self) -> str:
-        n = self._next()
-        return payment_body(f"p-{n}", f"acc-{n}", key=f"pay-{n}")
-
-    def receipt(self) -> str:
-        n = self._next()
-        return envelope("ReceiptRequested", f"receipt-{n}", receipt_payload(f"r-{n}", f"acc-{n}", f"p-{n}"))
-
-    def payments(self, count: int) -> list[str]:
-        return [self.payment() for _ in range(count)]
-
-    def payments_on_one_account(self, count: int) -> list[str]:
-        """A hot account: ``count`` distinct payments that all credit one new account."""
-        account = f"acc-hot-{self._next()}"
-        return [payment_body(f"p-{n}", account, key=f"pay-{n}") for n in (self._next() for _ in range(count))]
-
-    def receipts(self, count: int) -> list[str]:
-        return [self.receipt() for _ in range(count)]
-
-    def _next(self) -> str:
-        return f"{self._run_id}-{next(self._sequence)}"

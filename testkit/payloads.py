@@ -1,5 +1,5 @@
-"""Messages for any registered handler: payloads drawn from its ``payload_model``, payloads it must refuse, its
-sample events, and the seed items its author gives for the business state it needs.
+"""Messages for any registered handler: payloads drawn from its ``payload_model``, payloads it must refuse, and
+the seed items its author gives for the business state it needs.
 
 Draws are polyfactory's, deterministic from a seed, and each is checked against the model the way the consumer
 reads a body (JSON): a valid draw the model refuses, or an invalid one it accepts, is this generator's bug and
@@ -28,7 +28,6 @@ from consumer.handlers import HANDLERS, MessageHandler
 Handler = type[MessageHandler[Any]]
 SeedItem = tuple[str, dict[str, Any]]  # (the table's logical id, the item in plain Python values)
 REPO = Path(__file__).resolve().parent.parent
-EVENTS = REPO / "events"
 # Values of every JSON type, tried in turn for a field until the model refuses one (a wrong type for that field).
 _WRONG_TYPES: tuple[Any, ...] = ([["not", "this"]], {"not": "this"}, 12.5, "not-this", True, None)
 _EXTRA_FIELD = "unexpectedField"
@@ -89,25 +88,6 @@ def invalid_payloads(handler: Handler, seed: int = 0) -> list[Invalid]:
 
 def _required(model: type[BaseModel]) -> list[str]:
     return [field.alias or name for name, field in model.model_fields.items() if field.is_required()]
-
-
-def sample_bodies(event_type: str, events: Path = EVENTS) -> list[str]:
-    """The bodies of the sample events (``events/*.json``, SQS events as Lambda delivers them) of this event type,
-    in file order; poison samples included (a body the model refuses, a key reused)."""
-    bodies = [
-        record["body"]
-        for path in sorted(events.glob("*.json"))
-        for record in json.loads(path.read_text(encoding="utf-8")).get("Records", [])
-    ]
-    return [body for body in bodies if _event_type(body) == event_type]
-
-
-def _event_type(body: str) -> Any:
-    try:
-        document = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    return document.get("eventType") if isinstance(document, dict) else None
 
 
 def seeds_file(event_type: str, root: Path = REPO) -> Path | None:

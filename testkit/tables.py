@@ -16,7 +16,6 @@ from testkit.template import Template
 
 TABLE_TYPE = "AWS::DynamoDB::Table"
 IDEMPOTENCY_TABLE = "IdempotencyTable"
-LEDGER_TABLE = "LedgerTable"
 _CREATE_TABLE_PARAMETERS = (
     "AttributeDefinitions",
     "KeySchema",

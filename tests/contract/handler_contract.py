@@ -23,6 +23,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -510,7 +511,7 @@ def draws(subject: Subject, rule: str, count: int = 2, samples: bool = True) -> 
     """``count`` payloads drawn from the model (a seed of the rule's own, so that rules do not share business
     identities), then the first of its sample events the model accepts."""
     drawn = payloads.valid_payloads(subject.handler, count, zlib.crc32(rule.encode()))
-    for body in payloads.sample_bodies(subject.name) if samples else ():
+    for body in sample_bodies(subject.name) if samples else ():
         sample = json.loads(body).get("payload")
         if payloads.refusal(subject.handler.payload_model, sample) is None:
             return [*drawn, sample]
@@ -519,3 +520,25 @@ def draws(subject: Subject, rule: str, count: int = 2, samples: bool = True) -> 
 
 def failures(rule: Callable[..., str | None], rig: Rig, subject: Subject, cases: Sequence[Any]) -> list[str]:
     return [found for case in cases if (found := rule(rig, subject, *case)) is not None]
+
+
+EVENTS = Path(__file__).resolve().parents[2] / "events"
+
+
+def sample_bodies(event_type: str, events: Path = EVENTS) -> list[str]:
+    """The bodies of the sample events (``events/*.json``, SQS events as Lambda delivers them) of this event type,
+    in file order; poison samples included (a body the model refuses, a key reused)."""
+    bodies = [
+        record["body"]
+        for path in sorted(events.glob("*.json"))
+        for record in json.loads(path.read_text(encoding="utf-8")).get("Records", [])
+    ]
+    return [body for body in bodies if _event_type(body) == event_type]
+
+
+def _event_type(body: str) -> Any:
+    try:
+        document = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    return document.get("eventType") if isinstance(document, dict) else None

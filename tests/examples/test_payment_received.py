@@ -99,3 +99,12 @@ def test_a_payment_that_breaks_its_schema_is_poison(payments: Consumer, change: 
     (dead,) = payments.dead_letters()
     assert (dead.error_type, (dead.error_message or "").split(":")[0]) == ("SchemaViolation", field)
     assert balance(payments.dynamodb, "acc-1") == 0
+
+
+def test_a_payment_applied_by_its_resend_is_named() -> None:
+    from tests.examples.payment_received_checks import not_first_copies, payment  # noqa: PLC0415
+
+    first, other = payment("k1", "p1", "acc-a", 100), payment("k2", "p2", "acc-a", 200)
+    sent = {"m1": first, "m2": other, "m3": first}  # m3: a resend of m1
+    assert not_first_copies(sent, {"p1": "m1", "p2": "m2"}) == []
+    assert not_first_copies(sent, {"p1": "m3", "p2": "m2"}) == ["payment p1: applied by m3, its first copy sent was m1"]

@@ -14,6 +14,7 @@ from local.session import describe
 from local.stack import DeployedStack
 from testkit import messages
 from testkit.webhook import WebhookSink
+from tests.examples.payment_received_checks import not_first_copies, payment
 from tests.integration.test_end_to_end import _aws_cli_send, _queue_empty, _wait_until
 from tests.integration.test_events import dead_letter_types, invoke
 
@@ -34,7 +35,7 @@ def _balances(stack: DeployedStack) -> dict[str, int]:
 
 
 def test_the_same_payment_sent_twice_by_the_aws_cli_credits_once(stack: DeployedStack) -> None:
-    body = messages.payment("pay-cli-1", "p-cli-1", "acc-cli", 2500).body
+    body = payment("pay-cli-1", "p-cli-1", "acc-cli", 2500).body
     first, second = _aws_cli_send(stack, body), _aws_cli_send(stack, body)
 
     with stack.pollers(2):
@@ -97,7 +98,7 @@ def test_on_a_fifo_stack_each_payment_is_applied_by_its_first_copy(make_stack: C
 
     stack = make_stack(parameter_overrides=FIFO)
     payments = [
-        messages.payment(f"fifo-{account}-{n}", f"p-{account}-{n}", f"acc-{account}", 100 + n)
+        payment(f"fifo-{account}-{n}", f"p-{account}-{n}", f"acc-{account}", 100 + n)
         for n in range(6)
         for account in range(3)
     ]
@@ -110,7 +111,7 @@ def test_on_a_fifo_stack_each_payment_is_applied_by_its_first_copy(make_stack: C
         for (_, entry), item in _ledger(stack).items()
         if entry.startswith("PAYMENT#") and "messageId" in item
     }
-    assert fifo.not_first_copies(sent, applied_by) == []
+    assert not_first_copies(sent, applied_by) == []
 
 
 def test_send_file_keeps_the_fifo_samples_message_groups(

@@ -11,6 +11,7 @@ from local.event_files import load_event
 from local.stack import DeployedStack
 from testkit import messages
 from testkit.webhook import Answer, WebhookSink
+from tests.examples.payment_received_checks import payment, receipt
 from tests.integration.test_end_to_end import _queue_empty, _wait_until
 from tests.integration.test_events import invoke
 from tests.integration.test_fifo import FIFO, consume
@@ -26,7 +27,7 @@ def _ledger_item(stack: DeployedStack, account: str, entry: str) -> dict | None:
 def test_a_receipt_reaches_the_webhook_with_its_idempotency_key_and_survives_a_5xx(
     stack: DeployedStack, webhook_sink: WebhookSink
 ) -> None:
-    message = messages.receipt("rcpt-e2e-1", "r-e2e-1", "acc-r", "p-e2e-1", 800)
+    message = receipt("rcpt-e2e-1", "r-e2e-1", "acc-r", "p-e2e-1", 800)
     webhook_sink.answer_next(Answer(503), key="rcpt-e2e-1")
     stack.servers.client("sqs").send_message(QueueUrl=stack.queue.url, MessageBody=message.body)
 
@@ -67,10 +68,10 @@ def test_a_webhook_failure_holds_its_fifo_group_back_and_the_rest_is_applied_aft
     make_stack: Callable[..., DeployedStack], webhook_sink: WebhookSink
 ) -> None:
     fifo_stack = make_stack(parameter_overrides=FIFO)
-    first = messages.payment("held-1", "p-held-1", "acc-held", 100)
-    flaky = messages.receipt("held-receipt", "r-held", "acc-held", "p-held-1", 100)
-    later = [messages.payment(f"held-{n}", f"p-held-{n}", "acc-held", 100 * n) for n in (2, 3)]
-    other = [messages.payment(f"free-{n}", f"p-free-{n}", "acc-free", 10) for n in (1, 2)]
+    first = payment("held-1", "p-held-1", "acc-held", 100)
+    flaky = receipt("held-receipt", "r-held", "acc-held", "p-held-1", 100)
+    later = [payment(f"held-{n}", f"p-held-{n}", "acc-held", 100 * n) for n in (2, 3)]
+    other = [payment(f"free-{n}", f"p-free-{n}", "acc-free", 10) for n in (1, 2)]
     webhook_sink.answer_next(Answer(503), key=flaky.key)
     sent = messages.send_all(fifo_stack.servers.client("sqs"), fifo_stack.queue.url, [first, flaky, *later, *other])
     ids = {message.key: message_id for message_id, message in sent.items()}

@@ -9,26 +9,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from bench.capacity import CapacityMeter, item_size, number_size, read_units, write_units
 from bench.costs import (
+    DUPLICATE,
     DUPLICATE_IN_BATCH,
-    DUPLICATE_LOCK,
-    DUPLICATE_OPTIMISTIC,
-    NEW_LOCK,
-    NEW_OPTIMISTIC,
+    NEW,
     Backend,
     Cost,
+    Draws,
     message_costs,
     moto_backend,
+    run_batch,
 )
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.systems import ThisConsumer
 from consumer import app
-from testkit.messages import MessageFactory
+from consumer.handlers import MessageHandler
+from testkit.messages import envelope
 from testkit.webhook import WebhookSink
+from tests.handlers import CallHandler, TallyHandler, create_test_tables
+
+HANDLERS = (TallyHandler, CallHandler)
 
 
 @pytest.fixture
@@ -39,40 +45,68 @@ def probe() -> RoundTripProbe:
 @pytest.fixture
 def backend(probe: RoundTripProbe) -> Iterator[Backend]:
     with on_new_clients(probe.handler_specs()), moto_backend() as backend:
-        yield backend
+        yield replace(backend, handlers=HANDLERS, create_tables=create_test_tables)
     # The consumer built here points at this test's tables: let no later test inherit it.
     app.build_consumer.cache_clear()
 
 
 @pytest.fixture
-def consumer_costs(backend: Backend, probe: RoundTripProbe) -> dict[str, Cost]:
+def consumer_costs(backend: Backend, probe: RoundTripProbe) -> dict[str, dict[str, Cost]]:
+    """Per test handler (tests/handlers.py), each case's cost per message."""
     meter = CapacityMeter(backend.reader)
     with WebhookSink() as webhook:
         with on_new_clients(meter.handler_specs()):
-            consumer = ThisConsumer(backend.settings(ThisConsumer.name, webhook.receipts_url))
-        return message_costs(consumer, MessageFactory(), probe, meter, count=3)
+            settings = backend.settings(ThisConsumer.name, webhook.url)
+            handlers: dict[str, MessageHandler[Any]] = {
+                TallyHandler.event_type: TallyHandler(settings),
+                CallHandler.event_type: CallHandler(settings, webhook.url),
+            }
+            consumer = ThisConsumer(settings, handlers)
+        return {
+            handler.event_type: message_costs(consumer, Draws(handler), probe, meter, count=3) for handler in HANDLERS
+        }
 
 
-def test_a_new_optimistic_message_costs_one_call(consumer_costs: dict[str, Cost]) -> None:
-    assert consumer_costs[NEW_OPTIMISTIC].calls == 1
+def test_a_new_optimistic_message_costs_one_call(consumer_costs: dict[str, dict[str, Cost]]) -> None:
+    assert consumer_costs[TallyHandler.event_type][NEW].calls == 1
 
 
-def test_a_new_lock_message_costs_two_calls(consumer_costs: dict[str, Cost]) -> None:
-    assert consumer_costs[NEW_LOCK].calls == 2
+def test_a_new_lock_message_costs_two_calls(consumer_costs: dict[str, dict[str, Cost]]) -> None:
+    assert consumer_costs[CallHandler.event_type][NEW].calls == 2
 
 
-def test_a_duplicate_costs_one_call_in_either_mode(consumer_costs: dict[str, Cost]) -> None:
-    assert consumer_costs[DUPLICATE_OPTIMISTIC].calls == 1
-    assert consumer_costs[DUPLICATE_LOCK].calls == 1
+def test_a_duplicate_costs_one_call_in_either_mode(consumer_costs: dict[str, dict[str, Cost]]) -> None:
+    assert [costs[DUPLICATE].calls for costs in consumer_costs.values()] == [1, 1]
 
 
-def test_a_duplicate_inside_one_batch_costs_nothing(consumer_costs: dict[str, Cost]) -> None:
-    assert consumer_costs[DUPLICATE_IN_BATCH] == Cost(0, 0, 0)
+def test_a_duplicate_inside_one_batch_costs_nothing(consumer_costs: dict[str, dict[str, Cost]]) -> None:
+    assert [costs[DUPLICATE_IN_BATCH] for costs in consumer_costs.values()] == [Cost(0, 0, 0)] * 2
 
 
-def test_no_message_reads_dynamodb(consumer_costs: dict[str, Cost]) -> None:
+def test_write_units_follow_the_transaction_items(consumer_costs: dict[str, dict[str, Cost]]) -> None:
+    # A tally's commit is a transaction of three items (the record, the total, the entry): 2 units per item
+    # under 1 KB; a duplicate's same transaction, cancelled on the record's condition, is billed as much.
+    assert consumer_costs[TallyHandler.event_type][NEW].write_units == 6
+    assert consumer_costs[TallyHandler.event_type][DUPLICATE].write_units == 6
+
+
+def test_no_message_reads_dynamodb(consumer_costs: dict[str, dict[str, Cost]]) -> None:
     # Failed conditions return the old item: a duplicate is recognised without a GetItem.
-    assert all(cost.read_units == 0 for cost in consumer_costs.values())
+    assert all(cost.read_units == 0 for costs in consumer_costs.values() for cost in costs.values())
+
+
+def test_a_message_refused_by_its_handler_stops_the_cost_measurement(probe: RoundTripProbe) -> None:
+    """Dead-lettered, it is no failure of its batch; but its cost is a refusal's, not an applied message's."""
+
+    def body(key: str, unit: str) -> str:
+        return envelope(TallyHandler.event_type, key, {"entryId": key, "tallyId": "t", "amount": 1, "unit": unit})
+
+    refused = pytest.raises(RuntimeError, match="1 measured messages were dead-lettered")
+    with refused, on_new_clients(probe.handler_specs()), moto_backend() as moto:
+        settings = replace(moto, handlers=HANDLERS, create_tables=create_test_tables).settings("refused", "")
+        consumer = ThisConsumer(settings, {TallyHandler.event_type: TallyHandler(settings)})
+        run_batch(consumer, [body("a", "PTS"), body("b", "EUR")])  # a tally counts in one unit
+    app.build_consumer.cache_clear()
 
 
 def test_the_latency_hook_delays_requests_answered_by_moto_in_process(backend: Backend, probe: RoundTripProbe) -> None:

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import json
 import random
+from typing import cast
 
 import pytest
 
-from bench.costs import DYNAMODB_PER_WRITE_UNIT, LAMBDA_ARM64_PER_GB_S, Cost, cost_per_million, sqs_requests
+from bench import timing
+from bench.costs import (
+    DYNAMODB_PER_WRITE_UNIT,
+    LAMBDA_ARM64_PER_GB_S,
+    Cost,
+    Draws,
+    cost_per_million,
+    guarded,
+    sqs_requests,
+    timed_handler,
+)
 from bench.timing import median_ci
-from testkit.messages import MessageFactory
+from testkit.lambda_runtime import LambdaEnvironment
+from tests.handlers import CallHandler, TallyHandler
 
 
 def test_the_interval_of_twenty_samples_is_the_6th_and_15th_order_statistics() -> None:
@@ -54,7 +66,41 @@ def test_sqs_requests_per_message_shrink_with_the_batch() -> None:
     assert sum(sqs_requests(1).values()) == pytest.approx(3.0)
 
 
-def test_a_hot_batch_credits_one_account_with_distinct_payments() -> None:
-    payloads = [json.loads(body) for body in MessageFactory().payments_on_one_account(10)]
-    assert len({payload["payload"]["accountId"] for payload in payloads}) == 1
-    assert len({payload["metadata"]["idempotencyKey"] for payload in payloads}) == 10
+def test_draws_are_distinct_messages_of_the_handler_each_seeded_once() -> None:
+    seeded: list[list[dict[str, object]]] = []
+    draws = Draws(TallyHandler, seeded.append)
+    bodies = [json.loads(body) for body in draws.bodies(10) + draws.bodies(10)]
+    assert {body["eventType"] for body in bodies} == {TallyHandler.event_type}
+    assert len({body["metadata"]["idempotencyKey"] for body in bodies}) == 20
+    assert len({json.dumps(body["payload"], sort_keys=True) for body in bodies}) == 20
+    assert [payload for batch in seeded for payload in batch] == [body["payload"] for body in bodies]
+
+
+def test_each_drawn_message_names_business_items_of_its_own() -> None:
+    # Polyfactory's identifiers are short and repeat within a few hundred draws: each message names a tally and
+    # an entry of its own, so that none is refused for another's unit or entry.
+    draws = Draws(TallyHandler)
+    payloads = [json.loads(body)["payload"] for _ in range(30) for body in draws.bodies(10)]
+    for field in ("tallyId", "entryId"):
+        assert len({payload[field] for payload in payloads}) == 300
+
+
+def test_a_failed_invocation_names_what_the_function_logged_as_warnings_and_errors() -> None:
+    function = cast(LambdaEnvironment, object())
+    timing._logs[function] = log = timing._LastLog()
+    log.write("START\n" + json.dumps({"level": "INFO", "message": "applied"}))
+    warning = {"level": "WARNING", "message": "dead-lettered", "idempotency_key": "k-1", "reason": "unit refused"}
+    log.write("START\n" + json.dumps(warning) + "\nEND\n")  # only the last invocation's log is kept
+    assert timing._why_failed(function) == "dead-lettered k-1 unit refused"
+
+
+def test_the_timed_handler_is_the_first_optimistic_one_and_a_guard_is_seen() -> None:
+    assert timed_handler((CallHandler, TallyHandler)) is TallyHandler
+    with pytest.raises(SystemExit, match="none is registered"):
+        timed_handler((CallHandler,))
+
+    class Guarded(TallyHandler):
+        def guard(self, payload: object, context: object) -> None:
+            return None
+
+    assert (guarded(TallyHandler), guarded(Guarded)) == (False, True)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from consumer.handlers import Effect, MessageContext, MessageHandler, Mode
 from testkit import payloads
 from testkit.payloads import GeneratorError
+from tests.contract.handler_contract import sample_bodies
 
 
 class ParcelShipped(BaseModel):
@@ -102,8 +103,8 @@ def test_sample_bodies_are_matched_by_the_event_type_in_the_body(tmp_path: Path)
     other = json.dumps({"eventType": "Other", "payload": {}})
     _event_file(tmp_path / "a.json", other, parcel, "{not json")
     _event_file(tmp_path / "b.json", parcel.replace("p-1", "p-2"), "[1]")
-    assert payloads.sample_bodies("ParcelShipped", tmp_path) == [parcel, parcel.replace("p-1", "p-2")]
-    assert payloads.sample_bodies("Nothing", tmp_path) == []
+    assert sample_bodies("ParcelShipped", tmp_path) == [parcel, parcel.replace("p-1", "p-2")]
+    assert sample_bodies("Nothing", tmp_path) == []
 
 
 def _seeds(root: Path, where: str, source: str) -> None:
