@@ -24,6 +24,8 @@ from consumer.idempotency.writes import Update
 from consumer.webhook import WebhookClient
 
 WEBHOOK_VARIABLE = "CHAOS_WEBHOOK_URL"
+# The call's own cap; the invocation's remaining time may cut it shorter.
+_WEBHOOK_TIMEOUT_MS = 5_000
 
 
 class Period(BaseModel):
@@ -41,7 +43,6 @@ class GuardedPeriod(MessageHandler[Period]):
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
-        self._timeout_ms = settings.webhook_timeout_ms
         self._webhook = WebhookClient(os.environ[WEBHOOK_VARIABLE], WEBHOOK_VARIABLE)
 
     def contention_key(self, payload: Period) -> str:
@@ -70,7 +71,7 @@ class GuardedPeriod(MessageHandler[Period]):
         return Guard((reserve,), undo=(self._write(payload, key, "REMOVE pendingKey", "pendingKey = :key"),))
 
     def handle(self, payload: Period, context: MessageContext) -> Effect:
-        deadline_s = max(0.1, min(self._timeout_ms, context.remaining_ms()) / 1000)
+        deadline_s = max(0.1, min(_WEBHOOK_TIMEOUT_MS, context.remaining_ms()) / 1000)
         self._webhook.post(json.dumps(payload.model_dump()).encode(), context.idempotency_key, deadline_s)
         settle = self._write(
             payload, context.idempotency_key, "SET through = :through REMOVE pendingKey", "pendingKey = :key"
