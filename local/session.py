@@ -59,7 +59,6 @@ def describe(stack: DeployedStack, sink: WebhookSink) -> state.StackState:
         queue_url=stack.queue.url,
         dead_letter_queue_url=stack.dead_letter_queue.url,
         tables={logical_id: table.name for logical_id, table in stack.resources.tables.items()},
-        webhook_url=sink.receipts_url,
         function={**asdict(stack.function), "code_dir": str(stack.function.code_dir)},
         function_environment=stack.function_environment,
     )
