@@ -42,7 +42,7 @@ def running_stack(
         )
         try:
             if publish:
-                state.write(describe(stack, sink))
+                state.write(describe(stack))
             yield stack, sink
         finally:
             stack.stop()
@@ -50,7 +50,7 @@ def running_stack(
                 state.STATE_FILE.unlink(missing_ok=True)
 
 
-def describe(stack: DeployedStack, sink: WebhookSink) -> state.StackState:
+def describe(stack: DeployedStack) -> state.StackState:
     return state.StackState(
         pid=os.getpid(),
         stack_name=stack.resources.stack_name,
