@@ -28,6 +28,7 @@ from consumer.config import Settings, table_variable
 from consumer.errors import ErrorType
 from local.demo import example_checks
 from local.poller import Poller, PollerGroup
+from local.stack import webhook_parameters
 from testkit import dead_letters, payloads
 from testkit.conflict_emulation import COMMITS_PATH
 from testkit.lambda_runtime import LambdaEnvironment, check_handler
@@ -167,12 +168,12 @@ def _settings(
     return Settings.from_env({**function_environment, **overrides}, tables, own)
 
 
-def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, webhook_url: str) -> LocalResources:
+def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, sink: WebhookSink) -> LocalResources:
     return servers.deploy(
         # Unique even when a seed is replayed on the same servers.
         stack_name=f"chaos-{run_id}-{uuid.uuid4().hex[:6]}",
         parameter_overrides={
-            "ReceiptWebhookUrl": webhook_url,
+            **webhook_parameters(sink),
             "MaxReceiveCount": config.max_receive_count,
             "LogLevel": "CRITICAL",
         },
@@ -279,7 +280,7 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
     with WebhookSink() as sink, tempfile.TemporaryDirectory(prefix="chaos-run-", ignore_cleanup_errors=True) as run_dir:
         webhook_plan = _webhook_plan(config, rng, calls=4 * max(1, config.messages))
         sink.answer_next(*(answer for _, answer in webhook_plan))
-        resources = _deploy(servers, config, run_id, sink.receipts_url)
+        resources = _deploy(servers, config, run_id, sink)
         tables = _handler_tables(dynamodb, resources, handlers, f"chaos-{run_id}-{uuid.uuid4().hex[:6]}")
         payloads.put_seeds(dynamodb, tables, seeds_items)
         function = resources.function()

@@ -19,6 +19,7 @@ from typing import Any
 from local import smoke
 from local.demo import Check, show_checks
 from local.smoke import DEFAULT_TIMEOUT_S, OUTPUTS, POISON_ERROR_TYPE, Target, wait
+from local.stack import webhook_parameters
 from testkit import dead_letters, messages, payloads
 from testkit.aws import DUMMY_CREDENTIALS_ENV, client
 from testkit.processes import LOOPBACK, LoopbackServer
@@ -188,7 +189,8 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
     env = {**os.environ, **DUMMY_CREDENTIALS_ENV, "AWS_ENDPOINT_URL": url, "SAM_CLI_TELEMETRY": "0"}
     env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
     # The parameters samconfig.toml cannot know: this run's webhook (ARGS replaces its parameter_overrides).
-    overrides = f"ARGS=--parameter-overrides Architecture=x86_64 ReceiptWebhookUrl={sink.receipts_url}"
+    urls = " ".join(f"{name}={url}" for name, url in webhook_parameters(sink).items())
+    overrides = f"ARGS=--parameter-overrides Architecture=x86_64 {urls}"
     _run(["make", "deploy", "ARCH=x86_64", "CONFIG_ENV=rehearse", overrides], env)
     described = _run([AWS_CLI, "--endpoint-url", url, "cloudformation", "describe-stacks", "--stack-name", STACK], env)
     stack = json.loads(described)["Stacks"][0]

@@ -42,7 +42,7 @@ def running_stack(
         )
         try:
             if publish:
-                state.write(describe(stack, sink))
+                state.write(describe(stack))
             yield stack, sink
         finally:
             stack.stop()
@@ -50,7 +50,7 @@ def running_stack(
                 state.STATE_FILE.unlink(missing_ok=True)
 
 
-def describe(stack: DeployedStack, sink: WebhookSink) -> state.StackState:
+def describe(stack: DeployedStack) -> state.StackState:
     return state.StackState(
         pid=os.getpid(),
         stack_name=stack.resources.stack_name,
@@ -59,7 +59,6 @@ def describe(stack: DeployedStack, sink: WebhookSink) -> state.StackState:
         queue_url=stack.queue.url,
         dead_letter_queue_url=stack.dead_letter_queue.url,
         tables={logical_id: table.name for logical_id, table in stack.resources.tables.items()},
-        webhook_url=sink.receipts_url,
         function={**asdict(stack.function), "code_dir": str(stack.function.code_dir)},
         function_environment=stack.function_environment,
     )

@@ -74,6 +74,12 @@ class DeployedStack:
         self.fleet.stop()
 
 
+def webhook_parameters(webhook: WebhookSink, template_path: Path = TEMPLATE_PATH) -> dict[str, str]:
+    """Each ``*WebhookUrl`` parameter the template has (none once its handlers are gone), at ``<sink>/<its name>``."""
+    parameters = load_template(template_path).get("Parameters", {})
+    return {name: f"{webhook.url}/{name}" for name in parameters if name.endswith("WebhookUrl")}
+
+
 def deploy_stack(
     servers: LocalServers,
     *,
@@ -86,17 +92,13 @@ def deploy_stack(
 ) -> DeployedStack:
     """Create the template's resources and make its function ready against them.
 
-    With a ``webhook`` sink, every parameter named ``*WebhookUrl`` points at ``<sink>/<its name>``
-    and ``WebhookSecretArn`` at a secret holding the sink's, unless overridden; ``memory_mb``
-    overrides ``MemorySize`` (and with it the CPU share).
+    With a ``webhook`` sink, its ``webhook_parameters`` and ``WebhookSecretArn`` (if the template has it) at a secret
+    holding the sink's, unless overridden; ``memory_mb`` overrides ``MemorySize`` (and with it the CPU share).
     """
-    overrides = dict(parameter_overrides or {})
-    if webhook is not None:
+    overrides = {**(webhook_parameters(webhook, template_path) if webhook else {}), **(parameter_overrides or {})}
+    if webhook is not None and "WebhookSecretArn" in load_template(template_path).get("Parameters", {}):
         secret = servers.client("secretsmanager").create_secret(Name=uuid.uuid4().hex, SecretString=webhook.secret)
         overrides.setdefault("WebhookSecretArn", secret["ARN"])
-        for name in load_template(template_path).get("Parameters", {}):
-            if name.endswith("WebhookUrl"):
-                overrides.setdefault(name, f"{webhook.url}/{name}")
     resources = servers.deploy(template_path, stack_name=stack_name, parameter_overrides=overrides)
     function = resources.function()
     fleet = LambdaFleet(function, servers.function_environment(function), memory_mb=memory_mb, log_sink=log_sink)

@@ -30,7 +30,6 @@ class StackState:
     queue_url: str
     dead_letter_queue_url: str
     tables: dict[str, str]
-    webhook_url: str
     function: dict[str, Any]
     function_environment: dict[str, str]
 

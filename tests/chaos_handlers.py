@@ -24,6 +24,7 @@ from consumer.idempotency.writes import Update
 from consumer.webhook import WebhookClient
 
 WEBHOOK_VARIABLE = "CHAOS_WEBHOOK_URL"
+# The call's own cap; the invocation's remaining time may cut it shorter.
 
 
 class Period(BaseModel):

@@ -2,7 +2,7 @@
 
 Each field is read from the variable of the same name in upper case
 (``lease_max_ms`` from ``LEASE_MAX_MS``), each table a handler declares from the
-variable ``table_variable`` names (``LedgerTable`` from ``LEDGER_TABLE_NAME``), and each
+variable ``table_variable`` names (``OrdersTable`` from ``ORDERS_TABLE_NAME``), and each
 handler's own settings (``MessageHandler.settings_model``, a ``HandlerSettings``) the same
 way. Rules that tie several fields together are checked here, at the first invocation,
 before any record is touched: a setting that could only fail per record would send every
@@ -24,7 +24,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 def table_variable(logical_id: str) -> str:
-    """The variable that carries a template table's name: LedgerTable -> LEDGER_TABLE_NAME."""
+    """The variable that carries a template table's name: OrdersTable -> ORDERS_TABLE_NAME."""
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", logical_id).upper() + "_NAME"
 
 

@@ -120,7 +120,7 @@ def test_send_file_keeps_the_fifo_samples_message_groups(
     from tests.integration.test_fifo import FIFO, _drain, _send  # noqa: PLC0415
 
     stack = make_stack(parameter_overrides=FIFO)
-    state.write(describe(stack, webhook_sink), tmp_path / "state.json")
+    state.write(describe(stack), tmp_path / "state.json")
     _send(tmp_path, "--file", "events/fifo-batch.json")
     from_file = _drain(stack.servers.client("sqs"), stack.queue.url)
     assert sorted(m["Attributes"]["MessageGroupId"] for m in from_file) == ["acc-4", "acc-4", "acc-5", "acc-5"]

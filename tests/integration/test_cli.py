@@ -73,7 +73,7 @@ def test_run_then_send_dlq_redrive_and_ctrl_c_leaves_nothing(tmp_path: Path) -> 
         poison = _local(tmp_path, "send", "--type", "poison", "--count", "3")
         assert poison.returncode == 0, poison.stderr
         # A type no handler takes yet, as a user pushes one before registering its handler.
-        custom = _local(tmp_path, "send", "--type", "InventoryReserved", "--payload", '{"sku": "sku-1"}')
+        custom = _local(tmp_path, "send", "--type", "ShipmentBooked", "--payload", '{"sku": "sku-1"}')
         assert custom.returncode == 0, custom.stderr
         custom_id = custom.stdout.split("message id(s): ")[1].split()[0]
 
@@ -174,7 +174,6 @@ def queue(local_servers: LocalServers, tmp_path: Path) -> str:
         queue_url=queue.url,
         dead_letter_queue_url=resources.dead_letter_queue(queue).url,
         tables={logical_id: table.name for logical_id, table in resources.tables.items()},
-        webhook_url="",
         function={},
         function_environment={},
     )
@@ -196,11 +195,11 @@ def test_send_any_event_type_with_its_payload_in_the_usual_envelope(
     local_servers: LocalServers, queue: str, tmp_path: Path
 ) -> None:
     payload = {"sku": "sku-1", "quantity": 2}
-    sent = _local(tmp_path, "send", "--type", "InventoryReserved", "--payload", json.dumps(payload), "--count", "3")
+    sent = _local(tmp_path, "send", "--type", "ShipmentBooked", "--payload", json.dumps(payload), "--count", "3")
     on_queue = _on_the_queue(local_servers, queue)
     assert set(on_queue) == _sent_ids(sent)
     parsed = [parse_message({"messageId": message_id, "body": body}) for message_id, body in on_queue.items()]
-    assert {(message.event_type, message.key_source) for message in parsed} == {("InventoryReserved", KeySource.BODY)}
+    assert {(message.event_type, message.key_source) for message in parsed} == {("ShipmentBooked", KeySource.BODY)}
     assert all(message.payload == payload for message in parsed)
     assert len({message.idempotency_key for message in parsed}) == 3  # a fresh key each
 
@@ -208,21 +207,21 @@ def test_send_any_event_type_with_its_payload_in_the_usual_envelope(
 def test_send_with_a_key_sends_one_message_and_its_resends(
     local_servers: LocalServers, queue: str, tmp_path: Path
 ) -> None:
-    sent = _local(tmp_path, "send", "--type", "InventoryReserved", "--payload", "{}", "--count", "2", "--key", "k-1")
+    sent = _local(tmp_path, "send", "--type", "ShipmentBooked", "--payload", "{}", "--count", "2", "--key", "k-1")
     bodies = [json.loads(body) for body in _on_the_queue(local_servers, queue).values()]
     assert len(_sent_ids(sent)) == 2
-    assert bodies == 2 * [{"eventType": "InventoryReserved", "metadata": {"idempotencyKey": "k-1"}, "payload": {}}]
+    assert bodies == 2 * [{"eventType": "ShipmentBooked", "metadata": {"idempotencyKey": "k-1"}, "payload": {}}]
 
 
 def test_send_with_a_payload_sends_one_message_unless_counted(
     local_servers: LocalServers, queue: str, tmp_path: Path
 ) -> None:
-    sent = _local(tmp_path, "send", "--type", "InventoryReserved", "--payload", '{"sku": "sku-1"}')
+    sent = _local(tmp_path, "send", "--type", "ShipmentBooked", "--payload", '{"sku": "sku-1"}')
     assert len(_sent_ids(sent)) == 1 == len(_on_the_queue(local_servers, queue))
 
 
 def test_send_bodies_sends_each_line_as_it_is(local_servers: LocalServers, queue: str, tmp_path: Path) -> None:
-    lines = ['{"eventType": "InventoryReserved", "payload": {"sku": "sku-1"}}', "   ", '{"not": "an envelope"}', ""]
+    lines = ['{"eventType": "ShipmentBooked", "payload": {"sku": "sku-1"}}', "   ", '{"not": "an envelope"}', ""]
     bodies = tmp_path / "bodies.jsonl"
     bodies.write_text("\n".join(lines) + "\n")
     sent = _local(tmp_path, "send", "--bodies", str(bodies))
@@ -253,8 +252,8 @@ def test_send_file_sends_the_records_of_an_event_file(local_servers: LocalServer
 @pytest.mark.parametrize(
     ("args", "status", "said"),
     [
-        (["--type", "InventoryReserved", "--payload", "{sku: 1}"], 2, "--payload is not JSON"),
-        (["--type", "InventoryReserved"], 2, "--type InventoryReserved needs --payload"),
+        (["--type", "ShipmentBooked", "--payload", "{sku: 1}"], 2, "--payload is not JSON"),
+        (["--type", "ShipmentBooked"], 2, "--type ShipmentBooked needs --payload"),
         (["--key", "k-1"], 2, "--key goes with --payload"),
         (["--bodies", "bodies.jsonl"], 1, "bodies.jsonl line 3 is not a JSON body"),
         (["--bodies", "missing.jsonl"], 1, "missing.jsonl cannot be read"),

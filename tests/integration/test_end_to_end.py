@@ -111,9 +111,12 @@ def test_every_webhook_url_parameter_points_at_the_sink_and_the_stack_signs_with
     def add_a_handlers_webhook(document: dict[str, Any]) -> None:
         document["Parameters"]["MyWebhookUrl"] = {"Type": "String", "Default": ""}
         document["Parameters"]["OtherWebhookUrl"] = {"Type": "String", "Default": ""}
+        # The secret's parameter, as a handler that signs its calls declares it.
+        document["Parameters"]["WebhookSecretArn"] = {"Type": "String", "Default": ""}
         function_properties(document)["CodeUri"] = str(REPO_ROOT / "src")
         variables = function_properties(document)["Environment"]["Variables"]
         variables |= {"MY_WEBHOOK_URL": {"Ref": "MyWebhookUrl"}, "OTHER_WEBHOOK_URL": {"Ref": "OtherWebhookUrl"}}
+        variables["WEBHOOK_SECRET_ARN"] = {"Ref": "WebhookSecretArn"}
 
     stack = make_stack(
         template_path=template_copy(tmp_path, add_a_handlers_webhook),

@@ -155,7 +155,7 @@ def _send(state_dir: Path, *args: str) -> str:
 def test_send_gives_each_message_its_key_as_group_and_a_deduplication_id_of_its_own(
     fifo_stack: DeployedStack, webhook_sink: WebhookSink, tmp_path: Path
 ) -> None:
-    state.write(describe(fifo_stack, webhook_sink), tmp_path / "state.json")
+    state.write(describe(fifo_stack), tmp_path / "state.json")
 
     def send(*args: str) -> str:
         return _send(tmp_path, *args)
@@ -188,7 +188,7 @@ def test_on_a_standard_queue_send_tags_fair_queue_tenants_and_the_poller_deliver
 ) -> None:
     # A fair queue is a standard queue whose producer sets MessageGroupId; SQS hands the group to the
     # consumer in the record's attributes, from an ARN without ".fifo" (so no FIFO semantics apply).
-    state.write(describe(stack, webhook_sink), tmp_path / "state.json")
+    state.write(describe(stack), tmp_path / "state.json")
     _send(tmp_path, "--count", "6", "--tenants", "3", "--seed", "5")
     received = _drain(stack.servers.client("sqs"), stack.queue.url)
     assert sorted(m["Attributes"]["MessageGroupId"] for m in received) == [f"tenant-{i}" for i in (0, 0, 1, 1, 2, 2)]

@@ -10,16 +10,16 @@ from pathlib import Path
 
 from testkit.template import REPO_ROOT, TEMPLATE_PATH
 
-VARIABLE = "          LEDGER_TABLE_NAME: !Ref LedgerTable\n"
+VARIABLE = "          IDEMPOTENCY_TABLE_NAME: !Ref IdempotencyTable\n"
 _LIMIT_S = 120
 
 
 def test_a_mistyped_table_variable_stops_the_static_stage_with_one_failure_naming_line_and_fix(tmp_path: Path) -> None:
     source = TEMPLATE_PATH.read_text(encoding="utf-8")
-    assert source.count(VARIABLE) == 1, "the ledger's variable moved in template.yaml: update this test"
+    assert source.count(VARIABLE) == 1, "the idempotency table's variable moved in template.yaml: update this test"
     line = source[: source.index(VARIABLE)].count("\n") + 1
     copy = tmp_path / "template.yaml"
-    copy.write_text(source.replace(VARIABLE, VARIABLE.replace("LEDGER_TABLE_NAME", "LEDGER_TABEL_NAME")))
+    copy.write_text(source.replace(VARIABLE, VARIABLE.replace("IDEMPOTENCY_TABLE_NAME", "IDEMPOTENCY_TABEL_NAME")))
 
     started = time.monotonic()
     # As make test runs it (the venv taken as built: this very test runs in it).
@@ -38,8 +38,8 @@ def test_a_mistyped_table_variable_stops_the_static_stage_with_one_failure_namin
     summary = re.findall(r"^.* in [\d.]+s\b.*$", output, re.MULTILINE)[-1]
     assert summary.startswith("1 failed,") and "error" not in summary, output[-4000:]
     said = (
-        f"{copy}:{line}: ConsumerFunction sets LEDGER_TABEL_NAME, which no code reads: "
-        'rename it to "LEDGER_TABLE_NAME: !Ref LedgerTable"'
+        f"{copy}:{line}: ConsumerFunction sets IDEMPOTENCY_TABEL_NAME, which no code reads: "
+        'rename it to "IDEMPOTENCY_TABLE_NAME: !Ref IdempotencyTable"'
     )
     assert said in output, output[-4000:]
     assert elapsed < _LIMIT_S

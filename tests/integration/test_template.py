@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from consumer.config import table_variable
+from consumer.handlers import declared_tables
 from testkit.servers import LocalServers
 from testkit.template import TEMPLATE_PATH, Template, TemplateError, load_template
 from tests.integration.template_copies import (
@@ -98,17 +100,16 @@ def test_template_defaults_are_applied(local_servers: LocalServers) -> None:
     assert idempotency["KeySchema"] == [{"AttributeName": "id", "KeyType": "HASH"}]
     ttl = dynamodb.describe_time_to_live(TableName=resources.tables["IdempotencyTable"].name)
     assert ttl["TimeToLiveDescription"] == {"TimeToLiveStatus": "ENABLED", "AttributeName": "expiresAt"}
-    ledger = dynamodb.describe_table(TableName=resources.tables["LedgerTable"].name)["Table"]
-    assert {(k["AttributeName"], k["KeyType"]) for k in ledger["KeySchema"]} == {
-        ("accountId", "HASH"),
-        ("entryId", "RANGE"),
-    }
+    # Each table the registered handlers declare exists, its name in the variable the function reads.
+    for table in declared_tables():
+        dynamodb.describe_table(TableName=resources.tables[table].name)
 
     function = resources.function("ConsumerFunction")
     assert function.handler == "consumer.app.handler"
     assert function.timeout_s == int(timeout)
     assert function.environment["IDEMPOTENCY_TABLE_NAME"] == resources.tables["IdempotencyTable"].name
-    assert function.environment["LEDGER_TABLE_NAME"] == resources.tables["LedgerTable"].name
+    for table in declared_tables():
+        assert function.environment[table_variable(table)] == resources.tables[table].name
     assert function.environment["DEAD_LETTER_QUEUE_URL"] == dead_letter.url
     (trigger,) = function.triggers
     assert trigger.queue_arn == queue.arn
@@ -147,7 +148,7 @@ def test_parameter_overrides_flow_into_queue_function_and_environment(local_serv
             "FunctionTimeoutSeconds": 60,
             "BatchSize": 3,
             "MaxReceiveCount": 9,
-            "ReceiptWebhookUrl": "http://127.0.0.1:1/receipts",
+            "IdempotencyTtlSeconds": 432_000,
         }
     )
     sqs = local_servers.client("sqs")
@@ -159,4 +160,4 @@ def test_parameter_overrides_flow_into_queue_function_and_environment(local_serv
     function = resources.function()
     assert function.timeout_s == 60
     assert function.triggers[0].batch_size == 3
-    assert function.environment["RECEIPT_WEBHOOK_URL"] == "http://127.0.0.1:1/receipts"
+    assert function.environment["IDEMPOTENCY_TTL_SECONDS"] == "432000"

@@ -13,8 +13,8 @@ from consumer.errors import ConfigurationError
 from consumer.handlers import declared_settings
 from consumer.idempotency.lease import lease_duration
 
-REQUIRED = {"IDEMPOTENCY_TABLE_NAME": "i", "LEDGER_TABLE_NAME": "l", "DEAD_LETTER_QUEUE_URL": "https://q"}
-TABLES = ("LedgerTable",)
+REQUIRED = {"IDEMPOTENCY_TABLE_NAME": "i", "ORDERS_TABLE_NAME": "o", "DEAD_LETTER_QUEUE_URL": "https://q"}
+TABLES = ("OrdersTable",)
 
 
 def test_defaults_apply_when_only_the_required_variables_are_set() -> None:
@@ -95,10 +95,10 @@ def test_a_lease_floor_of_zero_is_refused() -> None:
 
 def test_each_declared_table_is_read_from_the_variable_named_after_it() -> None:
     settings = Settings.from_env(
-        {**REQUIRED, "INVENTORY_TABLE_NAME": "inv-1"}, tables=("LedgerTable", "InventoryTable")
+        {**REQUIRED, "INVENTORY_TABLE_NAME": "inv-1"}, tables=("OrdersTable", "InventoryTable")
     )
 
-    assert settings.table_names == {"LedgerTable": "l", "InventoryTable": "inv-1"}
+    assert settings.table_names == {"OrdersTable": "o", "InventoryTable": "inv-1"}
     assert table_variable("IdempotencyTable") == "IDEMPOTENCY_TABLE_NAME"
     assert table_variable("SKU2Table") == "SKU2_TABLE_NAME"
 
@@ -108,7 +108,7 @@ def test_a_declared_table_without_its_variable_is_named_with_the_table() -> None
     env = {**REQUIRED, "INVENTRY_TABLE_NAME": "inv-1"}
 
     with pytest.raises(ConfigurationError, match=r"INVENTORY_TABLE_NAME \(table InventoryTable\)"):
-        Settings.from_env(env, tables=("LedgerTable", "InventoryTable"))
+        Settings.from_env(env, tables=("OrdersTable", "InventoryTable"))
 
 
 class BillingSettings(HandlerSettings):

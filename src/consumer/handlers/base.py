@@ -128,7 +128,7 @@ class MessageHandler(ABC, Generic[PayloadT]):
     payload_model: ClassVar[type[BaseModel]]
     # The DynamoDB tables its writes target, by their logical ids in template.yaml: the one place a
     # handler says what it needs. Each reaches the function as a variable named after it
-    # (``consumer.config.table_variable``: LedgerTable -> LEDGER_TABLE_NAME); the infrastructure tests
+    # (``consumer.config.table_variable``: OrdersTable -> ORDERS_TABLE_NAME); the infrastructure tests
     # check that variable and the role's grants for each, and a write to any other table is refused.
     tables: ClassVar[tuple[str, ...]] = ()
     # Settings of its own (a URL, a timeout, a secret's ARN), each field read from its upper-case
@@ -136,7 +136,7 @@ class MessageHandler(ABC, Generic[PayloadT]):
     settings_model: ClassVar[type[HandlerSettings]] = HandlerSettings
 
     def __init__(self, settings: Settings) -> None:
-        # Each declared table's deployed name; a handler writes ``self.table_names["LedgerTable"]``.
+        # Each declared table's deployed name; a handler writes ``self.table_names["OrdersTable"]``.
         self.table_names: dict[str, str] = {table: settings.table_names[table] for table in self.tables}
 
     @abstractmethod
