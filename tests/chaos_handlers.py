@@ -24,7 +24,6 @@ from consumer.idempotency.writes import Update
 from consumer.webhook import WebhookClient
 
 WEBHOOK_VARIABLE = "CHAOS_WEBHOOK_URL"
-# The call's own cap; the invocation's remaining time may cut it shorter.
 
 
 class Period(BaseModel):
