@@ -1,0 +1,31 @@
+"""The store's promises that `make mutation` found untested in the fast tests."""
+
+from __future__ import annotations
+
+import boto3
+from botocore.stub import Stubber
+
+from consumer.idempotency.record import Status
+from consumer.idempotency.store import Claimed, IdempotencyStore
+
+
+def test_a_read_is_strongly_consistent() -> None:
+    # An eventually consistent read may miss a commit made a moment ago: get() promises the latest write.
+    client = boto3.client("dynamodb", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    with Stubber(client) as stubber:
+        stubber.add_response(
+            "get_item", {}, {"TableName": "records", "Key": {"id": {"S": "Ev#k-1"}}, "ConsistentRead": True}
+        )
+        assert IdempotencyStore(client, "records", ttl_seconds=60).get("Ev#k-1") is None
+        stubber.assert_no_pending_responses()
+
+
+def test_a_commit_stores_the_result_a_duplicate_reads_back(store: IdempotencyStore) -> None:
+    claimed = store.claim("Ev#k-1", "hash", lease_ms=30_000)
+    assert isinstance(claimed, Claimed)
+
+    store.commit(claimed, {"receipt": "r-1", "amount": 1250})
+
+    record = store.get("Ev#k-1")
+    assert record is not None
+    assert (record.status, record.result_value()) == (Status.COMPLETED, {"receipt": "r-1", "amount": 1250})
