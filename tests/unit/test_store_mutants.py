@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import boto3
+import pytest
 from botocore.stub import Stubber
 
+from consumer.errors import LeaseLost, TransientError
 from consumer.idempotency.record import Status
 from consumer.idempotency.store import Claimed, IdempotencyStore
+from tests.unit.conftest import Clock
 
 
 def test_a_read_is_strongly_consistent() -> None:
@@ -29,3 +34,24 @@ def test_a_commit_stores_the_result_a_duplicate_reads_back(store: IdempotencySto
     record = store.get("Ev#k-1")
     assert record is not None
     assert (record.status, record.result_value()) == (Status.COMPLETED, {"receipt": "r-1", "amount": 1250})
+
+
+def test_a_lost_lease_names_the_record_and_who_holds_it(store: IdempotencyStore, clock: Clock) -> None:
+    zombie = store.claim("Ev#k-1", "hash", lease_ms=1_000)
+    assert isinstance(zombie, Claimed)
+    clock.advance(2)
+    assert isinstance(store.claim("Ev#k-1", "hash", lease_ms=30_000), Claimed)
+
+    with pytest.raises(LeaseLost, match=r"^lease on Ev#k-1 lost before commit; record is now held IN_PROGRESS by"):
+        store.commit(zombie, "late")
+
+
+@pytest.mark.parametrize("transition", ["claim", "apply_once"])
+def test_a_failed_condition_without_the_item_says_so(store: IdempotencyStore, dynamodb: Any, transition: str) -> None:
+    with Stubber(dynamodb) as stub:
+        stub.add_client_error("update_item", service_error_code="ConditionalCheckFailedException")
+        with pytest.raises(TransientError, match=r"^conditional write failed but DynamoDB returned no item$"):
+            if transition == "claim":
+                store.claim("Ev#k-1", "hash", lease_ms=30_000)
+            else:
+                store.apply_once("Ev#k-1", "hash")
