@@ -8,10 +8,11 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from consumer.errors import LeaseLost, TransientError
+from consumer.errors import BusinessConditionFailed, LeaseLost, TransientError
 from consumer.idempotency.record import Status
 from consumer.idempotency.store import Claimed, IdempotencyStore
-from tests.unit.conftest import Clock
+from consumer.idempotency.writes import Update
+from tests.unit.conftest import TALLIES, Clock
 
 
 def test_a_read_is_strongly_consistent() -> None:
@@ -55,3 +56,28 @@ def test_a_failed_condition_without_the_item_says_so(store: IdempotencyStore, dy
                 store.claim("Ev#k-1", "hash", lease_ms=30_000)
             else:
                 store.apply_once("Ev#k-1", "hash")
+
+
+def test_a_refused_undo_says_which_write_and_releases_nothing(store: IdempotencyStore) -> None:
+    claimed = store.claim("Ev#k-1", "hash", lease_ms=30_000)
+    assert isinstance(claimed, Claimed)
+    undo = Update(
+        TALLIES, {"tallyId": "t-1", "entryId": "TOTAL"}, "SET n = :one", "attribute_exists(tallyId)", values={":one": 1}
+    )
+
+    with pytest.raises(BusinessConditionFailed, match=f"condition of a Update on {TALLIES} failed: attribute_exists"):
+        store.release(claimed, undo=[undo])
+
+    record = store.get("Ev#k-1")
+    assert record is not None
+    assert record.owner_token == claimed.owner_token
+
+
+def test_an_empty_item_with_a_failed_commit_is_no_record(store: IdempotencyStore, dynamodb: Any) -> None:
+    claimed = Claimed("Ev#k-1", "t-1", 1_800_000_030_000, 1)
+    with Stubber(dynamodb) as stub:
+        stub.add_client_error(
+            "update_item", service_error_code="ConditionalCheckFailedException", modeled_fields={"Item": {}}
+        )
+        with pytest.raises(LeaseLost, match=r"record is now held nobody$"):
+            store.commit(claimed, "late")
