@@ -81,3 +81,12 @@ def test_an_empty_item_with_a_failed_commit_is_no_record(store: IdempotencyStore
         )
         with pytest.raises(LeaseLost, match=r"record is now held nobody$"):
             store.commit(claimed, "late")
+
+
+def test_the_shortest_lease_is_one_millisecond(store: IdempotencyStore, clock: Clock) -> None:
+    claimed = store.claim("Ev#k-1", "hash", lease_ms=1)
+
+    assert isinstance(claimed, Claimed)
+    assert claimed.lease_expires_at_ms == int(clock.now * 1000) + 1
+    with pytest.raises(ValueError, match="lease must be positive, got 0 ms"):
+        store.claim("Ev#k-2", "hash", lease_ms=0)
