@@ -100,6 +100,27 @@ fuzz: venv ## [proof] the whole handler fuzzed with hostile batches for about 20
 			--hypothesis-seed=$$seed --hypothesis-show-statistics tests/unit/test_fuzz_handler.py || exit 1; \
 	done
 
+# mutmut (config: pyproject's [tool.mutmut]) in mutants/, at the lowest priority; MUTANTS="consumer.envelope*" runs some.
+# The score per module counts a timeout as killed, and a survivor that tests/mutation-equivalents.txt names as equivalent
+# is left out; one it names as "killed by" a slower test (DynamoDB Local, outside the fast selection) counts as killed.
+MUTATION_EQUIVALENTS := tests/mutation-equivalents.txt
+
+.PHONY: mutation
+mutation: venv ## [proof] mutation testing of the store, the processor, the batch and the envelope: the score per module, each survivor named
+	@mkdir -p mutants && ln -sfn ../node_modules mutants/node_modules
+	nice -n 19 $(VENV)/bin/mutmut run --max-children 2 $(MUTANTS) >/dev/null || true
+	@$(VENV)/bin/mutmut results --all true | awk -v equivalents=$(MUTATION_EQUIVALENTS) ' \
+		BEGIN { while ((getline line < equivalents) > 0) if (line ~ /^consumer\./) { split(line, f, " "); eq[f[1]] = f[2] } } \
+		{ name = $$1; sub(/:$$/, "", name); status = $$0; sub(/^[^:]*: /, "", status); module = name; sub(/\.x(_|ǁ).*/, "", module) } \
+		status == "not checked" { next } \
+		{ seen[module] = 1; total[module]++ } \
+		name in eq && eq[name] == "killed" { killed[module]++; next } \
+		name in eq { equivalent[module]++; next } \
+		status == "killed" || status == "timeout" { killed[module]++; next } \
+		{ print "  " status ": " name } \
+		END { for (m in seen) { n = total[m] - equivalent[m]; printf "%-28s %4d / %4d killed (%.1f%%), %d equivalent\n", m, killed[m], n, n ? 100 * killed[m] / n : 100, equivalent[m]; if (killed[m] < 0.95 * n) low = 1 } \
+			exit low }'
+
 # The local stack (no AWS, no Docker): DynamoDB Local, moto's SQS, a webhook sink and pollers that
 # behave as Lambda's SQS event source mapping, all on 127.0.0.1. See local/ (the commands) and testkit/ (the services).
 LOCAL := PYTHONPATH=src $(PY) -m local
