@@ -53,7 +53,10 @@ class LockRig:
     ) -> None:
         self.now = time.time()
         self.dynamodb = dynamodb_local.client()
-        self.store = IdempotencyStore(self.dynamodb, idempotency_table, ttl_seconds=3600, clock=self.clock)
+        conflicts = ConflictRetry(base_ms=5, max_ms=50, attempts=10, margin_ms=1_000)
+        self.store = IdempotencyStore(
+            self.dynamodb, idempotency_table, ttl_seconds=3600, clock=self.clock, conflicts=conflicts
+        )
         self.dead_letters = DeadLetters()
         self.handler = handler
         self.processor = RecordProcessor(
@@ -62,7 +65,6 @@ class LockRig:
             DeadLetterQueue(lambda: cast("SQSClient", self.dead_letters), "https://sqs.local/dlq"),
             settings,
             logging.getLogger("lock-rig"),
-            conflicts=ConflictRetry(base_ms=5, max_ms=50, attempts=10, margin_ms=1_000),
             clock=self.clock,
         )
 

@@ -99,29 +99,29 @@ def wire(
     dynamodb = cast("DynamoDBClient", _client(session, "dynamodb", client_config))
     if check_tables:
         require_tables(dynamodb, settings.every_table())
-    store = IdempotencyStore(
-        dynamodb,
-        settings.idempotency_table_name,
-        ttl_seconds=settings.idempotency_ttl_seconds,
-        result_max_bytes=settings.result_max_bytes,
-        clock=clock,
-    )
-    # SQS is only needed for poison and retries: create it then, not on every cold start.
-    sqs: LazyClient[SQSClient] = LazyClient(lambda: cast("SQSClient", _client(session, "sqs", client_config)))
-    dead_letters = DeadLetterQueue(sqs.get, settings.dead_letter_queue_url)
     conflicts = ConflictRetry(
         base_ms=settings.conflict_retry_base_ms,
         max_ms=settings.conflict_retry_max_ms,
         attempts=settings.conflict_retry_attempts,
         margin_ms=settings.deadline_margin_ms,
     )
+    store = IdempotencyStore(
+        dynamodb,
+        settings.idempotency_table_name,
+        ttl_seconds=settings.idempotency_ttl_seconds,
+        result_max_bytes=settings.result_max_bytes,
+        clock=clock,
+        conflicts=conflicts,
+    )
+    # SQS is only needed for poison and retries: create it then, not on every cold start.
+    sqs: LazyClient[SQSClient] = LazyClient(lambda: cast("SQSClient", _client(session, "sqs", client_config)))
+    dead_letters = DeadLetterQueue(sqs.get, settings.dead_letter_queue_url)
     processor = RecordProcessor(
         store,
         dict(handlers) if handlers is not None else build_handlers(settings),
         dead_letters,
         settings,
         logger,
-        conflicts=conflicts,
         clock=clock,
     )
     backoff = VisibilityBackoff(

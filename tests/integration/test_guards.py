@@ -235,8 +235,10 @@ def test_negative_control_a_release_without_the_undo_leaves_the_hold(
 ) -> None:
     release = IdempotencyStore.release
 
-    def release_without_undo(store: IdempotencyStore, claim: Claimed, undo: tuple[Write, ...] = ()) -> bool:
-        return release(store, claim)
+    def release_without_undo(
+        store: IdempotencyStore, claim: Claimed, undo: tuple[Write, ...] = (), **kwargs: Any
+    ) -> bool:
+        return release(store, claim, **kwargs)
 
     monkeypatch.setattr(IdempotencyStore, "release", release_without_undo)
     rig, _, accounts, account, k = transient_trial(make)
