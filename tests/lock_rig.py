@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from consumer.config import Settings
 from consumer.conflicts import ConflictRetry
 from consumer.dead_letter import DeadLetterQueue
-from consumer.handlers.base import MessageHandler
+from consumer.handler import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
 from consumer.outcome import RecordResult
 from consumer.processor import RecordProcessor

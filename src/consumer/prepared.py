@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from consumer.envelope import Message, Record, message_group_id, parse_message, schema_violation
 from consumer.errors import ConfigurationError, ErrorType, PoisonMessage
-from consumer.handlers.base import MessageHandler
+from consumer.handler import MessageHandler
 from consumer.idempotency.writes import Write
 from consumer.outcome import Log
 

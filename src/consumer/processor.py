@@ -22,7 +22,7 @@ from consumer.errors import (
     PoisonMessage,
     TransientError,
 )
-from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
+from consumer.handler import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.lease import lease_duration
 from consumer.idempotency.store import (
     Applied,

@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from consumer import prepared
 from consumer.config import Settings
+from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
 from consumer.handlers import declared_tables
-from consumer.handlers.base import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
 from consumer.idempotency import store
 from consumer.idempotency.record import IdempotencyRecord, Status
 from consumer.idempotency.store import Duplicate, IdempotencyStore, InFlight

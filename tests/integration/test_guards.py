@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from consumer.config import Settings
 from consumer.errors import BusinessConditionFailed, ConfigurationError, TransientError
-from consumer.handlers.base import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
+from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
 from consumer.idempotency.record import Status
 from consumer.idempotency.store import Claimed, IdempotencyStore, Refused
 from consumer.idempotency.writes import Update, Write
