@@ -54,17 +54,21 @@ class ThisConsumer:
         # Imported here, not by the Powertools function's cold start (bench.coldstart), which imports this module.
         from unittest import mock  # noqa: PLC0415
 
-        from consumer import app  # noqa: PLC0415
+        from consumer import app, wiring  # noqa: PLC0415
 
         # build_consumer() reads the environment once and is cached for the container's
         # life; one ThisConsumer at a time, so the cache is rebuilt for these tables.
         own: dict[str, Any] = {
             "declared_tables": lambda: tuple(settings.table_names),
             "declared_settings": lambda: tuple({type(handler).settings_model for handler in (handlers or {}).values()}),
-            "build_handlers": lambda _: dict(handlers or {}),
         }
         replaced = mock.patch.multiple(app, **own) if handlers else contextlib.nullcontext()
-        with mock.patch.dict(os.environ, settings_environment(settings)), replaced:
+        built = (
+            mock.patch.object(wiring, "build_handlers", lambda _: dict(handlers))
+            if handlers
+            else contextlib.nullcontext()
+        )
+        with mock.patch.dict(os.environ, settings_environment(settings)), replaced, built:
             app.build_consumer.cache_clear()
             app.build_consumer()
         self._handler = app.handler

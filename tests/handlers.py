@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from consumer.config import Settings
 from consumer.errors import TransientError
-from consumer.handlers.base import ID_PATTERN, Effect, MessageContext, MessageHandler, Mode
+from consumer.handler import ID_PATTERN, Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import Put, Update
 from consumer.webhook import WebhookClient
 from testkit.tables import create_table, create_template_tables

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from consumer.config import Settings
 from consumer.conflicts import ConflictRetry
 from consumer.dead_letter import DeadLetterQueue
-from consumer.handlers.base import MessageHandler
+from consumer.handler import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
 from consumer.outcome import RecordResult
 from consumer.processor import RecordProcessor
@@ -53,7 +53,10 @@ class LockRig:
     ) -> None:
         self.now = time.time()
         self.dynamodb = dynamodb_local.client()
-        self.store = IdempotencyStore(self.dynamodb, idempotency_table, ttl_seconds=3600, clock=self.clock)
+        conflicts = ConflictRetry(base_ms=5, max_ms=50, attempts=10, margin_ms=1_000)
+        self.store = IdempotencyStore(
+            self.dynamodb, idempotency_table, ttl_seconds=3600, clock=self.clock, conflicts=conflicts
+        )
         self.dead_letters = DeadLetters()
         self.handler = handler
         self.processor = RecordProcessor(
@@ -62,7 +65,6 @@ class LockRig:
             DeadLetterQueue(lambda: cast("SQSClient", self.dead_letters), "https://sqs.local/dlq"),
             settings,
             logging.getLogger("lock-rig"),
-            conflicts=ConflictRetry(base_ms=5, max_ms=50, attempts=10, margin_ms=1_000),
             clock=self.clock,
         )
 

@@ -1,143 +1,35 @@
-"""Lambda entry point: observability, clients once per container, then delegate.
+"""Lambda entry point: the consumer built once per container, then the handler.
 
-Handler: ``consumer.app.handler``. All logic lives in ``consumer.batch`` (the batch),
-``consumer.processor`` (one record) and ``consumer.idempotency`` (the state machine).
-Endpoints come from boto3's own ``AWS_ENDPOINT_URL*`` variables: there is no local
-code path.
+Handler: ``consumer.app.handler``. The assembly is ``consumer.wiring``; all logic lives in
+``consumer.batch`` (the batch), ``consumer.processor`` (one message) and
+``consumer.idempotency`` (the state machine). Endpoints come from boto3's own
+``AWS_ENDPOINT_URL*`` variables: there is no local code path.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import Any
 
 import botocore.session
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from botocore.config import Config
 
-from consumer.backoff import VisibilityBackoff
 from consumer.batch import BatchRunner
 from consumer.config import Settings
-from consumer.conflicts import ConflictRetry
-from consumer.dead_letter import DeadLetterQueue
 from consumer.errors import ConfigurationError
-from consumer.handlers import MessageHandler, build_handlers, declared_settings, declared_tables
-from consumer.idempotency.store import IdempotencyStore
+from consumer.handlers import declared_settings, declared_tables
 from consumer.outcome import Outcome
-from consumer.processor import RecordProcessor
-from consumer.sdk import require_botocore, require_tables
+from consumer.sdk import require_botocore
+from consumer.wiring import logger, wire
 
-if TYPE_CHECKING:
-    from types_boto3_dynamodb import DynamoDBClient
-    from types_boto3_sqs import SQSClient
+__all__ = ["build_consumer", "handler", "logger", "metrics", "wire"]
 
-logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "idempotent-consumer"))
 metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "IdempotentConsumer"))
-
-ClientT = TypeVar("ClientT")
-
-
-class LazyClient(Generic[ClientT]):
-    """A boto3 client created on first use (thread-safe), then kept."""
-
-    def __init__(self, create: Callable[[], ClientT]) -> None:
-        self._create = create
-        self._client: ClientT | None = None
-        self._lock = threading.Lock()
-
-    def get(self) -> ClientT:
-        if self._client is None:
-            with self._lock:
-                if self._client is None:
-                    self._client = self._create()
-        return self._client
-
-
-def _client(session: Any, service: str, config: Config) -> Any:
-    """A client from botocore's session, or from a boto3 session (tests and tools hook its events)."""
-    if isinstance(session, botocore.session.Session):
-        return session.create_client(service, config=config)
-    return session.client(service, config=config)
-
-
-def wire(
-    settings: Settings,
-    session: Any,
-    clock: Callable[[], float] = time.time,
-    *,
-    logger: Any = logger,
-    handlers: Mapping[str, MessageHandler[Any]] | None = None,
-    check_tables: bool = False,
-) -> BatchRunner:
-    """Build the consumer from settings, a session and a clock.
-
-    The function uses botocore's session: importing boto3 would add its S3 transfer
-    manager to every cold start for nothing.
-
-    Tests and the fault-injection harness pass their own session (to hook its events),
-    clock (to skew it), logger and handlers (which then replace the registered ones: those
-    are not built, so their settings and tables need not exist); the function itself uses
-    the defaults, and checks its tables (tests that made their own tables skip the round trips).
-    """
-    client_config = Config(
-        # One connection per worker thread, or threads queue for a socket.
-        max_pool_connections=settings.max_workers + 2,
-        connect_timeout=2,
-        read_timeout=5,
-        retries={"mode": "standard", "max_attempts": 3},
-        # Requests are built by this code, and DynamoDB validates them anyway: skipping the
-        # client-side pass saves about a fifth of each call's CPU.
-        parameter_validation=False,
-    )
-    dynamodb = cast("DynamoDBClient", _client(session, "dynamodb", client_config))
-    if check_tables:
-        require_tables(dynamodb, settings.every_table())
-    store = IdempotencyStore(
-        dynamodb,
-        settings.idempotency_table_name,
-        ttl_seconds=settings.idempotency_ttl_seconds,
-        result_max_bytes=settings.result_max_bytes,
-        clock=clock,
-    )
-    # SQS is only needed for poison and retries: create it then, not on every cold start.
-    sqs: LazyClient[SQSClient] = LazyClient(lambda: cast("SQSClient", _client(session, "sqs", client_config)))
-    dead_letters = DeadLetterQueue(sqs.get, settings.dead_letter_queue_url)
-    conflicts = ConflictRetry(
-        base_ms=settings.conflict_retry_base_ms,
-        max_ms=settings.conflict_retry_max_ms,
-        attempts=settings.conflict_retry_attempts,
-        margin_ms=settings.deadline_margin_ms,
-    )
-    processor = RecordProcessor(
-        store,
-        dict(handlers) if handlers is not None else build_handlers(settings),
-        dead_letters,
-        settings,
-        logger,
-        conflicts=conflicts,
-        clock=clock,
-    )
-    backoff = VisibilityBackoff(
-        sqs.get,
-        base_seconds=settings.retry_backoff_base_seconds,
-        max_seconds=settings.retry_backoff_max_seconds,
-        logger=logger,
-        clock=clock,
-    )
-    return BatchRunner(
-        processor,
-        max_workers=settings.max_workers,
-        deadline_margin_ms=settings.deadline_margin_ms,
-        backoff=backoff,
-        clock=clock,
-    )
 
 
 @lru_cache(maxsize=1)

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumer.backoff import VisibilityBackoff
-from consumer.envelope import Record, message_group_id
+from consumer.envelope import Record
 from consumer.outcome import Outcome, RecordResult
-from consumer.processor import Prepared, RecordProcessor, Rejected
+from consumer.prepared import Parsed, Prepared
+from consumer.processor import RecordProcessor
 
 
 @dataclass(frozen=True)
@@ -62,18 +63,18 @@ def sqs_records(records: Any) -> list[Record]:
     return records
 
 
-def _lanes(items: list[Prepared | Rejected], fifo: bool) -> list[list[int]]:
+def _lanes(items: list[Prepared], fifo: bool) -> list[list[int]]:
     """Indexes of the records that must run one after another, each lane in batch order."""
     lanes: list[tuple[set[str], list[int]]] = []
     for index, item in enumerate(items):
         if fifo:
-            keys = {"group:" + (message_group_id(item.record) or "")}
-        elif isinstance(item, Prepared):
-            keys = {"key:" + item.message.record_id}
-            if item.contention_key is not None:
-                keys.add("item:" + item.contention_key)
+            keys = {"group:" + (item.group or "")}
+        elif isinstance(item.state, Parsed):
+            keys = {"key:" + item.state.message.record_id}
+            if item.state.contention_key is not None:
+                keys.add("item:" + item.state.contention_key)
         else:
-            keys = {"message:" + item.record["messageId"]}
+            keys = {"message:" + item.message_id}
         joined = [lane for lane in lanes if lane[0] & keys]
         merged_keys, merged = set(keys), [index]
         for lane in joined:
@@ -104,8 +105,8 @@ class BatchRunner:
 
     def process(self, records: Any, remaining_ms: Callable[[], int]) -> BatchResult:
         records = sqs_records(records)
-        fifo = any(message_group_id(record) for record in records)
         items = [self._processor.prepare(record) for record in records]
+        fifo = any(item.group for item in items)
         results: list[RecordResult | None] = [None] * len(records)
 
         def run(indexes: list[int]) -> None:
@@ -135,15 +136,13 @@ class BatchRunner:
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def _run_lane(
-        self, items: list[Prepared | Rejected], fifo: bool, remaining_ms: Callable[[], int]
-    ) -> list[RecordResult]:
+    def _run_lane(self, items: list[Prepared], fifo: bool, remaining_ms: Callable[[], int]) -> list[RecordResult]:
         results: list[RecordResult] = []
         # (record id, payload hash) -> the outcome of its first execution in this batch.
         first_runs: dict[tuple[str, str], RecordResult] = {}
         stopped_by: str | None = None
         for item in items:
-            message_id = item.record["messageId"]
+            message_id = item.message_id
             if stopped_by is not None:
                 results.append(RecordResult(message_id, Outcome.RETRIED, stopped_by, retry_at_ms=self._now_ms()))
                 continue
@@ -155,21 +154,19 @@ class BatchRunner:
             result = self._run_one(item, first_runs, remaining_ms)
             results.append(result)
             if fifo and result.outcome.is_failure:
-                group = message_group_id(item.record)
-                stopped_by = f"not started: earlier message {message_id} of group {group} failed"
+                stopped_by = f"not started: earlier message {message_id} of group {item.group} failed"
         return results
 
     def _run_one(
         self,
-        item: Prepared | Rejected,
+        item: Prepared,
         first_runs: dict[tuple[str, str], RecordResult],
         remaining_ms: Callable[[], int],
     ) -> RecordResult:
-        message_id = item.record["messageId"]
         try:
-            if isinstance(item, Rejected):
+            if not isinstance(item.state, Parsed):
                 return self._processor.execute(item, remaining_ms)
-            key = (item.message.record_id, item.message.payload_hash)
+            key = (item.state.message.record_id, item.state.message.payload_hash)
             first = first_runs.get(key)
             if first is None:
                 result = self._processor.execute(item, remaining_ms)
@@ -177,4 +174,4 @@ class BatchRunner:
                 return result
             return self._processor.reuse(item, first)
         except Exception as error:  # never let one record fail the whole batch
-            return RecordResult(message_id, Outcome.RETRIED, f"{type(error).__name__}: {error}")
+            return RecordResult(item.message_id, Outcome.RETRIED, f"{type(error).__name__}: {error}")

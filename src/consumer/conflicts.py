@@ -1,9 +1,10 @@
 """Absorb DynamoDB transaction conflicts in process, as AWS advises for ``TransactionConflict``.
 
-Another transaction holding one of our items lasts milliseconds. Handing the record
+Another transaction holding one of our items lasts milliseconds. Handing the message
 back to SQS for it would cost seconds of visibility timeout and, repeated, could
 dead-letter a healthy message; so the same write is tried again after a jittered
-exponential wait, as long as the record's own time allows.
+exponential wait, as long as the invocation's time allows. The idempotency store runs
+every transition through this policy (``IdempotencyStore(conflicts=...)``).
 """
 
 from __future__ import annotations
@@ -11,19 +12,11 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 from consumer.errors import TransactionConflict
 
 T = TypeVar("T")
-
-
-@dataclass
-class ConflictCount:
-    """Conflicts one record met and absorbed: what the batch reports and counts."""
-
-    absorbed: int = 0
 
 
 class ConflictRetry:
@@ -48,11 +41,11 @@ class ConflictRetry:
         self,
         write: Callable[[], T],
         remaining_ms: Callable[[], int],
-        count: ConflictCount,
         *,
         until_out_of_time: bool = False,
-    ) -> T:
-        """Call ``write`` until no conflict refuses it; re-raise the last conflict when out of tries.
+    ) -> tuple[T | TransactionConflict, int]:
+        """Call ``write`` until no conflict refuses it: its answer, or the last conflict when out of tries,
+        with the number of conflicts absorbed before it.
 
         ``write`` must be safe to repeat: a conflict means DynamoDB applied nothing.
         ``until_out_of_time`` lifts the attempt limit, for a write whose failure costs
@@ -61,13 +54,12 @@ class ConflictRetry:
         attempt = 0
         while True:
             try:
-                return write()
-            except TransactionConflict:
+                return write(), attempt
+            except TransactionConflict as conflict:
                 # Full jitter: contenders that collided once must not collide again in step.
                 wait_ms = self._jitter() * min(self._max_ms, self._base_ms * 2 ** min(attempt, 16))
                 attempt += 1
                 out_of_tries = attempt >= self._attempts and not until_out_of_time
                 if out_of_tries or remaining_ms() - wait_ms < self._margin_ms:
-                    raise
-                count.absorbed += 1
+                    return conflict, attempt - 1
                 self._sleep(wait_ms / 1000)

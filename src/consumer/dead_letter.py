@@ -21,12 +21,14 @@ import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from consumer.envelope import MAX_BODY_BYTES, Record, message_attributes, message_group_id, sqs_text
+from consumer.envelope import MAX_BODY_BYTES, Record, message_attributes, sqs_text
 from consumer.errors import MAX_REASON_CHARS, ErrorType
 
 if TYPE_CHECKING:
     from types_boto3_sqs import SQSClient
     from types_boto3_sqs.type_defs import MessageAttributeValueTypeDef
+
+    from consumer.prepared import Prepared
 
 # SQS allows 10 message attributes; ours take up to 7, the original ones fill the rest.
 _MAX_ATTRIBUTES = 10
@@ -84,9 +86,9 @@ class DeadLetterQueue:
         self._url = queue_url
         self._fifo = queue_url.endswith(".fifo")
 
-    def send(self, record: Record, error_type: ErrorType, error_message: str, idempotency_key: str = "") -> None:
+    def send(self, item: Prepared, error_type: ErrorType, error_message: str) -> None:
         """Send the original body with ``ErrorType`` and ``ErrorMessage``; raises on failure."""
-        message_id = str(record.get("messageId") or "(none)")
+        record, message_id = item.original, item.message_id or "(none)"
         # The reason may echo outside text (a field name, an exception): SQS would refuse the whole send.
         reason = sqs_text(error_message[:MAX_REASON_CHARS])[0] or error_type
         ours: dict[str, MessageAttributeValueTypeDef] = {
@@ -94,8 +96,8 @@ class DeadLetterQueue:
             "ErrorMessage": {"DataType": "String", "StringValue": reason},
             "OriginalMessageId": {"DataType": "String", "StringValue": message_id},
         }
-        if idempotency_key:
-            ours["IdempotencyKey"] = {"DataType": "String", "StringValue": idempotency_key}
+        if item.idempotency_key:
+            ours["IdempotencyKey"] = {"DataType": "String", "StringValue": item.idempotency_key}
         body = record.get("body")
         # SQS refuses an empty body; an empty or non-text original is still worth keeping.
         body = body if isinstance(body, str) and body else f"({'empty body' if not body else type(body).__name__})"
@@ -107,7 +109,7 @@ class DeadLetterQueue:
         body, attributes = self._fit(body, originals, ours)
         request: dict[str, Any] = {"QueueUrl": self._url, "MessageBody": body, "MessageAttributes": attributes}
         if self._fifo:
-            request["MessageGroupId"] = message_group_id(record) or "dead-letter"
+            request["MessageGroupId"] = item.group or "dead-letter"
             request["MessageDeduplicationId"] = message_id[:128]
         self._client().send_message(**request)
 

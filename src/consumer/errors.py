@@ -14,7 +14,6 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from consumer.idempotency.record import IdempotencyRecord
     from consumer.idempotency.writes import Write
 
 
@@ -68,15 +67,6 @@ class TransactionConflict(TransientError):
     Worth retrying at once, in the same invocation: the other transaction lasts
     milliseconds, so handing the record back to SQS would only add seconds.
     """
-
-
-class LeaseLost(TransientError):
-    """The claim was taken over before commit; the record belongs to someone else now."""
-
-    def __init__(self, record_id: str, current: IdempotencyRecord | None) -> None:
-        owner = "nobody" if current is None else f"{current.status.value} by another owner"
-        super().__init__(f"lease on {record_id} lost before commit; record is now held {owner}")
-        self.current = current
 
 
 class ConfigurationError(Exception):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 from consumer.errors import PoisonMessage
 
@@ -35,3 +37,15 @@ class RecordResult:
     poison: PoisonMessage | None = None
     # Transaction conflicts met and retried in process before this outcome.
     conflicts_absorbed: int = 0
+
+
+class Log(Protocol):
+    """What the consumer asks of a logger: Powertools' in the function, the standard library's in tools and tests."""
+
+    def info(self, msg: str, *, extra: Mapping[str, object] | None = None) -> None: ...
+
+    def warning(self, msg: str, *, extra: Mapping[str, object] | None = None) -> None: ...
+
+    def error(self, msg: str, *, extra: Mapping[str, object] | None = None) -> None: ...
+
+    def exception(self, msg: str, *, extra: Mapping[str, object] | None = None) -> None: ...

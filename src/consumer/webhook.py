@@ -1,36 +1,12 @@
 """The one HTTP client for lock-mode side effects: one POST, within one deadline, never redirected.
 
-A lock-mode handler calls outside DynamoDB under a claim that lasts as long as its
-lease, so the call must end before the lease does (past it another worker may be
-calling too). The deadline covers the whole call (connect, send, status and
-headers): a timer closes the socket when it passes, so a server that trickles bytes
-cannot hold the call longer. The response body is never read nor copied.
+What it promises (outcomes per status, the key's headers and their encoding, Standard Webhooks
+signing, the secret's rotation, headers a caller adds) is README "Writing your own handler",
+the paragraphs on ``WebhookClient``; this module keeps only why it is built as it is.
 
-Outcomes: 2xx returns the status; 408, 425, 429, 5xx and a failed or late call raise
-``TransientError`` (retried); a 3xx is ``PoisonMessage(WebhookRejected)`` "redirect
-not followed" (the endpoint is configuration: a redirect would carry the POST and
-its key elsewhere, and a retry would meet it again); other 4xx are
-``PoisonMessage(WebhookRejected)``.
-
-The idempotency key travels as ``Idempotency-Key`` and ``webhook-id`` (Standard
-Webhooks), both ``header_key(key)``: the key percent-encoded (UTF-8) except
-printable ASCII other than ``%``, ``"``, ``\\`` and space. Every key the envelope
-accepts (non-ASCII, CR/LF) can thus be sent, the same on every try; the keys made of
-``[A-Za-z0-9_.:-]`` are sent as they are.
-
-Signed as Standard Webhooks signs (https://www.standardwebhooks.com/): ``webhook-timestamp``
-(epoch seconds of this try) and ``webhook-signature: v1,<base64 HMAC-SHA256 of
-"<webhook-id>.<webhook-timestamp>.<body>">``, keyed by a secret ``whsec_<base64>`` held in
-Secrets Manager. ``SigningKey`` reads it through Powertools' parameters utility on first use and
-again once ``SECRET_MAX_AGE_S`` has passed, with its previous value while Secrets Manager keeps
-one: a call then carries both signatures, space-separated as the specification allows, so a
-receiver verifies it before and after moving to the new secret. A secret that cannot be read or
-is not of that form is a ``ConfigurationError``, and no request goes out unsigned.
-
-Headers a caller adds go beside ours, never over them: a name that is one of ours in any case
-is a ``ConfigurationError``, and a name or value HTTP cannot carry (CR, LF, other control
-characters, beyond Latin-1) is ``PoisonMessage(WebhookRejected)`` naming the header, never
-quoting the value.
+The deadline covers the whole call (connect, send, status and headers), enforced by a timer
+that closes the socket: a lock-mode call must end before its lease does (past it another
+worker may be calling too), and a server that trickles bytes must not hold it longer.
 """
 
 from __future__ import annotations

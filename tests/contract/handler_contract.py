@@ -31,7 +31,7 @@ import boto3
 from consumer.app import wire
 from consumer.config import Settings
 from consumer.envelope import payload_hash
-from consumer.handlers.base import Effect, Guard, MessageContext, MessageHandler
+from consumer.handler import Effect, Guard, MessageContext, MessageHandler
 from consumer.idempotency.record import Attr
 from consumer.idempotency.store import COMMIT_UPDATE
 from consumer.idempotency.writes import ConditionCheck, Write

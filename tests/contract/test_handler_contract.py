@@ -21,10 +21,10 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from consumer import processor
+from consumer import prepared
 from consumer.config import Settings
+from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
 from consumer.handlers import declared_settings, declared_tables
-from consumer.handlers.base import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
 from consumer.idempotency import store
 from consumer.idempotency.record import IdempotencyRecord, Status
 from consumer.idempotency.store import Duplicate, IdempotencyStore, InFlight
@@ -248,7 +248,7 @@ def test_control_resend_without_the_records_condition(
 def test_control_other_content_without_the_payload_hash(
     rig: Rig, subject: Subject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(IdempotencyStore, "_conflict", staticmethod(_hash_not_compared))
+    monkeypatch.setattr(IdempotencyStore, "_settled", staticmethod(_hash_not_compared))
     _broken(contract.other_content_is_refused, rig, subject, _pairs(subject, CONTROL + contract.REUSED))
 
 
@@ -270,8 +270,10 @@ def test_control_crash_when_a_lease_never_ends(rig: Rig, subject: Subject, monke
 def test_control_guard_skipped(rig: Rig, subject: Subject, monkeypatch: pytest.MonkeyPatch) -> None:
     claim = IdempotencyStore.claim
 
-    def unguarded(self: IdempotencyStore, record_id: str, payload_hash: str, lease_ms: int, guard: Any = ()) -> Any:
-        return claim(self, record_id, payload_hash, lease_ms)
+    def unguarded(
+        self: IdempotencyStore, record_id: str, payload_hash: str, lease_ms: int, guard: Any = (), **kwargs: Any
+    ) -> Any:
+        return claim(self, record_id, payload_hash, lease_ms, **kwargs)
 
     monkeypatch.setattr(IdempotencyStore, "claim", unguarded)
     _broken(contract.refused_guard_makes_no_call, rig, subject, _cases(subject, CONTROL + contract.GUARD))
@@ -280,7 +282,7 @@ def test_control_guard_skipped(rig: Rig, subject: Subject, monkeypatch: pytest.M
 @every_handler
 def test_control_schema_check_bypassed(rig: Rig, subject: Subject, monkeypatch: pytest.MonkeyPatch) -> None:
     # The processor no longer recognises the model's refusal: the record fails unread instead.
-    monkeypatch.setattr(processor, "ValidationError", type("NeverRaised", (Exception,), {}))
+    monkeypatch.setattr(prepared, "ValidationError", type("NeverRaised", (Exception,), {}))
     _broken(contract.refused_payload_writes_nothing, rig, subject, _invalid(subject))
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from consumer.handlers.base import MessageHandler
+from consumer.handler import MessageHandler
 from consumer.idempotency.record import Status
 from consumer.outcome import Outcome
 from examples.subscription_renewed import SubscriptionRenewedHandler

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from consumer.config import Settings
 from consumer.errors import BusinessConditionFailed, ConfigurationError, TransientError
-from consumer.handlers.base import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
+from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
 from consumer.idempotency.record import Status
 from consumer.idempotency.store import Claimed, IdempotencyStore, Refused
 from consumer.idempotency.writes import Update, Write
@@ -235,8 +235,10 @@ def test_negative_control_a_release_without_the_undo_leaves_the_hold(
 ) -> None:
     release = IdempotencyStore.release
 
-    def release_without_undo(store: IdempotencyStore, claim: Claimed, undo: tuple[Write, ...] = ()) -> bool:
-        return release(store, claim)
+    def release_without_undo(
+        store: IdempotencyStore, claim: Claimed, undo: tuple[Write, ...] = (), **kwargs: Any
+    ) -> bool:
+        return release(store, claim, **kwargs)
 
     monkeypatch.setattr(IdempotencyStore, "release", release_without_undo)
     rig, _, accounts, account, k = transient_trial(make)

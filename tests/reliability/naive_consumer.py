@@ -24,6 +24,7 @@ from consumer.envelope import Message, parse_message
 from consumer.errors import ErrorType, PoisonMessage
 from consumer.handlers import MessageContext, build_handlers
 from consumer.outcome import Outcome, RecordResult
+from consumer.prepared import Prepared
 
 
 class NaiveConsumer:
@@ -51,7 +52,7 @@ class NaiveConsumer:
             except ValidationError as error:
                 raise PoisonMessage(ErrorType.SCHEMA_VIOLATION, str(error)) from None
         except PoisonMessage as poison:
-            self._dead_letters.send(record, poison.error_type, poison.message)
+            self._dead_letters.send(Prepared.unread(record, poison), poison.error_type, poison.message)
             return RecordResult(message_id, Outcome.POISON, poison.error_type)
         try:
             if self._seen(message):

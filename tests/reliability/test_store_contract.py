@@ -7,8 +7,7 @@ import uuid
 
 import pytest
 
-from consumer.errors import LeaseLost
-from consumer.idempotency.store import Claimed, IdempotencyStore
+from consumer.idempotency.store import Claimed, Fenced, IdempotencyStore
 from consumer.idempotency.writes import Update
 from testkit.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
@@ -41,7 +40,6 @@ def test_a_zombie_commit_with_writes_after_its_successor_released_is_lease_lost(
     assert store.release(successor)  # the successor failed and let the key go
     effect = Update(table=table, key={"id": f"{record_id}-effect"}, expression="ADD applied :one", values={":one": 1})
 
-    # Without writes the same zombie gets LeaseLost; with writes it must too.
-    with pytest.raises(LeaseLost):
-        store.commit(zombie, {"by": "zombie"}, (effect,))
+    # Without writes the same zombie is Fenced; with writes it must be too.
+    assert isinstance(store.commit(zombie, {"by": "zombie"}, (effect,)), Fenced)
     assert store.get(record_id) is None

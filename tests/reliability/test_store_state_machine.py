@@ -41,13 +41,15 @@ from hypothesis.stateful import (
 )
 
 from chaos.transport_faults import TransportCall, TransportFault, TransportPlan, install_faults
-from consumer.errors import LeaseLost, TransientError
+from consumer.errors import TransientError
 from consumer.idempotency import store as store_module
 from consumer.idempotency.record import Status
 from consumer.idempotency.store import (
     Applied,
     Claimed,
+    Committed,
     Duplicate,
+    Fenced,
     IdempotencyStore,
     InFlight,
     PayloadMismatch,
@@ -340,10 +342,10 @@ def machine_for(tables: Tables, store_class: type[IdempotencyStore] = Idempotenc
             if answer is Answer.LOST_ALWAYS:
                 assert isinstance(result, TransientError), result
             elif owned:
-                assert result is None, f"the owner's commit failed: {result!r}"
+                assert isinstance(result, Committed), f"the owner's commit failed: {result!r}"
             else:
                 # A zombie: fenced out whatever its clock says.
-                assert isinstance(result, LeaseLost), f"a zombie's commit was not fenced: {result!r}"
+                assert isinstance(result, Fenced), f"a zombie's commit was not fenced: {result!r}"
             if owned:
                 record = self.model[held.key]
                 assert record is not None
@@ -353,7 +355,7 @@ def machine_for(tables: Tables, store_class: type[IdempotencyStore] = Idempotenc
                     record, status=Status.COMPLETED, lease_ms=None, expires_s=record.lease_ms // 1000 + TTL_SECONDS
                 )
                 self.effects[held.key] += int(with_effect)
-            if isinstance(result, TransientError):
+            if isinstance(result, (TransientError, Fenced)):
                 # What the processor does when a commit fails: release, fenced as well.
                 released = worker.store.release(held.claim)
                 assert released is False, "released a record that was committed or taken over"

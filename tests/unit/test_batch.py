@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from consumer.envelope import payload_hash
 from consumer.errors import TransientError
-from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
+from consumer.handler import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.store import Claimed
 from consumer.idempotency.writes import Put
 from consumer.outcome import Outcome

@@ -15,8 +15,8 @@ from typing import Any
 import consumer.api
 import consumer.handlers
 from consumer.config import Settings
+from consumer.handler import MessageContext, MessageHandler
 from consumer.handlers import build_handlers
-from consumer.handlers.base import MessageContext, MessageHandler
 from testkit.template import REPO_ROOT
 from tests.utils import settings_for_tests
 

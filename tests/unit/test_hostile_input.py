@@ -8,13 +8,15 @@ the input is in fact valid), and the handler must return a partial batch respons
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
 from consumer.dead_letter import MAX_MESSAGE_BYTES, DeadLetterQueue, message_size
 from consumer.envelope import MAX_BODY_BYTES, MAX_KEY_BYTES, MAX_KEY_LENGTH, MAX_NESTING_DEPTH
-from consumer.errors import ErrorType
+from consumer.errors import ErrorType, PoisonMessage
+from consumer.prepared import Prepared
 from testkit.dead_letters import reasons
 from testkit.lambda_sqs import sqs_record
 from tests.handlers import TALLY_EVENT, UNIT, tally_body
@@ -165,6 +167,10 @@ def recorded_queue(recorder: Recorder) -> DeadLetterQueue:
     return DeadLetterQueue(lambda: cast("SQSClient", recorder), "https://dlq")
 
 
+def keyed(record: dict[str, Any], key: str | None) -> Prepared:
+    return replace(Prepared.unread(record, PoisonMessage(ErrorType.INVALID_JSON, "unused")), idempotency_key=key)
+
+
 def many_attributes() -> dict[str, Any]:
     return {f"Attr{i}": {"dataType": "String", "stringValue": "v" * 200} for i in range(6)}
 
@@ -174,7 +180,7 @@ def test_a_poison_message_at_the_size_limit_reaches_the_dlq_with_its_reason_with
     recorder = Recorder()
     record = sqs_record("big", "b" * body_bytes, message_attributes=many_attributes())
 
-    recorded_queue(recorder).send(record, ErrorType.SCHEMA_VIOLATION, "too odd", "key-1")
+    recorded_queue(recorder).send(keyed(record, "key-1"), ErrorType.SCHEMA_VIOLATION, "too odd")
 
     (sent,) = recorder.sent
     attributes = sent["MessageAttributes"]
@@ -194,7 +200,7 @@ def test_a_small_poison_message_keeps_its_body_and_attributes_untouched() -> Non
     recorder = Recorder()
     record = sqs_record("small", "{oops", message_attributes=many_attributes())
 
-    recorded_queue(recorder).send(record, ErrorType.INVALID_JSON, "bad", "")
+    recorded_queue(recorder).send(keyed(record, None), ErrorType.INVALID_JSON, "bad")
 
     (sent,) = recorder.sent
     assert sent["MessageBody"] == "{oops"
@@ -205,7 +211,7 @@ def test_a_truncated_body_is_cut_on_a_character_boundary() -> None:
     recorder = Recorder()
     record = sqs_record("wide", "€" * (MAX_BODY_BYTES // 3))
 
-    recorded_queue(recorder).send(record, ErrorType.BODY_TOO_LARGE, "x" * 5_000, "k")
+    recorded_queue(recorder).send(keyed(record, "k"), ErrorType.BODY_TOO_LARGE, "x" * 5_000)
 
     (sent,) = recorder.sent
     assert set(sent["MessageBody"]) == {"€"}

@@ -9,15 +9,18 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
-from consumer.errors import BusinessConditionFailed, LeaseLost, TransientError
+from consumer.errors import BusinessConditionFailed, TransientError
 from consumer.idempotency.record import Status
 from consumer.idempotency.store import (
     Applied,
     Claimed,
+    Contended,
     Duplicate,
+    Fenced,
     IdempotencyStore,
     InFlight,
     PayloadMismatch,
+    Refused,
 )
 from consumer.idempotency.writes import Put, Update
 from tests.unit.conftest import IDEMPOTENCY_TABLE, TALLIES, Clock, entries, total
@@ -188,8 +191,7 @@ def test_a_zombie_cannot_commit_over_the_owner_that_took_over(
     zombie, owner = taken_over(store, clock, "Tally#1")
     store.commit(owner, "owner's result", credit("t-1", "ENTRY#1", 500))
 
-    with pytest.raises(LeaseLost):
-        store.commit(zombie, "zombie's result", credit("t-1", "ENTRY#zombie", 500))
+    assert isinstance(store.commit(zombie, "zombie's result", credit("t-1", "ENTRY#zombie", 500)), Fenced)
 
     record = store.get("Tally#1")
     assert record is not None
@@ -202,11 +204,11 @@ def test_a_zombie_cannot_commit_over_the_owner_that_took_over(
 def test_a_zombie_cannot_commit_while_the_new_owner_is_still_running(store: IdempotencyStore, clock: Clock) -> None:
     zombie, owner = taken_over(store, clock, "Tally#1")
 
-    with pytest.raises(LeaseLost) as lost:
-        store.commit(zombie, "late")
+    lost = store.commit(zombie, "late")
 
-    assert lost.value.current is not None
-    assert lost.value.current.owner_token == owner.owner_token
+    assert isinstance(lost, Fenced)
+    assert lost.current is not None
+    assert lost.current.owner_token == owner.owner_token
     record = store.get("Tally#1")
     assert record is not None
     assert record.status is Status.IN_PROGRESS
@@ -218,8 +220,7 @@ def test_a_zombie_commit_with_writes_after_the_new_owner_released_is_lease_lost(
     zombie, owner = taken_over(store, clock, "Tally#1")
     assert store.release(owner)
 
-    with pytest.raises(LeaseLost):
-        store.commit(zombie, None, credit("t-1", "ENTRY#1", 500))
+    assert isinstance(store.commit(zombie, None, credit("t-1", "ENTRY#1", 500)), Fenced)
     assert total(dynamodb, "t-1") == 0
 
 
@@ -228,8 +229,7 @@ def test_commit_after_the_record_was_released_is_lease_lost(store: IdempotencySt
     assert isinstance(claim, Claimed)
     assert store.release(claim)
 
-    with pytest.raises(LeaseLost):
-        store.commit(claim, None)
+    assert isinstance(store.commit(claim, None), Fenced)
     assert store.get("Tally#1") is None
 
 
@@ -261,8 +261,9 @@ def test_a_failed_business_condition_cancels_the_commit(store: IdempotencyStore,
     claim = store.claim("Tally#1", "hash-a", LEASE_MS)
     assert isinstance(claim, Claimed)
 
-    with pytest.raises(BusinessConditionFailed, match="attribute_not_exists"):
-        store.commit(claim, None, credit("t-1", "ENTRY#1", 700))
+    refused = store.commit(claim, None, credit("t-1", "ENTRY#1", 700))
+    assert isinstance(refused, Refused)
+    assert "attribute_not_exists" in str(BusinessConditionFailed(refused.write))
 
     assert total(dynamodb, "t-1") == 0
     record = store.get("Tally#1")
@@ -411,7 +412,6 @@ def test_apply_once_refuses_more_writes_than_a_transaction_holds(store: Idempote
         ("ProvisionedThroughputExceededException", 400),
         ("ThrottlingException", 400),
         ("InternalServerError", 500),
-        ("TransactionConflictException", 400),
     ],
 )
 def test_throttling_and_server_errors_are_transient(
@@ -423,7 +423,15 @@ def test_throttling_and_server_errors_are_transient(
             store.claim("Tally#1", "hash-a", LEASE_MS)
 
 
-def test_a_cancelled_transaction_without_a_failed_condition_is_transient(
+def test_a_single_item_transaction_conflict_is_answered_as_contended(store: IdempotencyStore, dynamodb: Any) -> None:
+    with Stubber(dynamodb) as stub:
+        stub.add_client_error("update_item", service_error_code="TransactionConflictException", http_status_code=400)
+        contended = store.claim("Tally#1", "hash-a", LEASE_MS)
+    assert isinstance(contended, Contended)
+    assert "TransactionConflictException" in contended.reason
+
+
+def test_a_cancelled_transaction_in_conflict_without_a_failed_condition_is_contended(
     store: IdempotencyStore, dynamodb: Any
 ) -> None:
     with Stubber(dynamodb) as stub:
@@ -435,8 +443,9 @@ def test_a_cancelled_transaction_without_a_failed_condition_is_transient(
                 "CancellationReasons": [{"Code": "None"}, {"Code": "TransactionConflict"}, {"Code": "None"}]
             },
         )
-        with pytest.raises(TransientError, match="TransactionConflict"):
-            store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#1", 500))
+        contended = store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#1", 500))
+    assert isinstance(contended, Contended)
+    assert "TransactionConflict" in contended.reason
 
 
 def test_a_validation_error_is_not_mistaken_for_a_transient_one(store: IdempotencyStore, dynamodb: Any) -> None:
@@ -485,7 +494,6 @@ def test_the_same_business_item_under_another_key_is_a_failed_business_condition
 ) -> None:
     store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#1", 500))
 
-    with pytest.raises(BusinessConditionFailed):
-        store.apply_once("Tally#other-key", "hash-a", None, credit("t-1", "ENTRY#1", 500))
+    assert isinstance(store.apply_once("Tally#other-key", "hash-a", None, credit("t-1", "ENTRY#1", 500)), Refused)
     assert total(dynamodb, "t-1") == 500
     assert store.get("Tally#other-key") is None

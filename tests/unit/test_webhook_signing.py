@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from consumer.errors import ConfigurationError, ErrorType, PoisonMessage, TransientError
-from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
+from consumer.handler import Effect, MessageContext, MessageHandler, Mode
 from consumer.webhook import SECRET_MAX_AGE_S, SigningKey, WebhookClient, signing_key
 from testkit.dead_letters import reasons
 from testkit.lambda_sqs import sqs_record

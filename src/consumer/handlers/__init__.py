@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from consumer.config import HandlerSettings, Settings
-from consumer.handlers.base import Effect, MessageContext, MessageHandler, Mode
+from consumer.handler import Effect, MessageContext, MessageHandler, Mode
 from consumer.handlers.payment_received import PaymentReceivedHandler
 from consumer.handlers.receipt_requested import ReceiptRequestedHandler
 

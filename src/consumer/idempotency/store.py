@@ -19,6 +19,11 @@ over (a zombie) fails its condition and cannot overwrite the newer owner.
 
 An expired record (``expiresAt`` in the past) counts as absent in the conditions
 themselves: TTL deletion is lazy and may lag by days.
+
+Every transition is answered with a value (matched by the caller): DynamoDB's own
+``TransactionConflict`` is absorbed here, under the injected ``ConflictRetry``, and one
+still unabsorbed is the ``Contended`` answer. Only what no answer describes raises:
+``TransientError`` (throttled, unreachable) and a bug's ``ClientError``.
 """
 
 from __future__ import annotations
@@ -26,13 +31,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
-from consumer.errors import BusinessConditionFailed, LeaseLost, TransactionConflict, TransientError
+from consumer.conflicts import ConflictRetry
+from consumer.errors import BusinessConditionFailed, TransactionConflict, TransientError
 from consumer.idempotency.record import Attr, IdempotencyRecord, Status, encode_result
 from consumer.idempotency.writes import MAX_BUSINESS_WRITES, Write
 
@@ -93,7 +99,13 @@ _RELEASE_TOKEN_NAMESPACE = uuid.UUID("d67b0bae-1ab0-4361-b58c-7d489a5dd5fc")
 
 
 @dataclass(frozen=True)
-class Claimed:
+class _Answer:
+    # DynamoDB transaction conflicts met and retried before this answer (not part of its identity).
+    conflicts_absorbed: int = field(default=0, kw_only=True, compare=False)
+
+
+@dataclass(frozen=True)
+class Claimed(_Answer):
     """This worker holds the key until ``lease_expires_at_ms`` or until it commits or releases."""
 
     record_id: str
@@ -104,7 +116,7 @@ class Claimed:
 
 
 @dataclass(frozen=True)
-class Applied:
+class Applied(_Answer):
     """Optimistic mode: the record and the business writes were applied together."""
 
     record_id: str
@@ -112,31 +124,56 @@ class Applied:
 
 
 @dataclass(frozen=True)
-class Duplicate:
+class Duplicate(_Answer):
     """Already completed with the same payload: skip the business logic."""
 
     record: IdempotencyRecord
 
 
 @dataclass(frozen=True)
-class InFlight:
+class InFlight(_Answer):
     """Another worker holds an unexpired lease: retry this record later."""
 
     record: IdempotencyRecord
 
 
 @dataclass(frozen=True)
-class PayloadMismatch:
+class PayloadMismatch(_Answer):
     """The key was used before with a different payload: the message is poison."""
 
     record: IdempotencyRecord
 
 
 @dataclass(frozen=True)
-class Refused:
+class Refused(_Answer):
     """A guard's condition failed: nothing was claimed or written, and the message must not run."""
 
     write: Write
+
+
+@dataclass(frozen=True)
+class Committed(_Answer):
+    """Lock mode: the record is completed, with the business writes, by this claim."""
+
+
+@dataclass(frozen=True)
+class Fenced(_Answer):
+    """The claim was taken over (or released) before its commit: the record is someone else's now."""
+
+    record_id: str
+    current: IdempotencyRecord | None
+
+    @property
+    def reason(self) -> str:
+        owner = "nobody" if self.current is None else f"{self.current.status.value} by another owner"
+        return f"lease on {self.record_id} lost before commit; record is now held {owner}"
+
+
+@dataclass(frozen=True)
+class Contended(_Answer):
+    """DynamoDB's transaction conflicts outlasted the retries: nothing was written; retry soon."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -146,8 +183,10 @@ class _RecordRefused:
     record: IdempotencyRecord | None
 
 
-ClaimResult = Claimed | Duplicate | InFlight | PayloadMismatch | Refused
-ApplyResult = Applied | Duplicate | InFlight | PayloadMismatch
+Settled = Duplicate | InFlight | PayloadMismatch
+ClaimResult = Claimed | Settled | Refused | Contended
+ApplyResult = Applied | Settled | Refused | Contended
+CommitResult = Committed | Fenced | Refused | Contended
 
 
 def _new_token() -> str:
@@ -164,7 +203,10 @@ class IdempotencyStore:
         result_max_bytes: int = 64 * 1024,
         clock: Callable[[], float] = time.time,
         new_token: Callable[[], str] = _new_token,
+        conflicts: ConflictRetry | None = None,
     ) -> None:
+        # Without a policy a conflict is answered at once (tools and tests that count calls).
+        self._conflicts = conflicts
         self._client = client
         self._table = table_name
         self._ttl_seconds = ttl_seconds
@@ -174,13 +216,25 @@ class IdempotencyStore:
 
     # -- transitions ---------------------------------------------------------------
 
-    def claim(self, record_id: str, payload_hash: str, lease_ms: int, guard: Sequence[Write] = ()) -> ClaimResult:
+    def claim(
+        self,
+        record_id: str,
+        payload_hash: str,
+        lease_ms: int,
+        guard: Sequence[Write] = (),
+        *,
+        remaining_ms: Callable[[], int] | None = None,
+    ) -> ClaimResult:
         """Lock mode, step 1: take the key for ``lease_ms`` (one round trip either way).
 
         With ``guard`` (a handler's checks and reservations), the claim and those writes are
         one transaction, the record first: ``Refused`` when a guard's condition failed and
-        the key was free, in which case nothing at all was written.
+        the key was free, in which case nothing at all was written. ``remaining_ms`` bounds
+        the conflict retries (each a new claim).
         """
+        return self._absorbing(lambda: self._claim(record_id, payload_hash, lease_ms, guard), remaining_ms)
+
+    def _claim(self, record_id: str, payload_hash: str, lease_ms: int, guard: Sequence[Write]) -> ClaimResult:
         if lease_ms <= 0:
             raise ValueError(f"lease must be positive, got {lease_ms} ms")
         now_ms = self._now_ms()
@@ -216,16 +270,26 @@ class IdempotencyStore:
             # applied but whose answer was lost. The item carries our token: ours.
             lease_end = current.lease_expires_at_ms or lease_end
             return Claimed(record_id, token, lease_end, current.attempts)
-        return self._conflict(current, payload_hash)
+        return self._settled(current, payload_hash)
 
-    def commit(self, claim: Claimed, result: Any = None, writes: Sequence[Write] = ()) -> None:
+    def commit(
+        self,
+        claim: Claimed,
+        result: Any = None,
+        writes: Sequence[Write] = (),
+        *,
+        remaining_ms: Callable[[], int] | None = None,
+    ) -> CommitResult:
         """Lock mode, step 2: complete the record, with the business writes, if still ours.
 
-        Raises ``LeaseLost`` when the claim was taken over (fencing),
-        ``BusinessConditionFailed`` when a business write's condition failed, and
-        ``TransactionConflict`` when another transaction held an item: the same call
-        may then be repeated, it sends the same request.
+        ``Fenced`` when the claim was taken over, ``Refused`` when a business write's
+        condition failed. A transaction conflict is retried for as long as ``remaining_ms``
+        allows, past the attempt limit: the commit sends the same request each time, while
+        giving up would leave a made external call unrecorded until the lease runs out.
         """
+        return self._absorbing(lambda: self._commit(claim, result, writes), remaining_ms, until_out_of_time=True)
+
+    def _commit(self, claim: Claimed, result: Any, writes: Sequence[Write]) -> CommitResult:
         completion: dict[str, Any] = {
             "TableName": self._table,
             "Key": {Attr.ID: {"S": claim.record_id}},
@@ -248,24 +312,33 @@ class IdempotencyStore:
             try:
                 self._call(self._client.update_item, **completion)
             except ClientError as error:
-                self._raise_unless_committed_by(claim, self._failed_condition_item_or_none(error))
-            return
+                return self._committed_by(claim, self._failed_condition_item_or_none(error))
+            return Committed()
         token = str(uuid.uuid5(_COMMIT_TOKEN_NAMESPACE, claim.owner_token))
         cancelled = self._transact_with_record({"Update": completion}, writes, token)
-        if isinstance(cancelled, Refused):
-            raise BusinessConditionFailed(cancelled.write)
-        if cancelled is not None:
-            self._raise_unless_committed_by(claim, cancelled.record)
+        if cancelled is None or isinstance(cancelled, Refused):
+            return cancelled or Committed()
+        return self._committed_by(claim, cancelled.record)
 
-    def release(self, claim: Claimed, undo: Sequence[Write] = ()) -> bool:
+    def release(
+        self, claim: Claimed, undo: Sequence[Write] = (), *, remaining_ms: Callable[[], int] | None = None
+    ) -> bool:
         """Lock mode, on failure: delete the record if still ours, so a retry can claim at once.
 
         ``undo`` (a guard's, taking its reservation back) goes in the same transaction, fenced
         by the same condition: the reservation goes with the claim, or neither does. Returns
         False when the claim was already taken over: the newer owner's record, and the
         reservation it took over with it, are left alone. Raises ``BusinessConditionFailed``
-        when an undo write's condition failed: nothing was released, and the lease runs out.
+        when an undo write's condition failed, and ``TransactionConflict`` when conflicts
+        outlasted the retries: nothing was released, and the lease runs out. (Release is a
+        failure's clean-up, which only logs what stops it: no answer would change its caller.)
         """
+        released = self._absorbing(lambda: self._release(claim, undo), remaining_ms)
+        if isinstance(released, Contended):
+            raise TransactionConflict(released.reason)
+        return released
+
+    def _release(self, claim: Claimed, undo: Sequence[Write]) -> bool:
         delete: dict[str, Any] = {
             "TableName": self._table,
             "Key": {Attr.ID: {"S": claim.record_id}},
@@ -291,14 +364,23 @@ class IdempotencyStore:
         return True
 
     def apply_once(
-        self, record_id: str, payload_hash: str, result: Any = None, writes: Sequence[Write] = ()
+        self,
+        record_id: str,
+        payload_hash: str,
+        result: Any = None,
+        writes: Sequence[Write] = (),
+        *,
+        remaining_ms: Callable[[], int] | None = None,
     ) -> ApplyResult:
         """Optimistic mode: claim, complete and apply the business writes in one round trip.
 
         The record keeps an item of its own, named by the key alone, whatever the business
         writes are: only there can a key reused for other content be recognised, whichever
-        business item that content names.
+        business item that content names. ``Refused`` when a business write's condition failed.
         """
+        return self._absorbing(lambda: self._apply_once(record_id, payload_hash, result, writes), remaining_ms)
+
+    def _apply_once(self, record_id: str, payload_hash: str, result: Any, writes: Sequence[Write]) -> ApplyResult:
         now_ms = self._now_ms()
         token = self._new_token()
         record_write = self._claiming_write(
@@ -315,7 +397,7 @@ class IdempotencyStore:
         if writes:
             cancelled = self._transact_with_record({"Update": record_write}, writes, token)
             if isinstance(cancelled, Refused):
-                raise BusinessConditionFailed(cancelled.write)
+                return cancelled
             current = None if cancelled is None else cancelled.record
             if cancelled is not None and current is None:
                 # "Claimable" holds for an absent item, so this cannot happen; retry if it does.
@@ -329,7 +411,7 @@ class IdempotencyStore:
         if current is None or current.owner_token == token:
             # The second case is ambiguous success: a retried write that found its own.
             return Applied(record_id, token)
-        return self._conflict(current, payload_hash)
+        return self._settled(current, payload_hash)
 
     def get(self, record_id: str) -> IdempotencyRecord | None:
         """Read a record (strongly consistent); for operators and tests, not the hot path."""
@@ -368,8 +450,25 @@ class IdempotencyStore:
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
 
+    def _absorbing(
+        self, transition: Callable[[], _T], remaining_ms: Callable[[], int] | None, *, until_out_of_time: bool = False
+    ) -> _T | Contended:
+        """``transition``'s answer, its transaction conflicts retried under the policy; ``Contended`` if they last."""
+        if self._conflicts is None or remaining_ms is None:
+            try:
+                return transition()
+            except TransactionConflict as conflict:
+                return Contended(str(conflict))
+        answer, absorbed = self._conflicts.run(transition, remaining_ms, until_out_of_time=until_out_of_time)
+        if isinstance(answer, TransactionConflict):
+            return Contended(str(answer), conflicts_absorbed=absorbed)
+        if absorbed and isinstance(answer, _Answer):
+            return cast("_T", replace(answer, conflicts_absorbed=absorbed))
+        return answer
+
     @staticmethod
-    def _conflict(current: IdempotencyRecord, payload_hash: str) -> Duplicate | InFlight | PayloadMismatch:
+    def _settled(current: IdempotencyRecord, payload_hash: str) -> Settled:
+        """What the key's record says of a message whose claim it refused: done, held, or reused."""
         if current.payload_hash != payload_hash:
             return PayloadMismatch(current)
         if current.status is Status.COMPLETED:
@@ -377,10 +476,10 @@ class IdempotencyStore:
         return InFlight(current)
 
     @staticmethod
-    def _raise_unless_committed_by(claim: Claimed, current: IdempotencyRecord | None) -> None:
+    def _committed_by(claim: Claimed, current: IdempotencyRecord | None) -> Committed | Fenced:
         if current is not None and current.owner_token == claim.owner_token and current.status is Status.COMPLETED:
-            return  # ambiguous success: our own commit, retried after its answer was lost
-        raise LeaseLost(claim.record_id, current)
+            return Committed()  # ambiguous success: our own commit, retried after its answer was lost
+        return Fenced(claim.record_id, current)
 
     def _transact_with_record(
         self, record_item: dict[str, Any], writes: Sequence[Write], token: str
