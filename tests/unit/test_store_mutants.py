@@ -10,7 +10,7 @@ from botocore.stub import Stubber
 
 from consumer.errors import BusinessConditionFailed, TransientError
 from consumer.idempotency.record import Status
-from consumer.idempotency.store import Claimed, Fenced, IdempotencyStore
+from consumer.idempotency.store import Applied, Claimed, Fenced, IdempotencyStore
 from consumer.idempotency.writes import Update
 from tests.unit.conftest import TALLIES, Clock
 
@@ -92,3 +92,32 @@ def test_the_shortest_lease_is_one_millisecond(store: IdempotencyStore, clock: C
     assert claimed.lease_expires_at_ms == int(clock.now * 1000) + 1
     with pytest.raises(ValueError, match="lease must be positive, got 0 ms"):
         store.claim("Ev#k-2", "hash", lease_ms=0)
+
+
+def test_an_optimistic_apply_stores_the_result_a_duplicate_reads_back(store: IdempotencyStore) -> None:
+    assert isinstance(store.apply_once("Ev#k-1", "hash", {"receipt": "r-1"}), Applied)
+
+    record = store.get("Ev#k-1")
+    assert record is not None
+    assert (record.status, record.result_value()) == (Status.COMPLETED, {"receipt": "r-1"})
+
+
+def test_a_retried_claim_that_finds_its_own_record_is_that_claim() -> None:
+    # botocore retried a claim whose first answer was lost: the item carries this claim's token.
+    client = boto3.client("dynamodb", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    mine = {
+        "id": {"S": "Ev#k-1"},
+        "status": {"S": "IN_PROGRESS"},
+        "leaseExpiresAt": {"N": "1800000030000"},
+        "ownerToken": {"S": "t-1"},
+        "payloadHash": {"S": "hash"},
+        "attempts": {"N": "3"},
+    }
+    with Stubber(client) as stubber:
+        stubber.add_client_error(
+            "update_item", service_error_code="ConditionalCheckFailedException", modeled_fields={"Item": mine}
+        )
+        store = IdempotencyStore(
+            client, "records", ttl_seconds=60, clock=lambda: 1_800_000_000.0, new_token=lambda: "t-1"
+        )
+        assert store.claim("Ev#k-1", "hash", lease_ms=30_000) == Claimed("Ev#k-1", "t-1", 1_800_000_030_000, 3)
