@@ -204,6 +204,11 @@ def cmd_send(args: argparse.Namespace) -> int:
     else:
         outgoing = _generated(args)
     running = _running()
+    dynamodb = client("dynamodb", running.dynamodb_endpoint_url)
+    handlers = {h.event_type: h for h in payloads.registered()}
+    for message in (m for m in outgoing if m.kind == "drawn"):  # its seeds (testkit.payloads) first, as make demo's
+        seeds = payloads.seed_items(handlers[str(message.event_type)], message.payload or {})
+        payloads.put_seeds(dynamodb, running.tables, seeds)
     sqs = client("sqs", running.sqs_endpoint_url)
     ids = messages.send_all(sqs, running.queue_url, outgoing)
     if len(ids) <= 10:
