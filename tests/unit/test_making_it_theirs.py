@@ -214,23 +214,17 @@ def _replace_the_examples(project: Path) -> None:
         for name in re.findall(r"`([^`]+)`", listed):
             (project / name).unlink()
     removed = tuple(re.findall(r"^- Registration: `(\w+)`", section, re.MULTILINE))
-    assert len(removed) == 2, "README names each example's registration: update this test if that changed"
+    assert len(removed) == 3, "README names each example's registration: update this test if that changed"
     _register(project / "src/consumer/handlers/__init__.py", remove=removed)
     for block in re.findall(r"^```yaml\n(.*?)^```", section, re.MULTILINE | re.DOTALL):
         _delete_with_indented(project / "template.yaml", block)
 
 
-# The core's unit tests that still run on the examples on this branch (issue 26 moves them onto handlers of
-# the tests' own): the copy runs every other one. Empty this when they have moved.
-_STILL_ON_THE_EXAMPLES = (
-    "tests/unit/test_bench_counts.py",
-    "tests/unit/test_bench_statistics.py",
-)
 _LINT = (
-    ["ruff", "check", ".", f"--extend-exclude={','.join(_STILL_ON_THE_EXAMPLES)}"],
+    ["ruff", "check", "."],
     ["ruff", "format", "--check", "."],
     ["mypy", "--strict", "src"],
-    ["mypy", "tests/infrastructure", "tests/unit", *(f"--exclude={name}" for name in _STILL_ON_THE_EXAMPLES)],
+    ["mypy", "testkit", "local", "chaos", "bench", "tests"],
 )
 
 
@@ -250,6 +244,6 @@ def test_replacing_the_examples_as_the_readme_says_leaves_a_project_that_passes_
     for command in _LINT:
         done = _run(tmp_path, [str(Path(sys.executable).parent / command[0]), *command[1:]])
         assert done.returncode == 0, (command, done.stdout[-4000:] + done.stderr[-2000:])
-    ignored = [f"--ignore={name}" for name in (*_STILL_ON_THE_EXAMPLES, "tests/unit/test_making_it_theirs.py")]
+    ignored = ["--ignore=tests/unit/test_making_it_theirs.py"]
     done = _pytest(tmp_path, ["tests/infrastructure", "tests/unit"], *ignored, "-p", "no:xdist")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
