@@ -37,7 +37,7 @@ def build_consumer() -> BatchRunner:
     """The consumer of this container, built once after its checks (in Lambda, during init).
 
     Settings, the runtime's SDK and the tables are checked first, so a misconfigured
-    function fails its first invocation with the cause named, before any record is touched.
+    function fails its first invocation with the cause named, before any message is touched.
     """
     settings = Settings.from_env(tables=declared_tables(), handler_settings=declared_settings())
     session = botocore.session.get_session()
