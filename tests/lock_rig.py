@@ -19,8 +19,8 @@ from consumer.conflicts import ConflictRetry
 from consumer.dead_letter import DeadLetterQueue
 from consumer.handler import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
-from consumer.outcome import RecordResult
-from consumer.processor import RecordProcessor
+from consumer.outcome import MessageResult
+from consumer.processor import MessageProcessor
 from testkit.dynamodb_local import DynamoDBLocal
 from testkit.lambda_sqs import sqs_record
 
@@ -59,7 +59,7 @@ class LockRig:
         )
         self.dead_letters = DeadLetters()
         self.handler = handler
-        self.processor = RecordProcessor(
+        self.processor = MessageProcessor(
             self.store,
             {handler.event_type: handler},
             DeadLetterQueue(lambda: cast("SQSClient", self.dead_letters), "https://sqs.local/dlq"),
@@ -74,7 +74,7 @@ class LockRig:
     def advance_past_the_lease(self) -> None:
         self.now += PAST_THE_LEASE_S
 
-    def deliver(self, key: str, payload: dict[str, Any], receive_count: int = 1) -> RecordResult:
+    def deliver(self, key: str, payload: dict[str, Any], receive_count: int = 1) -> MessageResult:
         body = {"eventType": self.handler.event_type, "metadata": {"idempotencyKey": key}, "payload": payload}
         record = sqs_record(f"m-{uuid.uuid4().hex[:8]}", json.dumps(body), receive_count=receive_count)
         return self.processor.execute(self.processor.prepare(record), lambda: REMAINING_MS)

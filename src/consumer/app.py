@@ -37,7 +37,7 @@ def build_consumer() -> BatchRunner:
     """The consumer of this container, built once after its checks (in Lambda, during init).
 
     Settings, the runtime's SDK and the tables are checked first, so a misconfigured
-    function fails its first invocation with the cause named, before any record is touched.
+    function fails its first invocation with the cause named, before any message is touched.
     """
     settings = Settings.from_env(tables=declared_tables(), handler_settings=declared_settings())
     session = botocore.session.get_session()
@@ -58,8 +58,8 @@ if "AWS_LAMBDA_FUNCTION_NAME" in os.environ:
 @logger.inject_lambda_context(clear_state=True)
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     consumer = build_consumer()
-    records = event.get("Records") if isinstance(event, Mapping) else None
-    batch = consumer.process(records, context.get_remaining_time_in_millis)
+    messages = event.get("Records") if isinstance(event, Mapping) else None
+    batch = consumer.process(messages, context.get_remaining_time_in_millis)
     counts = batch.counts()
     for outcome in Outcome:
         metrics.add_metric(name=outcome.value, unit=MetricUnit.Count, value=counts.get(outcome, 0))
@@ -69,7 +69,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.info(
         "batch done",
         extra={
-            "records": len(batch.results),
+            "messages": len(batch.results),
             "failures": len(response["batchItemFailures"]),
             "conflicts_absorbed": absorbed,
             **{outcome.value: counts.get(outcome, 0) for outcome in Outcome},

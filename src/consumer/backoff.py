@@ -1,9 +1,9 @@
-"""Back off instead of hammering: set when each retried record comes back.
+"""Back off instead of hammering: set when each retried message comes back.
 
-Without this, a record reported in ``batchItemFailures`` returns only after the
+Without this, a message reported in ``batchItemFailures`` returns only after the
 queue's full visibility timeout (6 x the function timeout), whatever the reason.
-With it, an unstarted record returns at once, a transient failure after an
-exponential delay by receive count, and a record in flight elsewhere after that
+With it, an unstarted message returns at once, a transient failure after an
+exponential delay by receive count, and a message in flight elsewhere after that
 same delay or when the other worker's lease ends, whichever comes first.
 """
 
@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from consumer.envelope import Record, receive_count
-from consumer.outcome import RecordResult
+from consumer.envelope import SqsMessage, receive_count
+from consumer.outcome import MessageResult
 
 if TYPE_CHECKING:
     from types_boto3_sqs import SQSClient
@@ -52,7 +52,7 @@ class VisibilityBackoff:
         self._logger = logger
         self._clock = clock
 
-    def delay_seconds(self, result: RecordResult, receive_count: int) -> int:
+    def delay_seconds(self, result: MessageResult, receive_count: int) -> int:
         # The shift is capped: a receive count is untrusted input, and 2**count would never end.
         backoff: int = min(self._max, self._base << min(max(0, receive_count - 1), 32))
         if result.retry_at_ms is None:
@@ -62,11 +62,11 @@ class VisibilityBackoff:
         wait_s: int = max(0, math.ceil((result.retry_at_ms - self._clock() * 1000) / 1000))
         return min(wait_s, backoff)
 
-    def schedule(self, records: Sequence[Record], results: Sequence[RecordResult]) -> None:
-        """Change the visibility of every failed record; never raises (a miss only costs time)."""
+    def schedule(self, messages: Sequence[SqsMessage], results: Sequence[MessageResult]) -> None:
+        """Change the visibility of every failed message; never raises (a miss only costs time)."""
         by_queue: dict[str, list[ChangeMessageVisibilityBatchRequestEntryTypeDef]] = {}
-        for record, result in zip(records, results, strict=True):
-            arn, receipt = record.get("eventSourceARN"), record.get("receiptHandle")
+        for message, result in zip(messages, results, strict=True):
+            arn, receipt = message.get("eventSourceARN"), message.get("receiptHandle")
             if not result.outcome.is_failure or not isinstance(arn, str) or not isinstance(receipt, str):
                 continue
             try:
@@ -78,7 +78,7 @@ class VisibilityBackoff:
                 {
                     "Id": str(len(entries)),
                     "ReceiptHandle": receipt,
-                    "VisibilityTimeout": self.delay_seconds(result, receive_count(record)),
+                    "VisibilityTimeout": self.delay_seconds(result, receive_count(message)),
                 }
             )
         for url, entries in by_queue.items():

@@ -1,17 +1,17 @@
-"""A batch from Lambda's SQS event source: lanes in parallel, records in a lane in order.
+"""A batch from Lambda's SQS event source: lanes in parallel, messages in a lane in order.
 
-A lane is what must not run concurrently. On a standard queue: records with the
+A lane is what must not run concurrently. On a standard queue: messages with the
 same idempotency key (so a duplicate inside the batch reuses the first one's outcome
-without touching DynamoDB), and records whose handler names the same contended
+without touching DynamoDB), and messages whose handler names the same contended
 business item (so they do not race for it in transactions DynamoDB would cancel).
-On a FIFO queue it is one ``MessageGroupId``: its records run in order and the first
-failure stops the group, with every later record of the group reported too, as SQS
+On a FIFO queue it is one ``MessageGroupId``: its messages run in order and the first
+failure stops the group, with every later message of the group reported too, as SQS
 FIFO ordering requires.
 
-Near the invocation's deadline no new record is started; unstarted records are
+Near the invocation's deadline no new message is started; unstarted messages are
 reported as failures, so SQS delivers them again.
 
-Only a malformed event raises (not a list of SQS records): that is the caller's
+Only a malformed event raises (not a list of SQS messages): that is the caller's
 bug, not a message's, and Lambda should fail the invocation loudly.
 """
 
@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumer.backoff import VisibilityBackoff
-from consumer.envelope import Record
-from consumer.outcome import Outcome, RecordResult
+from consumer.envelope import SqsMessage
+from consumer.outcome import MessageResult, Outcome
 from consumer.prepared import Parsed, Prepared
-from consumer.processor import RecordProcessor
+from consumer.processor import MessageProcessor
 
 
 @dataclass(frozen=True)
 class BatchResult:
-    results: tuple[RecordResult, ...]
+    results: tuple[MessageResult, ...]
 
     def failures(self) -> list[str]:
         return [result.message_id for result in self.results if result.outcome.is_failure]
@@ -49,22 +49,26 @@ class BatchResult:
         return sum(result.conflicts_absorbed for result in self.results)
 
 
-def sqs_records(records: Any) -> list[Record]:
-    """An event's ``Records``, checked; ``ValueError`` when they are not SQS records at all."""
-    if not isinstance(records, list):
+def sqs_messages(messages: Any) -> list[SqsMessage]:
+    """An event's ``Records``, checked; ``ValueError`` when they are not SQS messages at all."""
+    if not isinstance(messages, list):
         raise ValueError("event has no 'Records' list: this function takes SQS events only")
     seen: set[str] = set()
-    for index, record in enumerate(records):
-        if not isinstance(record, Mapping) or not isinstance(record.get("messageId"), str) or not record["messageId"]:
-            raise ValueError(f"record {index} has no messageId: not an SQS record")
-        if record["messageId"] in seen:
-            raise ValueError(f"messageId {record['messageId']} appears twice in one batch")
-        seen.add(record["messageId"])
-    return records
+    for index, message in enumerate(messages):
+        if (
+            not isinstance(message, Mapping)
+            or not isinstance(message.get("messageId"), str)
+            or not message["messageId"]
+        ):
+            raise ValueError(f"message {index} has no messageId: not an SQS message")
+        if message["messageId"] in seen:
+            raise ValueError(f"messageId {message['messageId']} appears twice in one batch")
+        seen.add(message["messageId"])
+    return messages
 
 
 def _lanes(items: list[Prepared], fifo: bool) -> list[list[int]]:
-    """Indexes of the records that must run one after another, each lane in batch order."""
+    """Indexes of the messages that must run one after another, each lane in batch order."""
     lanes: list[tuple[set[str], list[int]]] = []
     for index, item in enumerate(items):
         if fifo:
@@ -88,7 +92,7 @@ def _lanes(items: list[Prepared], fifo: bool) -> list[list[int]]:
 class BatchRunner:
     def __init__(
         self,
-        processor: RecordProcessor,
+        processor: MessageProcessor,
         *,
         max_workers: int,
         deadline_margin_ms: int,
@@ -103,11 +107,11 @@ class BatchRunner:
         # One pool per container: threads are reused across warm invocations.
         self._pool: ThreadPoolExecutor | None = None
 
-    def process(self, records: Any, remaining_ms: Callable[[], int]) -> BatchResult:
-        records = sqs_records(records)
-        items = [self._processor.prepare(record) for record in records]
+    def process(self, messages: Any, remaining_ms: Callable[[], int]) -> BatchResult:
+        messages = sqs_messages(messages)
+        items = [self._processor.prepare(message) for message in messages]
         fifo = any(item.group for item in items)
-        results: list[RecordResult | None] = [None] * len(records)
+        results: list[MessageResult | None] = [None] * len(messages)
 
         def run(indexes: list[int]) -> None:
             lane = self._run_lane([items[i] for i in indexes], fifo, remaining_ms)
@@ -123,32 +127,32 @@ class BatchRunner:
             for future in [pool.submit(run, indexes) for indexes in lanes]:
                 future.result()
         done = tuple(result for result in results if result is not None)
-        assert len(done) == len(records), "every record ends with exactly one result"
+        assert len(done) == len(messages), "every message ends with exactly one result"
         if self._backoff is not None:
-            self._backoff.schedule(records, done)
+            self._backoff.schedule(messages, done)
         return BatchResult(done)
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="record")
+            self._pool = ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="message")
         return self._pool
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def _run_lane(self, items: list[Prepared], fifo: bool, remaining_ms: Callable[[], int]) -> list[RecordResult]:
-        results: list[RecordResult] = []
+    def _run_lane(self, items: list[Prepared], fifo: bool, remaining_ms: Callable[[], int]) -> list[MessageResult]:
+        results: list[MessageResult] = []
         # (record id, payload hash) -> the outcome of its first execution in this batch.
-        first_runs: dict[tuple[str, str], RecordResult] = {}
+        first_runs: dict[tuple[str, str], MessageResult] = {}
         stopped_by: str | None = None
         for item in items:
             message_id = item.message_id
             if stopped_by is not None:
-                results.append(RecordResult(message_id, Outcome.RETRIED, stopped_by, retry_at_ms=self._now_ms()))
+                results.append(MessageResult(message_id, Outcome.RETRIED, stopped_by, retry_at_ms=self._now_ms()))
                 continue
             if remaining_ms() < self._deadline_margin_ms:
                 reason = "not started: the invocation is about to time out"
-                results.append(RecordResult(message_id, Outcome.RETRIED, reason, retry_at_ms=self._now_ms()))
+                results.append(MessageResult(message_id, Outcome.RETRIED, reason, retry_at_ms=self._now_ms()))
                 stopped_by = reason
                 continue
             result = self._run_one(item, first_runs, remaining_ms)
@@ -160,9 +164,9 @@ class BatchRunner:
     def _run_one(
         self,
         item: Prepared,
-        first_runs: dict[tuple[str, str], RecordResult],
+        first_runs: dict[tuple[str, str], MessageResult],
         remaining_ms: Callable[[], int],
-    ) -> RecordResult:
+    ) -> MessageResult:
         try:
             if not isinstance(item.state, Parsed):
                 return self._processor.execute(item, remaining_ms)
@@ -173,5 +177,5 @@ class BatchRunner:
                 first_runs[key] = result
                 return result
             return self._processor.reuse(item, first)
-        except Exception as error:  # never let one record fail the whole batch
-            return RecordResult(item.message_id, Outcome.RETRIED, f"{type(error).__name__}: {error}")
+        except Exception as error:  # never let one message fail the whole batch
+            return MessageResult(item.message_id, Outcome.RETRIED, f"{type(error).__name__}: {error}")

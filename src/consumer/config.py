@@ -5,8 +5,8 @@ Each field is read from the variable of the same name in upper case
 variable ``table_variable`` names (``OrdersTable`` from ``ORDERS_TABLE_NAME``), and each
 handler's own settings (``MessageHandler.settings_model``, a ``HandlerSettings``) the same
 way. Rules that tie several fields together are checked here, at the first invocation,
-before any record is touched: a setting that could only fail per record would send every
-record of that kind to the DLQ instead.
+before any message is touched: a setting that could only fail per message would send every
+message of that kind to the DLQ instead.
 """
 
 from __future__ import annotations
@@ -89,16 +89,16 @@ class Settings(BaseModel):
     # A lease is never shorter than this, even when the invocation is nearly out of
     # time: a zero lease would let a second worker take the key over at once.
     lease_min_ms: PositiveInt = 1_000
-    # No new record is started with less than this left of the invocation.
+    # No new message is started with less than this left of the invocation.
     deadline_margin_ms: PositiveInt = 3_000
     max_workers: PositiveInt = 10
     # Results bigger than this are stored as a digest to stay far below the 400 KB item limit.
     result_max_bytes: PositiveInt = 64 * 1024
-    # A transiently failed record comes back after base x 2^(receives - 1) seconds, capped.
+    # A transiently failed message comes back after base x 2^(receives - 1) seconds, capped.
     retry_backoff_base_seconds: PositiveInt = 2
     retry_backoff_max_seconds: PositiveInt = 300
     # A write refused by a transaction conflict is retried in process after a random
-    # wait of up to base x 2^attempt ms (capped), while the record's time allows.
+    # wait of up to base x 2^attempt ms (capped), while the message's time allows.
     conflict_retry_base_ms: PositiveInt = 5
     conflict_retry_max_ms: PositiveInt = 200
     conflict_retry_attempts: PositiveInt = 10
@@ -112,9 +112,9 @@ class Settings(BaseModel):
         if self.lease_min_ms > self.lease_max_ms:
             raise refuse("lease_min_ms", "lease_max_ms", "no lease could satisfy both")
         if self.lease_margin_ms > self.deadline_margin_ms:
-            # A record is started with as little as DEADLINE_MARGIN_MS left; its lease is that
-            # less LEASE_MARGIN_MS, so the reverse would start records with no time to work.
-            raise refuse("lease_margin_ms", "deadline_margin_ms", "records would start with no time under their lease")
+            # A message is started with as little as DEADLINE_MARGIN_MS left; its lease is that
+            # less LEASE_MARGIN_MS, so the reverse would start messages with no time to work.
+            raise refuse("lease_margin_ms", "deadline_margin_ms", "messages would start with no time under their lease")
         if self.retry_backoff_base_seconds > self.retry_backoff_max_seconds:
             raise refuse("retry_backoff_base_seconds", "retry_backoff_max_seconds", "the cap would undercut the base")
         if self.conflict_retry_base_ms > self.conflict_retry_max_ms:

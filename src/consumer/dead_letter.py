@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from consumer.envelope import MAX_BODY_BYTES, Record, message_attributes, sqs_text
+from consumer.envelope import MAX_BODY_BYTES, SqsMessage, message_attributes, sqs_text
 from consumer.errors import MAX_REASON_CHARS, ErrorType
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class DeadLetterQueue:
 
     def send(self, item: Prepared, error_type: ErrorType, error_message: str) -> None:
         """Send the original body with ``ErrorType`` and ``ErrorMessage``; raises on failure."""
-        record, message_id = item.original, item.message_id or "(none)"
+        sqs_message, message_id = item.original, item.message_id or "(none)"
         # The reason may echo outside text (a field name, an exception): SQS would refuse the whole send.
         reason = sqs_text(error_message[:MAX_REASON_CHARS])[0] or error_type
         ours: dict[str, MessageAttributeValueTypeDef] = {
@@ -98,14 +98,14 @@ class DeadLetterQueue:
         }
         if item.idempotency_key:
             ours["IdempotencyKey"] = {"DataType": "String", "StringValue": item.idempotency_key}
-        body = record.get("body")
+        body = sqs_message.get("body")
         # SQS refuses an empty body; an empty or non-text original is still worth keeping.
         body = body if isinstance(body, str) and body else f"({'empty body' if not body else type(body).__name__})"
         # SQS never delivers such characters, but a direct invocation can: keep the rest.
         body, replaced = sqs_text(body)
         if replaced:
             ours["BodyCharactersReplaced"] = {"DataType": "Number", "StringValue": str(replaced)}
-        originals = self._original_attributes(record, _MAX_ATTRIBUTES - len(ours))
+        originals = self._original_attributes(sqs_message, _MAX_ATTRIBUTES - len(ours))
         body, attributes = self._fit(body, originals, ours)
         request: dict[str, Any] = {"QueueUrl": self._url, "MessageBody": body, "MessageAttributes": attributes}
         if self._fifo:
@@ -137,9 +137,9 @@ class DeadLetterQueue:
         return original[:room].decode("utf-8", "ignore"), attributes
 
     @staticmethod
-    def _original_attributes(record: Record, room: int) -> dict[str, MessageAttributeValueTypeDef]:
+    def _original_attributes(sqs_message: SqsMessage, room: int) -> dict[str, MessageAttributeValueTypeDef]:
         kept: dict[str, MessageAttributeValueTypeDef] = {}
-        for name, value in message_attributes(record).items():
+        for name, value in message_attributes(sqs_message).items():
             if len(kept) >= room or name in _OURS:
                 continue
             data_type = value.get("dataType", "String")

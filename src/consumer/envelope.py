@@ -1,4 +1,4 @@
-"""The message contract: parse an SQS record into a validated envelope and its key.
+"""The message contract: parse an SQS message into a validated envelope and its key.
 
 Body: ``{"eventType": ..., "metadata": {"idempotencyKey": ...}, "payload": {...}}``.
 The idempotency key is the first of: ``metadata.idempotencyKey``, the message
@@ -19,7 +19,7 @@ Limits (beyond them the message is poison, with the limit in its reason):
   rather than stripped, since stripping could merge two producers' keys); only
   characters SQS can carry, since the key travels to the DLQ as an attribute.
 
-Record fields that Lambda fills (``attributes``, ``messageAttributes``) are read
+Message fields that Lambda fills (``attributes``, ``messageAttributes``) are read
 defensively: a malformed one is treated as absent, never as the message's fault.
 """
 
@@ -45,7 +45,7 @@ MAX_KEY_BYTES = 1024
 # A character SQS refuses in a message body or attribute value.
 _NOT_SQS_TEXT = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
-Record = Mapping[str, Any]
+SqsMessage = Mapping[str, Any]
 
 
 class KeySource(StrEnum):
@@ -70,7 +70,7 @@ class Envelope(BaseModel):
 
 @dataclass(frozen=True)
 class Message:
-    """One SQS record, parsed and keyed, ready to be routed."""
+    """One SQS message, parsed and keyed, ready to be routed."""
 
     message_id: str
     event_type: str
@@ -96,38 +96,38 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def system_attributes(record: Record) -> Mapping[str, Any]:
-    """The record's ``attributes`` (receive count, group id...), or nothing if malformed."""
-    return _mapping(record.get("attributes"))
+def system_attributes(message: SqsMessage) -> Mapping[str, Any]:
+    """The message's ``attributes`` (receive count, group id...), or nothing if malformed."""
+    return _mapping(message.get("attributes"))
 
 
-def message_group_id(record: Record) -> str | None:
-    """The FIFO message group of an SQS record; None on a standard queue.
+def message_group_id(message: SqsMessage) -> str | None:
+    """The FIFO message group of an SQS message; None on a standard queue.
 
-    A standard queue's record may carry ``MessageGroupId`` too: a fair queue's tenant, which
-    orders nothing. Only a record from a FIFO queue (its ARN ends in ``.fifo``) has a group.
+    A standard queue's message may carry ``MessageGroupId`` too: a fair queue's tenant, which
+    orders nothing. Only a message from a FIFO queue (its ARN ends in ``.fifo``) has a group.
     """
-    source = record.get("eventSourceARN")
+    source = message.get("eventSourceARN")
     if not (isinstance(source, str) and source.endswith(".fifo")):
         return None
-    group = system_attributes(record).get("MessageGroupId")
+    group = system_attributes(message).get("MessageGroupId")
     return group if isinstance(group, str) and group else None
 
 
-def receive_count(record: Record) -> int:
+def receive_count(message: SqsMessage) -> int:
     """``ApproximateReceiveCount``, or 1 when it is missing or not a positive number."""
-    raw = system_attributes(record).get("ApproximateReceiveCount", "1")
+    raw = system_attributes(message).get("ApproximateReceiveCount", "1")
     try:
         return max(1, int(raw))
     except (TypeError, ValueError):
         return 1
 
 
-def message_attributes(record: Record) -> dict[str, Mapping[str, Any]]:
-    """The record's message attributes that have the shape Lambda gives them."""
+def message_attributes(message: SqsMessage) -> dict[str, Mapping[str, Any]]:
+    """The message attributes that have the shape Lambda gives them."""
     return {
         name: value
-        for name, value in _mapping(record.get("messageAttributes")).items()
+        for name, value in _mapping(message.get("messageAttributes")).items()
         if isinstance(name, str) and isinstance(value, Mapping)
     }
 
@@ -173,8 +173,8 @@ def _nesting_depth(value: Any) -> int:
     return deepest
 
 
-def _parse_body(record: Record) -> dict[str, Any]:
-    body = record.get("body")
+def _parse_body(message: SqsMessage) -> dict[str, Any]:
+    body = message.get("body")
     if not isinstance(body, str):
         raise PoisonMessage(ErrorType.INVALID_JSON, f"body is not text, got {type(body).__name__}")
     # A character is at most 4 bytes in UTF-8: only a long body is worth encoding to measure.
@@ -196,8 +196,8 @@ def _parse_body(record: Record) -> dict[str, Any]:
     return parsed
 
 
-def _attribute_key(record: Record) -> str | None:
-    attribute = message_attributes(record).get("IdempotencyKey")
+def _attribute_key(message: SqsMessage) -> str | None:
+    attribute = message_attributes(message).get("IdempotencyKey")
     if attribute is None:
         return None
     data_type = attribute.get("dataType", "String")
@@ -221,17 +221,17 @@ def _check_key(key: str, source: KeySource) -> None:
         raise refuse(f"is longer than {MAX_KEY_BYTES} bytes in UTF-8")
 
 
-def parse_message(record: Record) -> Message:
-    """Parse one SQS record; raise ``PoisonMessage`` when the body breaks the contract."""
-    message_id: str = record["messageId"]
+def parse_message(message: SqsMessage) -> Message:
+    """Parse one SQS message; raise ``PoisonMessage`` when the body breaks the contract."""
+    message_id: str = message["messageId"]
     try:
-        envelope = Envelope.model_validate(_parse_body(record))
+        envelope = Envelope.model_validate(_parse_body(message))
     except ValidationError as error:
         raise schema_violation(error) from None
 
     if envelope.metadata.idempotencyKey is not None:
         key, source = envelope.metadata.idempotencyKey, KeySource.BODY
-    elif (attribute_key := _attribute_key(record)) is not None:
+    elif (attribute_key := _attribute_key(message)) is not None:
         key, source = attribute_key, KeySource.ATTRIBUTE
     else:
         key, source = message_id, KeySource.MESSAGE_ID
@@ -244,6 +244,6 @@ def parse_message(record: Record) -> Message:
         key_source=source,
         payload=envelope.payload,
         payload_hash=payload_hash(envelope.payload),
-        receive_count=receive_count(record),
-        message_group_id=message_group_id(record),
+        receive_count=receive_count(message),
+        message_group_id=message_group_id(message),
     )

@@ -2,10 +2,10 @@
 
 A ``PoisonMessage`` will never succeed however often it is retried: it goes to the
 dead-letter queue with its ``ErrorType`` and counts as handled. A ``TransientError``
-may succeed later: the record is reported in ``batchItemFailures`` and SQS delivers
+may succeed later: the message is reported in ``batchItemFailures`` and SQS delivers
 it again. A ``ConfigurationError`` is the function's, not a message's: found at start,
-it fails the invocation before any record is touched; found while a record runs (a
-handler writing a table it did not declare), that record is retried with it as reason.
+it fails the invocation before any message is touched; found while a message runs (a
+handler writing a table it did not declare), that message is retried with it as reason.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class ErrorType(StrEnum):
     BUSINESS_CONDITION_FAILED = "BusinessConditionFailed"
     BODY_TOO_LARGE = "BodyTooLarge"
     NESTING_TOO_DEEP = "NestingTooDeep"
-    # Reading the record itself failed in a way no retry can change (a defect the
+    # Reading the message itself failed in a way no retry can change (a defect the
     # contract checks did not foresee): dead-lettered with the exception, not retried.
     UNPROCESSABLE_RECORD = "UnprocessableRecord"
 
@@ -65,7 +65,7 @@ class TransactionConflict(TransientError):
     """DynamoDB refused the write because another transaction holds one of its items.
 
     Worth retrying at once, in the same invocation: the other transaction lasts
-    milliseconds, so handing the record back to SQS would only add seconds.
+    milliseconds, so handing the message back to SQS would only add seconds.
     """
 
 

@@ -1,4 +1,4 @@
-"""How one record ended: the vocabulary shared by the processor, the batch and the metrics."""
+"""How one message ended: the vocabulary shared by the processor, the batch and the metrics."""
 
 from __future__ import annotations
 
@@ -21,17 +21,17 @@ class Outcome(StrEnum):
 
     @property
     def is_failure(self) -> bool:
-        """Reported in ``batchItemFailures``: SQS will deliver the record again."""
+        """Reported in ``batchItemFailures``: SQS will deliver the message again."""
         return self in (Outcome.IN_FLIGHT, Outcome.RETRIED, Outcome.CONFLICT)
 
 
 @dataclass(frozen=True)
-class RecordResult:
+class MessageResult:
     message_id: str
     outcome: Outcome
     reason: str | None = None
     # When a retry could succeed, epoch ms: the end of another worker's lease, or
-    # "now" for a record that was never started or lost a conflict.
+    # "now" for a message that was never started or lost a transaction conflict.
     retry_at_ms: int | None = None
     # What made it poison, so a copy later in the batch is dead-lettered alike.
     poison: PoisonMessage | None = None

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from consumer.envelope import Message, Record, message_group_id, parse_message, schema_violation
+from consumer.envelope import Message, SqsMessage, message_group_id, parse_message, schema_violation
 from consumer.errors import ConfigurationError, ErrorType, PoisonMessage
 from consumer.handler import MessageHandler
 from consumer.idempotency.writes import Write
@@ -52,37 +52,37 @@ class Prepared:
     idempotency_key: str | None
     event_type: str | None
     # As SQS delivered it: a dead letter sends its body and attributes back as they came.
-    original: Record
+    original: SqsMessage
     state: Parsed | Rejected
 
     @classmethod
-    def unread(cls, record: Record, poison: PoisonMessage) -> Prepared:
+    def unread(cls, sqs_message: SqsMessage, poison: PoisonMessage) -> Prepared:
         """A message rejected before its key could be read."""
-        return cls(record["messageId"], message_group_id(record), None, None, record, Rejected(poison))
+        return cls(sqs_message["messageId"], message_group_id(sqs_message), None, None, sqs_message, Rejected(poison))
 
     def log_keys(self) -> dict[str, str]:
         keys = {"message_id": self.message_id, "idempotency_key": self.idempotency_key or ""}
         return {**keys, "event_type": self.event_type} if self.event_type else keys
 
 
-def prepare(record: Record, handlers: Mapping[str, MessageHandler[Any]], logger: Log) -> Prepared:
+def prepare(sqs_message: SqsMessage, handlers: Mapping[str, MessageHandler[Any]], logger: Log) -> Prepared:
     """Read one message and route it, with no I/O, so the batch can group messages before any round trip."""
     try:
-        message = parse_message(record)
+        message = parse_message(sqs_message)
         state = _route(message, handlers)
     except PoisonMessage as poison:
-        return Prepared.unread(record, poison)
+        return Prepared.unread(sqs_message, poison)
     except MemoryError:
         # The invocation ran out, not the message (bodies are capped): let Lambda retry the batch.
         raise
     except Exception as error:
         # Reading a message is deterministic: what failed once fails on every delivery.
-        logger.exception("record could not be read", extra={"message_id": record["messageId"]})
+        logger.exception("message could not be read", extra={"message_id": sqs_message["messageId"]})
         return Prepared.unread(
-            record, PoisonMessage(ErrorType.UNPROCESSABLE_RECORD, f"{type(error).__name__}: {error}")
+            sqs_message, PoisonMessage(ErrorType.UNPROCESSABLE_RECORD, f"{type(error).__name__}: {error}")
         )
     key, event_type = message.idempotency_key, message.event_type
-    return Prepared(message.message_id, message.message_group_id, key, event_type, record, state)
+    return Prepared(message.message_id, message.message_group_id, key, event_type, sqs_message, state)
 
 
 def _route(message: Message, handlers: Mapping[str, MessageHandler[Any]]) -> Parsed | Rejected:

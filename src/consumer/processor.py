@@ -2,7 +2,7 @@
 
 ``prepare`` is pure (no I/O) so the batch can group messages before any round trip;
 ``execute`` does the round trips. Neither raises for a message's sake: every message
-ends with exactly one ``RecordResult``, so one bad message never fails its batch.
+ends with exactly one ``MessageResult``, so one bad message never fails its batch.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, assert_never
 
 from consumer.config import Settings
 from consumer.dead_letter import DeadLetterQueue
-from consumer.envelope import Record
+from consumer.envelope import SqsMessage
 from consumer.errors import (
     BusinessConditionFailed,
     ConfigurationError,
@@ -32,20 +32,20 @@ from consumer.idempotency.store import (
     Committed,
     Contended,
     Duplicate,
+    Existing,
     Fenced,
     IdempotencyStore,
     InFlight,
     PayloadMismatch,
     Refused,
-    Settled,
 )
 from consumer.idempotency.writes import Write
-from consumer.outcome import Log, Outcome, RecordResult
+from consumer.outcome import Log, MessageResult, Outcome
 from consumer.prepared import Parsed, Prepared, Rejected, prepare
 from consumer.report import Reporter, bounded
 
 
-class RecordProcessor:
+class MessageProcessor:
     def __init__(
         self,
         store: IdempotencyStore,
@@ -67,10 +67,10 @@ class RecordProcessor:
         self._report = Reporter(logger, dead_letters, clock)
         self._clock = clock
 
-    def prepare(self, record: Record) -> Prepared:
-        return prepare(record, self._handlers, self._logger)
+    def prepare(self, message: SqsMessage) -> Prepared:
+        return prepare(message, self._handlers, self._logger)
 
-    def execute(self, item: Prepared, remaining_ms: Callable[[], int]) -> RecordResult:
+    def execute(self, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
         parsed = item.state
         if isinstance(parsed, Rejected):
             return self._report.dead_letter(item, parsed.poison)
@@ -86,18 +86,18 @@ class RecordProcessor:
             self._logger.exception("unexpected error", extra=item.log_keys())
             return self._report.retry(item, f"{type(error).__name__}: {error}")
 
-    def reuse(self, item: Prepared, first: RecordResult) -> RecordResult:
+    def reuse(self, item: Prepared, first: MessageResult) -> MessageResult:
         """A duplicate inside the batch takes the first copy's outcome, with no round trip."""
         if first.outcome in (Outcome.APPLIED, Outcome.DUPLICATE):
             self._logger.info("duplicate in batch", extra={**item.log_keys(), "first": first.message_id})
-            return RecordResult(item.message_id, Outcome.DUPLICATE, f"duplicate of {first.message_id}")
+            return MessageResult(item.message_id, Outcome.DUPLICATE, f"duplicate of {first.message_id}")
         if first.poison is not None:
             # Every copy must reach the DLQ itself: a message is applied or dead-lettered.
             return self._report.dead_letter(item, first.poison)
         self._logger.info("retry with the first copy", extra={**item.log_keys(), "first": first.message_id})
-        return RecordResult(item.message_id, first.outcome, first.reason, first.retry_at_ms)
+        return MessageResult(item.message_id, first.outcome, first.reason, first.retry_at_ms)
 
-    def _run_optimistic(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> RecordResult:
+    def _run_optimistic(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> MessageResult:
         effect = self._handle(item, parsed, remaining_ms)
         message = parsed.message
         applied = self._store.apply_once(
@@ -105,7 +105,7 @@ class RecordProcessor:
         )
         return self._settle(item, applied)
 
-    def _run_locked(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> RecordResult:
+    def _run_locked(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> MessageResult:
         settings = self._settings
         lease_ms = lease_duration(
             remaining_ms(),
@@ -144,7 +144,7 @@ class RecordProcessor:
         absorbed = claim.conflicts_absorbed + result.conflicts_absorbed
         return replace(result, conflicts_absorbed=absorbed) if absorbed else result
 
-    def _settle(self, item: Prepared, answer: ApplyResult | CommitResult | Settled | Refused) -> RecordResult:
+    def _settle(self, item: Prepared, answer: ApplyResult | CommitResult | Existing | Refused) -> MessageResult:
         """The one place a store's answer becomes the message's outcome."""
         match answer:
             case Applied() | Committed():

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from consumer.dead_letter import DeadLetterQueue
 from consumer.envelope import sqs_text
 from consumer.errors import PoisonMessage
-from consumer.outcome import Log, Outcome, RecordResult
+from consumer.outcome import Log, MessageResult, Outcome
 from consumer.prepared import Prepared
 
 # Exception text can quote what came from outside (a field name, a server's words): a log line
@@ -29,25 +29,25 @@ class Reporter:
         self._dead_letters = dead_letters
         self._clock = clock
 
-    def done(self, item: Prepared, outcome: Outcome) -> RecordResult:
+    def done(self, item: Prepared, outcome: Outcome) -> MessageResult:
         self._logger.info(outcome.value, extra=item.log_keys())
-        return RecordResult(item.message_id, outcome)
+        return MessageResult(item.message_id, outcome)
 
-    def retry(self, item: Prepared, reason: str) -> RecordResult:
+    def retry(self, item: Prepared, reason: str) -> MessageResult:
         reason = bounded(reason)
         self._logger.warning("will retry", extra={**item.log_keys(), "reason": reason})
-        return RecordResult(item.message_id, Outcome.RETRIED, reason)
+        return MessageResult(item.message_id, Outcome.RETRIED, reason)
 
-    def in_flight(self, item: Prepared, until_ms: int | None) -> RecordResult:
+    def in_flight(self, item: Prepared, until_ms: int | None) -> MessageResult:
         self._logger.info("in flight elsewhere", extra=item.log_keys())
-        return RecordResult(item.message_id, Outcome.IN_FLIGHT, "claimed by another worker", retry_at_ms=until_ms)
+        return MessageResult(item.message_id, Outcome.IN_FLIGHT, "claimed by another worker", retry_at_ms=until_ms)
 
-    def contended(self, item: Prepared, reason: str, absorbed: int) -> RecordResult:
+    def contended(self, item: Prepared, reason: str, absorbed: int) -> MessageResult:
         self._logger.warning("transaction conflict not absorbed", extra={**item.log_keys(), "absorbed": absorbed})
         retry_at_ms = int(self._clock() * 1000) + random.randrange(_CONFLICT_REDELIVERY_MS)  # noqa: S311
-        return RecordResult(item.message_id, Outcome.CONFLICT, reason, retry_at_ms=retry_at_ms)
+        return MessageResult(item.message_id, Outcome.CONFLICT, reason, retry_at_ms=retry_at_ms)
 
-    def dead_letter(self, item: Prepared, poison: PoisonMessage) -> RecordResult:
+    def dead_letter(self, item: Prepared, poison: PoisonMessage) -> MessageResult:
         keys = item.log_keys()
         try:
             self._dead_letters.send(item, poison.error_type, poison.message)
@@ -55,7 +55,7 @@ class Reporter:
             # Not in the DLQ means not handled: SQS must keep the message.
             reason = bounded(f"dead-letter send failed: {error}")
             self._logger.error("dead-letter send failed", extra={**keys, "error": reason})
-            return RecordResult(item.message_id, Outcome.RETRIED, reason)
+            return MessageResult(item.message_id, Outcome.RETRIED, reason)
         reason = bounded(poison.message)
         self._logger.warning("dead-lettered", extra={**keys, "error_type": poison.error_type, "reason": reason})
-        return RecordResult(item.message_id, Outcome.POISON, f"{poison.error_type}: {poison.message}", poison=poison)
+        return MessageResult(item.message_id, Outcome.POISON, f"{poison.error_type}: {poison.message}", poison=poison)

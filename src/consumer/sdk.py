@@ -1,7 +1,7 @@
 """What the consumer needs from its runtime and its account, checked at cold start.
 
 The tables: every table the function writes must exist and be reachable with its role,
-or the first invocation fails naming the table and its variable. Found per record instead,
+or the first invocation fails naming the table and its variable. Found per message instead,
 a mistyped name would retry each message until the redrive, with an SDK error as reason.
 
 The DynamoDB features, in the SDK the runtime loaded.
@@ -10,7 +10,7 @@ A duplicate costs one round trip only because a failed condition returns the old
 (``ReturnValuesOnConditionCheckFailure``), on ``UpdateItem`` and inside ``TransactWriteItems``.
 An older botocore does not know that parameter: with client-side validation off, it would
 send requests whose failures come back without the item, and every duplicate would look like
-an unreadable record. The Lambda runtime's botocore is not pinned by AWS, so the function
+an unreadable message. The Lambda runtime's botocore is not pinned by AWS, so the function
 asks the service model it actually loaded, at cold start, instead of trusting a version string.
 """
 

@@ -24,7 +24,7 @@ from consumer.dead_letter import DeadLetterQueue
 from consumer.handlers import MessageHandler, build_handlers
 from consumer.idempotency.store import IdempotencyStore
 from consumer.outcome import Log
-from consumer.processor import RecordProcessor
+from consumer.processor import MessageProcessor
 from consumer.sdk import require_tables
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def wire(
     # SQS is only needed for poison and retries: create it then, not on every cold start.
     sqs: LazyClient[SQSClient] = LazyClient(lambda: cast("SQSClient", _client(session, "sqs", client_config)))
     dead_letters = DeadLetterQueue(sqs.get, settings.dead_letter_queue_url)
-    processor = RecordProcessor(
+    processor = MessageProcessor(
         store,
         dict(handlers) if handlers is not None else build_handlers(settings),
         dead_letters,

@@ -35,7 +35,7 @@ from consumer.handler import Effect, Guard, MessageContext, MessageHandler
 from consumer.idempotency.record import Attr
 from consumer.idempotency.store import COMMIT_UPDATE
 from consumer.idempotency.writes import ConditionCheck, Write
-from consumer.outcome import Outcome, RecordResult
+from consumer.outcome import MessageResult, Outcome
 from testkit import payloads
 from testkit.lambda_sqs import sqs_record
 from testkit.webhook import WebhookSink
@@ -155,8 +155,8 @@ class Rig:
         body = json.dumps({"eventType": subject.name, "metadata": {"idempotencyKey": key}, "payload": payload})
         return sqs_record(message_id or f"m-{uuid.uuid4().hex[:12]}", body, receive_count=receives)
 
-    def deliver(self, subject: Subject, record: Any, session: Any = None) -> RecordResult:
-        result: RecordResult = self.consumer(subject, session).process([record], lambda: REMAINING_MS).results[0]
+    def deliver(self, subject: Subject, record: Any, session: Any = None) -> MessageResult:
+        result: MessageResult = self.consumer(subject, session).process([record], lambda: REMAINING_MS).results[0]
         return result
 
     def seed(self, subject: Subject, payload: Payload) -> None:
@@ -265,14 +265,14 @@ def _fresh_key() -> str:
     return f"contract-{uuid.uuid4().hex[:12]}"
 
 
-def _same_ending(first: RecordResult, again: RecordResult) -> bool:
+def _same_ending(first: MessageResult, again: MessageResult) -> bool:
     """A later delivery ends as a duplicate of an applied first, or dead-lettered for the very same reason."""
     if first.outcome in (Outcome.APPLIED, Outcome.DUPLICATE):
         return again.outcome is Outcome.DUPLICATE
     return again.outcome is first.outcome and again.reason == first.reason
 
 
-def _ending(result: RecordResult) -> str:
+def _ending(result: MessageResult) -> str:
     return f"{result.outcome.value}" + (f" ({result.reason[:200]})" if result.reason else "")
 
 
@@ -315,7 +315,7 @@ def other_content_is_refused(rig: Rig, subject: Subject, payload: Payload, other
     return None
 
 
-def _reference(rig: Rig, subject: Subject, key: str, record: Any, payload: Payload) -> tuple[State, RecordResult, int]:
+def _reference(rig: Rig, subject: Subject, key: str, record: Any, payload: Payload) -> tuple[State, MessageResult, int]:
     """One delivery's state, ending and calls, from the seeded tables; the tables are then put back as seeded."""
     rig.seed(subject, payload)
     seeded = rig.items()
@@ -342,7 +342,7 @@ def concurrent_deliveries_leave_one(rig: Rig, subject: Subject, payload: Payload
     one, reference, calls = _reference(rig, subject, key, record, payload)
     consumers = [rig.consumer(subject) for _ in range(CONCURRENT_DELIVERIES)]
     start = threading.Barrier(len(consumers))
-    results: list[RecordResult] = []
+    results: list[MessageResult] = []
 
     def deliver(consumer: Any) -> None:
         start.wait()

@@ -45,20 +45,20 @@ from tests.handlers import (
 from tests.utils import Remaining, settings_on_local_servers
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-Record = dict[str, Any]
+SqsMessage = dict[str, Any]
 
 
-def add(message_id: str, entry_id: str, *, key: str | None = "", tally: str = "t-1", amount: int = 100) -> Record:
+def add(message_id: str, entry_id: str, *, key: str | None = "", tally: str = "t-1", amount: int = 100) -> SqsMessage:
     """A tally entry's record; ``key=""`` keys it by its entry, ``None`` leaves the body without a key."""
     body = envelope(TALLY_EVENT, f"k-{entry_id}" if key == "" else key, tally_payload(entry_id, tally, amount))
     return sqs_record(message_id, body)
 
 
-def call(message_id: str, call_id: str) -> Record:
+def call(message_id: str, call_id: str) -> SqsMessage:
     return sqs_record(message_id, envelope(CALL_EVENT, f"k-{call_id}", call_payload(call_id)))
 
 
-def grouped(record: Record, group: str, *, fifo: bool) -> Record:
+def grouped(record: SqsMessage, group: str, *, fifo: bool) -> SqsMessage:
     """The record as a FIFO queue (or, ``fifo=False``, a fair queue's tenant) delivers it."""
     attributes = {**record["attributes"], "MessageGroupId": group}
     return {**record, "attributes": attributes, **({"eventSourceARN": FIFO_QUEUE_ARN} if fifo else {})}
@@ -78,7 +78,7 @@ class Stack:
         self.function = wire(self.settings, boto3.session.Session(), handlers=handlers)
         self.store = IdempotencyStore(self.dynamodb, self.settings.idempotency_table_name, ttl_seconds=3600)
 
-    def deliver(self, records: list[Record]) -> list[str]:
+    def deliver(self, records: list[SqsMessage]) -> list[str]:
         response = self.function.process(records, Remaining()).response()
         return [failure["itemIdentifier"] for failure in response["batchItemFailures"]]
 
@@ -108,7 +108,7 @@ class Stack:
 class Row:
     name: str
     guarantee: str  # the README guarantee-table row it proves
-    deliveries: list[list[Record]]
+    deliveries: list[list[SqsMessage]]
     failed: list[list[str]]  # reported for retry, per delivery
     totals: dict[str, int] = field(default_factory=dict)
     entries: set[str] | None = None
@@ -119,7 +119,7 @@ class Row:
     after: Callable[[Stack], None] | None = None  # further checks
 
 
-def _claimed_by_another_worker(record: Record, lease_ms: int, then_wait_s: float = 0.0) -> Callable[[Stack], None]:
+def _claimed_by_another_worker(record: SqsMessage, lease_ms: int, then_wait_s: float = 0.0) -> Callable[[Stack], None]:
     """Another worker claimed the record's key (and, with ``then_wait_s`` past its lease, crashed holding it)."""
     message = parse_message(record)
 
@@ -210,8 +210,8 @@ ROWS = [
     Row("a crashed worker's claim ends with its lease", "No stuck records",
         [[call("m1", "r-1")]], [[]], entries={"CALL#r-1"}, calls=1,
         before=_claimed_by_another_worker(call("m1", "r-1"), 50, then_wait_s=0.2)),
-    # -- One bad record never fails the batch --------------------------------------------------------
-    Row("poison, a failure and good records in one batch", "One bad record never fails the batch",
+    # -- One bad message never fails the batch -------------------------------------------------------
+    Row("poison, a failure and good messages in one batch", "One bad message never fails the batch",
         [[add("m1", "p-1"), sqs_record("m2", "{"), call("m3", "r-1"), add("m4", "p-2", tally="t-2")]],
         [["m3"]], {"t-1": 100, "t-2": 100}, dead={"m2": "InvalidJson"}, webhook=[Answer(503)]),
     # -- Order on FIFO queues, none on standard and fair queues -------------------------------------

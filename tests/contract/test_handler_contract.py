@@ -248,7 +248,7 @@ def test_control_resend_without_the_records_condition(
 def test_control_other_content_without_the_payload_hash(
     rig: Rig, subject: Subject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(IdempotencyStore, "_settled", staticmethod(_hash_not_compared))
+    monkeypatch.setattr(IdempotencyStore, "_existing", staticmethod(_hash_not_compared))
     _broken(contract.other_content_is_refused, rig, subject, _pairs(subject, CONTROL + contract.REUSED))
 
 

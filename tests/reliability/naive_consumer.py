@@ -23,7 +23,7 @@ from consumer.dead_letter import DeadLetterQueue
 from consumer.envelope import Message, parse_message
 from consumer.errors import ErrorType, PoisonMessage
 from consumer.handlers import MessageContext, build_handlers
-from consumer.outcome import Outcome, RecordResult
+from consumer.outcome import MessageResult, Outcome
 from consumer.prepared import Prepared
 
 
@@ -40,7 +40,7 @@ class NaiveConsumer:
     def process(self, records: list[dict[str, Any]], remaining_ms: Callable[[], int]) -> BatchResult:
         return BatchResult(tuple(self._one(record, remaining_ms) for record in records))
 
-    def _one(self, record: dict[str, Any], remaining_ms: Callable[[], int]) -> RecordResult:
+    def _one(self, record: dict[str, Any], remaining_ms: Callable[[], int]) -> MessageResult:
         message_id = record["messageId"]
         try:
             message = parse_message(record)
@@ -53,10 +53,10 @@ class NaiveConsumer:
                 raise PoisonMessage(ErrorType.SCHEMA_VIOLATION, str(error)) from None
         except PoisonMessage as poison:
             self._dead_letters.send(Prepared.unread(record, poison), poison.error_type, poison.message)
-            return RecordResult(message_id, Outcome.POISON, poison.error_type)
+            return MessageResult(message_id, Outcome.POISON, poison.error_type)
         try:
             if self._seen(message):
-                return RecordResult(message_id, Outcome.DUPLICATE)
+                return MessageResult(message_id, Outcome.DUPLICATE)
             context = MessageContext(message_id, message.idempotency_key, message.receive_count, remaining_ms)
             for write in handler.handle(payload, context).writes:
                 # Each write on its own, as the handler would make it without the store's transaction.
@@ -65,8 +65,8 @@ class NaiveConsumer:
                     getattr(self._dynamodb, _CALLS[kind])(**request)
             self._remember(message)
         except Exception as error:
-            return RecordResult(message_id, Outcome.RETRIED, str(error))
-        return RecordResult(message_id, Outcome.APPLIED)
+            return MessageResult(message_id, Outcome.RETRIED, str(error))
+        return MessageResult(message_id, Outcome.APPLIED)
 
     def _seen(self, message: Message) -> bool:
         item = self._dynamodb.get_item(

@@ -14,7 +14,7 @@ from consumer.backoff import VisibilityBackoff, queue_url_from_arn
 from consumer.batch import BatchRunner
 from consumer.envelope import payload_hash
 from consumer.idempotency.store import Claimed
-from consumer.outcome import Outcome, RecordResult
+from consumer.outcome import MessageResult, Outcome
 from testkit.lambda_sqs import record_from_message
 from tests.handlers import CALL_EVENT, call_body, tally_body
 from tests.unit.conftest import Clock, Consumer, make_consumer
@@ -34,7 +34,7 @@ def backoff(sqs: Any, clock: Clock) -> VisibilityBackoff:
 def test_transient_failures_back_off_exponentially_by_receive_count(
     backoff: VisibilityBackoff, receive_count: int, expected: int
 ) -> None:
-    result = RecordResult("m", Outcome.RETRIED, "throttled")
+    result = MessageResult("m", Outcome.RETRIED, "throttled")
 
     assert backoff.delay_seconds(result, receive_count) == expected
 
@@ -45,7 +45,7 @@ def test_a_record_in_flight_elsewhere_returns_at_the_lease_end_or_the_backoff(
     lease_end_ms = int(clock.now * 1000) + 12_300
 
     def delay(retry_at_ms: int, receive_count: int) -> int:
-        return backoff.delay_seconds(RecordResult("m", Outcome.IN_FLIGHT, retry_at_ms=retry_at_ms), receive_count)
+        return backoff.delay_seconds(MessageResult("m", Outcome.IN_FLIGHT, retry_at_ms=retry_at_ms), receive_count)
 
     assert delay(lease_end_ms, 1) == 2  # the owner usually finishes long before its lease ends
     assert delay(lease_end_ms, 4) == 13  # never later than the lease end

@@ -183,9 +183,9 @@ class _RecordRefused:
     record: IdempotencyRecord | None
 
 
-Settled = Duplicate | InFlight | PayloadMismatch
-ClaimResult = Claimed | Settled | Refused | Contended
-ApplyResult = Applied | Settled | Refused | Contended
+Existing = Duplicate | InFlight | PayloadMismatch
+ClaimResult = Claimed | Existing | Refused | Contended
+ApplyResult = Applied | Existing | Refused | Contended
 CommitResult = Committed | Fenced | Refused | Contended
 
 
@@ -270,7 +270,7 @@ class IdempotencyStore:
             # applied but whose answer was lost. The item carries our token: ours.
             lease_end = current.lease_expires_at_ms or lease_end
             return Claimed(record_id, token, lease_end, current.attempts)
-        return self._settled(current, payload_hash)
+        return self._existing(current, payload_hash)
 
     def commit(
         self,
@@ -411,7 +411,7 @@ class IdempotencyStore:
         if current is None or current.owner_token == token:
             # The second case is ambiguous success: a retried write that found its own.
             return Applied(record_id, token)
-        return self._settled(current, payload_hash)
+        return self._existing(current, payload_hash)
 
     def get(self, record_id: str) -> IdempotencyRecord | None:
         """Read a record (strongly consistent); for operators and tests, not the hot path."""
@@ -467,8 +467,8 @@ class IdempotencyStore:
         return answer
 
     @staticmethod
-    def _settled(current: IdempotencyRecord, payload_hash: str) -> Settled:
-        """What the key's record says of a message whose claim it refused: done, held, or reused."""
+    def _existing(current: IdempotencyRecord, payload_hash: str) -> Existing:
+        """What the key's existing record says of a refused message: done, held, or used for another payload."""
         if current.payload_hash != payload_hash:
             return PayloadMismatch(current)
         if current.status is Status.COMPLETED:
