@@ -83,7 +83,9 @@ def _register(registry: Path, block: str = "", remove: tuple[str, ...] = ()) -> 
     lines = [line for line in lines if not (line.startswith("from consumer.handlers.") and line.split()[-1] in remove)]
     if import_line:
         imports = [i for i, line in enumerate(lines) if line.startswith("from consumer.handlers.")]
-        lines.insert(next((i for i in imports if lines[i] > import_line), imports[-1] + 1), import_line + "\n")
+        # With no handler left, the new import goes after the package's own imports.
+        after = imports or [i for i, line in enumerate(lines) if line.startswith("from consumer.")]
+        lines.insert(next((i for i in imports if lines[i] > import_line), after[-1] + 1), import_line + "\n")
     registry.write_text("".join(lines))
 
 
