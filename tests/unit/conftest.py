@@ -14,6 +14,7 @@ from typing import Any
 
 import boto3
 import pytest
+from aws_lambda_powertools.utilities.parameters.constants import DEFAULT_PROVIDERS
 from moto import mock_aws
 
 from consumer.app import wire
@@ -47,13 +48,17 @@ class Clock:
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS", "AWS_PROFILE"):
+    for name in [name for name in os.environ if name.startswith("AWS_ENDPOINT_URL")] + ["AWS_PROFILE"]:
         monkeypatch.delenv(name, raising=False)
+    # Powertools keeps one Secrets Manager client per process: one made by an earlier test on the local stack
+    # would read this test's secrets from the stack's server instead of moto in process.
+    DEFAULT_PROVIDERS.clear()
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with mock_aws():
         yield
+    DEFAULT_PROVIDERS.clear()
 
 
 @pytest.fixture
