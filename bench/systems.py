@@ -1,8 +1,7 @@
 """The three systems measured, each a Lambda handler over the same records and table shapes.
 
-The baselines run the consumer's own handlers for the business logic (schema, webhook,
-ledger writes) and apply the writes one call each, as their users would: only the
-idempotency mechanism differs between the three.
+The baselines run the consumer's own handlers for the business logic (schema, webhook, ledger writes) and apply the
+writes one call each, as their users would: only the idempotency mechanism differs between the three.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The function in Lambda's own runtime: the Runtime Interface Emulator driving ``python -m awslambdaric``.
 
-One ``LambdaEnvironment`` is one execution environment: the emulator ``sam local invoke`` runs
-(from SAM CLI's wheel) and the runtime it starts on the function's Python 3.12 venv, with
-Lambda's variables and CPU share. On timeout the emulator kills the runtime and the next
-invocation starts a new one (a real cold start). It serves one invocation at a time, as
-Lambda's do (two concurrent requests crash the emulator); ``LambdaFleet`` holds one per
-concurrent invocation. They bind 127.0.0.1 only and stop by PID, or with a parent that dies.
+One ``LambdaEnvironment`` is one execution environment: the emulator ``sam local invoke`` runs (from SAM CLI's wheel)
+and the runtime it starts on the function's Python 3.12 venv, with Lambda's variables and CPU share. On timeout the
+emulator kills the runtime and the next invocation starts a new one (a real cold start). It serves one invocation at a
+time, as Lambda's do (two concurrent requests crash the emulator); ``LambdaFleet`` holds one per concurrent invocation.
+They bind 127.0.0.1 only and stop by PID, or with a parent that dies.
 """
 
 from __future__ import annotations
@@ -158,9 +157,8 @@ def _children(pid: int) -> list[int]:
 class LambdaEnvironment(Lifecycle):
     """One execution environment: emulator + runtime, one invocation at a time.
 
-    ``emulator_port`` defaults to a free port (another is tried if it is taken meanwhile); given,
-    a taken one is an error. ``log_sink`` receives what the environment logs during each
-    invocation (the lines CloudWatch would hold).
+    ``emulator_port`` defaults to a free port (another is tried if it is taken meanwhile); given, a taken one is an
+    error. ``log_sink`` receives what the environment logs during each invocation (the lines CloudWatch would hold).
     """
 
     def __init__(
