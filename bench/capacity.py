@@ -84,10 +84,7 @@ class CapacityMeter:
         self.read_units = 0.0
 
     def handler_specs(self) -> list[HandlerSpec]:
-        return [
-            ("before-parameter-build.dynamodb", self._before_call),
-            ("after-call.dynamodb", self._after_call),
-        ]
+        return [("before-parameter-build.dynamodb", self._before_call), ("after-call.dynamodb", self._after_call)]
 
     def _before_call(self, params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
         if not observed():

@@ -1,11 +1,7 @@
 """``make demo``: a realistic workload through the whole local pipeline, then every invariant checked.
 
-Phase 1 sends, for each registered handler, messages drawn from its payload model (``testkit.payloads``, its seed
-items written first), producer resends and poison of each kind (invalid JSON, an unknown event type, a payload the
-model refuses). Phase 2, once the queue has drained, resends some applied messages late and reuses two keys of each
-handler with another payload. The checks hold for any handler; an example's own (the payment ledger's balances)
-live with it, in ``tests/examples/<event type>_checks.py``, and run when it is registered. With ``--fifo`` the
-queue is FIFO, one message group per key, and each group's order is checked too (``local.fifo``).
+The workload (two phases: drawn messages, resends, poison; then late resends and reused keys) and its checks: README,
+"Quick start, on your machine"; with ``--fifo`` each group's order too (``local.fifo``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """``make smoke``: a message of each registered handler, its resend and one poison message through a stack, checked.
 
-Against a deployed stack (``STACK=<name>``) its queues come from its CloudFormation outputs and its tables from the
-function's variables; without one, the local stack is started for the run. Each handler's payload is drawn from its
-model (``testkit.payloads``), with the seed items its author gives, under a key carrying the run id. The checks
-hold for any handler: each message ends applied once or dead-lettered with a reason, its resend changes no item of
-the declared tables (scanned: a stack without other traffic, as the rehearsal's), the poison is dead-lettered.
-The clean-up puts every item the run changed back as it was, and removes its records and dead letters.
+What it sends, checks and cleans up, and the permissions it needs: README, "Deploying to AWS" (``make smoke``).
 """
 
 from __future__ import annotations
