@@ -73,7 +73,7 @@ def _workload(
     args: argparse.Namespace, stack: DeployedStack
 ) -> tuple[list[messages.Outgoing], list[messages.Outgoing]]:
     rng, run = random.Random(args.seed), f"{args.seed}"
-    tables = {table: stack.table_name(table) for table in declared_tables()}
+    tables, dynamodb = {table: stack.table_name(table) for table in declared_tables()}, stack.servers.client("dynamodb")
     valid: list[messages.Outgoing] = []
     late: list[messages.Outgoing] = []
     poison = [
@@ -86,9 +86,7 @@ def _workload(
         drawn = payloads.valid_payloads(handler, args.messages + 2, args.seed + index)
         ours = [messages.drawn(handler, f"{handler.event_type}-{run}-{n}", p) for n, p in enumerate(drawn[2:])]
         for message in ours:
-            payloads.put_seeds(
-                stack.servers.client("dynamodb"), tables, payloads.seed_items(handler, message.payload or {})
-            )
+            payloads.put_seeds(dynamodb, tables, payloads.seed_items(handler, message.payload or {}))
         valid += ours
         refused = payloads.invalid_payloads(handler, args.seed)[0].payload
         poison.append(
@@ -184,9 +182,7 @@ def _checks(
 def _fifo_checks(sent: dict[str, messages.Outgoing], log: fifo.CompletionLog) -> list[Check]:
     groups = len({message.group_id for message in sent.values()})
     disorder = fifo.out_of_order(sent, log.positions())
-    return [
-        Check(not disorder, f"every message group completed in the order sent ({groups} groups)" + _first(disorder))
-    ]
+    return [Check(not disorder, f"every message group completed in the order sent ({groups} groups){_first(disorder)}")]
 
 
 def _first(problems: list[str]) -> str:

@@ -78,9 +78,8 @@ def emulator_binary() -> Path:
     arch = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine().lower())
     if arch is None:
         raise RuntimeStartError(f"the Lambda runtime emulator has no build for {platform.machine()}")
-    found = sorted(
-        (REPO_ROOT / ".venv-sam").glob(f"lib/python*/site-packages/samcli/local/rapid/aws-lambda-rie-{arch}")
-    )
+    rapid = "lib/python*/site-packages/samcli/local/rapid"
+    found = sorted((REPO_ROOT / ".venv-sam").glob(f"{rapid}/aws-lambda-rie-{arch}"))
     if not found:
         raise RuntimeStartError(
             "the Lambda runtime emulator is missing: it comes with SAM CLI's wheel (run `make .venv-sam/.installed`)"
@@ -188,12 +187,6 @@ class LambdaEnvironment(Lifecycle):
     @property
     def pid(self) -> int | None:
         return self._emulator.pid if self._emulator else None
-
-    @property
-    def runtime_pid(self) -> int | None:
-        """The runtime process the emulator runs now (none before the first invocation or after a reset)."""
-        children = _children(self._emulator.pid) if self._emulator else []
-        return children[0] if children else None
 
     def start(self) -> Self:
         if self._emulator_port is None:
