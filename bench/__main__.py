@@ -19,22 +19,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench import report
 from bench.capacity import CapacityMeter
 from bench.chart import draw_batch_latency_chart, draw_cost_chart
 from bench.coldstart import measure_cold_starts
 from bench.costs import Backend, Draws, guarded, message_costs, moto_backend, timed_handler
 from bench.probe import RoundTripProbe, on_new_clients
-from bench.report import (
-    TARGET_BATCH,
-    TARGET_LATENCY_MS,
-    TARGET_MEMORY_MB,
-    BenchResults,
-    TimingKey,
-    benchmarks_markdown,
-    cold_start_section,
-    cold_start_targets,
-    stdout_report,
-)
+from bench.report import TARGET_BATCH, TARGET_LATENCY_MS, TARGET_MEMORY_MB, BenchResults, TimingKey
 from bench.systems import SYSTEM_ENV, SYSTEMS, settings_environment
 from bench.timing import POWERTOOLS_ENV, REPO_ROOT, invoke, system_functions, time_batches
 from consumer.config import Settings
@@ -115,14 +106,12 @@ class _Run:
                 settings = [backend.settings(system.name, webhook_url) for system in SYSTEMS]
                 systems = [system(each) for system, each in zip(SYSTEMS, settings, strict=True)]
             _progress("moto in-process: DynamoDB calls and capacity units per message, per handler")
-            count = self.arguments.cost_messages
+            n = self.arguments.cost_messages
             for handler in HANDLERS:
                 draws = Draws(handler, functools.partial(backend.seed, settings, handler))
                 name = f"{handler.event_type} ({handler.mode.value}{', guarded' if guarded(handler) else ''})"
                 for system in systems:
-                    self.results.costs.setdefault(system.name, {})[name] = message_costs(
-                        system, draws, probe, meter, count
-                    )
+                    self.results.costs.setdefault(system.name, {})[name] = message_costs(system, draws, probe, meter, n)
 
     def measure_on_dynamodb_local(self) -> None:
         _progress("DynamoDB Local behind the conflict emulation: starting")
@@ -211,15 +200,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = run.results
     results.cold_starts = measure_cold_starts(arguments.cold_starts, TARGET_MEMORY_MB)
     if arguments.only is not None:
-        print("\n".join([*cold_start_section(results.cold_starts), "", *cold_start_targets(results.cold_starts)]))
+        starts = results.cold_starts
+        print("\n".join([*report.cold_start_section(starts), "", *report.cold_start_targets(starts)]))
         return 0
     results.machine = _describe_machine(dynamodb_local_version, load_at_start)
 
     draw_batch_latency_chart(results, arguments.chart)
     draw_cost_chart(results, arguments.cost_chart)
     charts = [os.path.relpath(chart, arguments.output.parent) for chart in (arguments.chart, arguments.cost_chart)]
-    arguments.output.write_text(benchmarks_markdown(results, charts, NARRATIVE.read_text()))
-    print(stdout_report(results))
+    arguments.output.write_text(report.benchmarks_markdown(results, charts, NARRATIVE.read_text()))
+    print(report.stdout_report(results))
     _progress(f"wrote {arguments.output} and its charts in {time.monotonic() - started:.0f} s")
     return 0
 

@@ -1,12 +1,11 @@
 """Read and write capacity units from item sizes, by DynamoDB's published rules (see methodology.md).
 
-moto reports a constant ``ConsumedCapacity`` and DynamoDB Local none, so the meter reads each
-targeted item before and after a write, through its own client outside the counted calls; that
-assumes no other writer touches the item in between, true of the benchmark's records (every key
-and account unique). A write consumes the units of the larger item, also for a failed condition
-(the existing against the proposed one); every action of a transaction, ``ConditionCheck``
-included, costs twice that, and a cancelled one is charged as if every action had been attempted
-(AWS does not say: an upper bound). A read is charged also when there is no item.
+moto reports a constant ``ConsumedCapacity`` and DynamoDB Local none, so the meter reads each targeted item before and
+after a write, through its own client outside the counted calls; that assumes no other writer touches the item in
+between, true of the benchmark's records (every key and account unique). A write consumes the units of the larger item,
+also for a failed condition (the existing against the proposed one); every action of a transaction, ``ConditionCheck``
+included, costs twice that, and a cancelled one is charged as if every action had been attempted (AWS does not say: an
+upper bound). A read is charged also when there is no item.
 """
 
 from __future__ import annotations
@@ -85,10 +84,7 @@ class CapacityMeter:
         self.read_units = 0.0
 
     def handler_specs(self) -> list[HandlerSpec]:
-        return [
-            ("before-parameter-build.dynamodb", self._before_call),
-            ("after-call.dynamodb", self._after_call),
-        ]
+        return [("before-parameter-build.dynamodb", self._before_call), ("after-call.dynamodb", self._after_call)]
 
     def _before_call(self, params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
         if not observed():

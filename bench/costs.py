@@ -67,9 +67,8 @@ class Backend:
             },
         )
         with unobserved():
-            self.create_tables(
-                self.reader, {IDEMPOTENCY_TABLE: settings.idempotency_table_name, **settings.table_names}
-            )
+            names = {IDEMPOTENCY_TABLE: settings.idempotency_table_name, **settings.table_names}
+            self.create_tables(self.reader, names)
         return settings
 
     def seed(self, settings: Sequence[Settings], handler: Handler, payloads: list[dict[str, Any]]) -> None:

@@ -50,14 +50,13 @@ def observed() -> bool:
 class RoundTripProbe:
     """Counts calls, sleeps ``latency_s`` per HTTP request, serialises moto's stub.
 
-    ``before-call`` fires once per API call, whatever the retries: the round trips a reader of
-    the code expects. ``before-send`` fires once per HTTP request, so the latency is paid per
-    attempt, as on a network; botocore emits it with ``emit``, not ``emit_until_response``, so
-    the sleep (registered first, before the stub answers) runs for moto in-process too.
-    moto in-process is not thread-safe (its ``TransactWriteItems`` deep-copies the tables while
-    other threads write them), so the same handlers hold a lock around its stub, the sleeps
-    outside it overlapping as network waits do; for a real endpoint the lock covers no I/O.
-    ``needs-retry``, emitted after every attempt, releases it if the stub raised first.
+    ``before-call`` fires once per API call, whatever the retries: the round trips a reader of the code expects.
+    ``before-send`` fires once per HTTP request, so the latency is paid per attempt, as on a network; botocore emits it
+    with ``emit``, not ``emit_until_response``, so the sleep (registered first, before the stub answers) runs for moto
+    in-process too. moto in-process is not thread-safe (its ``TransactWriteItems`` deep-copies the tables while other
+    threads write them), so the same handlers hold a lock around its stub, the sleeps outside it overlapping as network
+    waits do; for a real endpoint the lock covers no I/O. ``needs-retry``, emitted after every attempt, releases it if
+    the stub raised first.
     """
 
     def __init__(self) -> None:

@@ -9,17 +9,8 @@ from dataclasses import dataclass, field
 
 from bench.coldstart import CONSUMER as COLD_CONSUMER
 from bench.coldstart import FLOOR, FULL_CPU, LAMBDA_SHARES, ColdStarts
-from bench.costs import (
-    CASES,
-    NEW,
-    PRICE_TABLE,
-    PRICES_AS_OF,
-    REGION,
-    Cost,
-    CostPerMillion,
-    cost_per_million,
-    sqs_requests,
-)
+from bench.costs import CASES, NEW, PRICE_TABLE, PRICES_AS_OF, Cost, CostPerMillion, cost_per_million, sqs_requests
+from bench.costs import REGION as PRICES_REGION
 from bench.systems import NAMES, PowertoolsBaseline
 from bench.timing import Samples, median_ci
 
@@ -162,10 +153,8 @@ def cold_start_section(starts: ColdStarts) -> list[str]:
         series = (starts.init_s[share, system], starts.first_s[share, system], starts.total_s(share, system))
         spread = [_interval(statistics.median(values), median_ci(values)) for values in series]
         floor, theirs = (statistics.median(starts.total_s(share, name)) for name in (FLOOR, POWERTOOLS))
-        median = statistics.median(series[2])
-        rows.append(
-            [_cold_share(share), system, *spread, f"{median / floor:.2f}{TIMES}", f"{median / theirs:.2f}{TIMES}"]
-        )
+        ours = statistics.median(series[2])
+        rows.append([_cold_share(share), system, *spread, f"{ours / floor:.2f}{TIMES}", f"{ours / theirs:.2f}{TIMES}"])
     header = ["CPU", "system", "init ms [95% CI]", "first invocation", "init + first", "÷ floor", "÷ Powertools"]
     lines = [*_table(header, rows), "", f"n = {len(next(iter(starts.init_s.values())))} fresh processes per row."]
     if systems := list(starts.import_ms):
@@ -270,7 +259,7 @@ def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str
             "",
             f"![Cost per million messages against memory size]({charts[1]})",
             "",
-            f"Prices: {REGION}, as of {PRICES_AS_OF}; not fetched by the run (bench/costs.py).",
+            f"Prices: {PRICES_REGION}, as of {PRICES_AS_OF}; not fetched by the run (bench/costs.py).",
             "",
             *_table(["item", "price"], PRICE_TABLE),
             "",

@@ -1,8 +1,7 @@
 """The three systems measured, each a Lambda handler over the same records and table shapes.
 
-The baselines run the consumer's own handlers for the business logic (schema, webhook,
-ledger writes) and apply the writes one call each, as their users would: only the
-idempotency mechanism differs between the three.
+The baselines run the consumer's own handlers for the business logic (schema, webhook, ledger writes) and apply the
+writes one call each, as their users would: only the idempotency mechanism differs between the three.
 """
 
 from __future__ import annotations
@@ -19,11 +18,7 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
-from aws_lambda_powertools.utilities.idempotency import (
-    DynamoDBPersistenceLayer,
-    IdempotencyConfig,
-    idempotent_function,
-)
+from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer, IdempotencyConfig, idempotent_function
 from botocore.exceptions import ClientError
 
 from consumer.config import Settings, table_variable

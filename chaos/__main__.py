@@ -52,9 +52,7 @@ def parse(argv: Sequence[str]) -> ChaosConfig:
         if name == "seed":  # exploration: each run draws from a new seed, printed first, which --seed replays
             default = random.SystemRandom().randrange(1 << 32)
         shown = "a new one each run, printed" if name == "seed" else default
-        parser.add_argument(
-            f"--{name.replace('_', '-')}", type=type(default), default=default, help=f"(default {shown})"
-        )
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default, help=f"default {shown}")
     parser.add_argument("--rate", type=_rate, action="append", default=[], help="KIND=RATE, repeatable")
     parser.add_argument("--fault-scale", type=float, default=1.0, help="multiply every default rate (default 1)")
     parser.add_argument("--no-faults", action="store_true", help="every rate 0: the control run")

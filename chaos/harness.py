@@ -259,10 +259,8 @@ def _examples_own(checker: Checker, dynamodb: Any, tables: Mapping[str, str]) ->
         if event_type not in registered:
             print(f"{event_type} not registered: its own checks ({path.name}) not run")
             continue
-        found = payloads.load_module(path).demo_checks(
-            dynamodb, tables.__getitem__, checker.applied_payloads(event_type)
-        )
-        verdicts += [Verdict(f"{event_type}: {text}", int(not passed), []) for passed, text in found]
+        got = payloads.load_module(path).demo_checks(dynamodb, tables.__getitem__, checker.applied_payloads(event_type))
+        verdicts += [Verdict(f"{event_type}: {text}", int(not passed), []) for passed, text in got]
     return verdicts
 
 

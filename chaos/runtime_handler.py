@@ -100,10 +100,8 @@ class Environment:
 
     def invoke(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
         records = event.get("Records") or []
-        receive_counts = [
-            int((record.get("attributes") or {}).get("ApproximateReceiveCount", "1")) for record in records
-        ]
-        self.journal.write("invoked", redelivered=sum(count > 1 for count in receive_counts))
+        receives = [int((record.get("attributes") or {}).get("ApproximateReceiveCount", "1")) for record in records]
+        self.journal.write("invoked", redelivered=sum(count > 1 for count in receives))
         self.faults.new_invocation()
         batch = self.consumer.process(records, self.remaining_ms(context))
         results = [[result.message_id, result.outcome, result.conflicts_absorbed] for result in batch.results]

@@ -40,11 +40,7 @@ def _record_id(params: Mapping[str, Any]) -> str | None:
     return ((params.get("Key") or {}).get(Attr.ID) or {}).get("S")
 
 
-_UPDATES = {
-    store.CLAIM_UPDATE: Step.CLAIM,
-    store.COMMIT_UPDATE: Step.COMMIT,
-    store.APPLY_UPDATE: Step.APPLY_ONCE,
-}
+_UPDATES = {store.CLAIM_UPDATE: Step.CLAIM, store.COMMIT_UPDATE: Step.COMMIT, store.APPLY_UPDATE: Step.APPLY_ONCE}
 
 
 def _update(params: Mapping[str, Any]) -> StoreCall:

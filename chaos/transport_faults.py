@@ -1,9 +1,8 @@
 """Faults between a boto3 client and its endpoint, through botocore's own events: hooks on a session
 reach every client it creates, so the consumer's real code path meets them without knowing.
 
-A policy decides what becomes of each attempt: let it through, answer in the server's place
-(nothing applied), or send it and then lose the answer (applied, and botocore retries the very
-same request: the ambiguous success).
+A policy decides what becomes of each attempt: let it through, answer in the server's place (nothing applied), or send
+it and then lose the answer (applied, and botocore retries the very same request: the ambiguous success).
 """
 
 from __future__ import annotations

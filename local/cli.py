@@ -158,14 +158,11 @@ def _refuse(why: str) -> NoReturn:
 
 def _poison(per_kind: int) -> list[messages.Outgoing]:
     """Invalid JSON, an unknown event type and, per handler, a payload its model refuses (``testkit.payloads``)."""
-    made = [messages.Outgoing('{"eventType": "Cut", "payload": ', "poison")]
-    made.append(messages.Outgoing(messages.envelope("NoSuchEvent", f"unknown-{time.time_ns()}", {}), "poison"))
+    bodies = ['{"eventType": "Cut", "payload": ', messages.envelope("NoSuchEvent", f"unknown-{time.time_ns()}", {})]
     for handler in payloads.registered():
         refused = payloads.invalid_payloads(handler)[0].payload
-        made.append(
-            messages.Outgoing(messages.envelope(handler.event_type, f"refused-{time.time_ns()}", refused), "poison")
-        )
-    return made * per_kind
+        bodies.append(messages.envelope(handler.event_type, f"refused-{time.time_ns()}", refused))
+    return [messages.Outgoing(body, "poison") for body in bodies] * per_kind
 
 
 def _generated(args: argparse.Namespace) -> list[messages.Outgoing]:
@@ -280,9 +277,8 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
 def cmd_redrive(args: argparse.Namespace) -> int:
     running = _running()
-    moved = dead_letters.redrive(
-        client("sqs", running.sqs_endpoint_url), running.dead_letter_queue_url, running.queue_url
-    )
+    sqs = client("sqs", running.sqs_endpoint_url)
+    moved = dead_letters.redrive(sqs, running.dead_letter_queue_url, running.queue_url)
     print(f"moved {moved} message(s) from the dead-letter queue back to {running.queue_url}")
     return 0
 
@@ -305,9 +301,7 @@ def parser() -> argparse.ArgumentParser:
     send = commands.add_parser("send", help="push messages to the running stack")
     send.add_argument("--count", type=int, default=None, help="messages to send (default 10, 1 with --payload)")
     send.add_argument("--duplicates", type=float, default=0.0, help="fraction resent by the producer")
-    send.add_argument(
-        "--type", default=None, help="a registered eventType (default: each), any with --payload, or poison"
-    )
+    send.add_argument("--type", help="a registered eventType (default: each), any with --payload, or poison")
     send.add_argument("--key", help="the idempotency key of every message (default: a new one each)")
     send.add_argument("--seed", type=int, default=None)
     send.add_argument("--prefix", default="send", help="idempotency keys start with this")

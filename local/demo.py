@@ -1,11 +1,7 @@
 """``make demo``: a realistic workload through the whole local pipeline, then every invariant checked.
 
-Phase 1 sends, for each registered handler, messages drawn from its payload model (``testkit.payloads``, its seed
-items written first), producer resends and poison of each kind (invalid JSON, an unknown event type, a payload the
-model refuses). Phase 2, once the queue has drained, resends some applied messages late and reuses two keys of each
-handler with another payload. The checks hold for any handler; an example's own (the payment ledger's balances)
-live with it, in ``tests/examples/<event type>_checks.py``, and run when it is registered. With ``--fifo`` the
-queue is FIFO, one message group per key, and each group's order is checked too (``local.fifo``).
+The workload (two phases: drawn messages, resends, poison; then late resends and reused keys) and its checks: README,
+"Quick start, on your machine"; with ``--fifo`` each group's order too (``local.fifo``).
 """
 
 from __future__ import annotations
@@ -77,7 +73,7 @@ def _workload(
     args: argparse.Namespace, stack: DeployedStack
 ) -> tuple[list[messages.Outgoing], list[messages.Outgoing]]:
     rng, run = random.Random(args.seed), f"{args.seed}"
-    tables = {table: stack.table_name(table) for table in declared_tables()}
+    tables, dynamodb = {table: stack.table_name(table) for table in declared_tables()}, stack.servers.client("dynamodb")
     valid: list[messages.Outgoing] = []
     late: list[messages.Outgoing] = []
     poison = [
@@ -90,9 +86,7 @@ def _workload(
         drawn = payloads.valid_payloads(handler, args.messages + 2, args.seed + index)
         ours = [messages.drawn(handler, f"{handler.event_type}-{run}-{n}", p) for n, p in enumerate(drawn[2:])]
         for message in ours:
-            payloads.put_seeds(
-                stack.servers.client("dynamodb"), tables, payloads.seed_items(handler, message.payload or {})
-            )
+            payloads.put_seeds(dynamodb, tables, payloads.seed_items(handler, message.payload or {}))
         valid += ours
         refused = payloads.invalid_payloads(handler, args.seed)[0].payload
         poison.append(
@@ -188,9 +182,7 @@ def _checks(
 def _fifo_checks(sent: dict[str, messages.Outgoing], log: fifo.CompletionLog) -> list[Check]:
     groups = len({message.group_id for message in sent.values()})
     disorder = fifo.out_of_order(sent, log.positions())
-    return [
-        Check(not disorder, f"every message group completed in the order sent ({groups} groups)" + _first(disorder))
-    ]
+    return [Check(not disorder, f"every message group completed in the order sent ({groups} groups){_first(disorder)}")]
 
 
 def _first(problems: list[str]) -> str:

@@ -1,9 +1,7 @@
 """Per-group order on a FIFO queue, checked from what the pollers completed.
 
-SQS hands out a message group's messages in the order sent, and the consumer stops a group at
-its first failure, so a group's messages must complete in the order sent (``CompletionLog``,
-``out_of_order``). The order sent is the send's own (``send_all`` keeps it): moto's
-``SequenceNumber`` is random, not increasing per group as AWS's is.
+A group's messages must complete in the order sent (``CompletionLog``, ``out_of_order``), the send's own (``send_all``
+keeps it; moto's ``SequenceNumber`` is random): README, "A FIFO queue, locally".
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """A poller that behaves as Lambda's SQS event source mapping.
 
-Receive up to the batch size (long polling, topped up within the batching window), invoke
-the function with the event Lambda would build, then delete every record but the reported
-failures. When the handler raised, timed out, or (with ``ReportBatchItemFailures``) answered
-a malformed response or an ``itemIdentifier`` not in the batch, delete nothing: the whole
-batch comes back after its visibility timeout. Receive counts and the move to the
-dead-letter queue are the queue's own redrive policy.
+Receive up to the batch size (long polling, topped up within the batching window), invoke the function with the event
+Lambda would build, then delete every record but the reported failures. When the handler raised, timed out, or (with
+``ReportBatchItemFailures``) answered a malformed response or an ``itemIdentifier`` not in the batch, delete nothing:
+the whole batch comes back after its visibility timeout. Receive counts and the move to the dead-letter queue are the
+queue's own redrive policy.
 """
 
 from __future__ import annotations
@@ -37,11 +36,10 @@ _fifo_receive_locks_guard = threading.Lock()
 def receive_guard(queue: QueueResource) -> contextlib.AbstractContextManager[object]:
     """One ``ReceiveMessage`` at a time on a FIFO queue, across every poller of this process.
 
-    moto (5.2.5) decides which message groups are held from a snapshot taken when a receive
-    starts, with no lock between concurrent receives: two at once hand the same group to two
-    pollers, and its messages complete out of order (measured: 4 groups of 6 broken with 3
-    receivers). SQS never does; serialising the receives restores its rule. A standard queue
-    promises no order and is left alone.
+    moto (5.2.5) decides which message groups are held from a snapshot taken when a receive starts, with no lock between
+    concurrent receives: two at once hand the same group to two pollers, and its messages complete out of order
+    (measured: 4 groups of 6 broken with 3 receivers). SQS never does; serialising the receives restores its rule. A
+    standard queue promises no order and is left alone.
     """
     if not queue.fifo:
         return contextlib.nullcontext()

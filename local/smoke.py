@@ -1,11 +1,6 @@
 """``make smoke``: a message of each registered handler, its resend and one poison message through a stack, checked.
 
-Against a deployed stack (``STACK=<name>``) its queues come from its CloudFormation outputs and its tables from the
-function's variables; without one, the local stack is started for the run. Each handler's payload is drawn from its
-model (``testkit.payloads``), with the seed items its author gives, under a key carrying the run id. The checks
-hold for any handler: each message ends applied once or dead-lettered with a reason, its resend changes no item of
-the declared tables (scanned: a stack without other traffic, as the rehearsal's), the poison is dead-lettered.
-The clean-up puts every item the run changed back as it was, and removes its records and dead letters.
+What it sends, checks and cleans up, and the permissions it needs: README, "Deploying to AWS" (``make smoke``).
 """
 
 from __future__ import annotations
@@ -172,10 +167,8 @@ def run_smoke(target: Target, *, run_id: str | None = None, timeout_s: float = D
 def clean_up(target: Target, sent: list[messages.Outgoing], others: list[str], before: Items) -> None:
     """Put back each item of the declared tables the run changed, remove its records and dead letters; no more."""
     for table, items in table_items(target.dynamodb, target.tables).items():
-        keys = [
-            k["AttributeName"]
-            for k in target.dynamodb.describe_table(TableName=target.tables[table])["Table"]["KeySchema"]
-        ]
+        schema = target.dynamodb.describe_table(TableName=target.tables[table])["Table"]["KeySchema"]
+        keys = [k["AttributeName"] for k in schema]
         old = {repr([item[k] for k in keys]): item for item in before.get(table, [])}
         for item in items:
             was = old.get(repr([item[k] for k in keys]))
@@ -201,11 +194,8 @@ def report(checks: list[Check], say: Callable[[str], None]) -> int:
 def _deployed(args: argparse.Namespace) -> list[Check]:
     import boto3  # noqa: PLC0415 (the caller's own credentials and region, only for a deployed stack)
 
-    session = boto3.session.Session(region_name=args.region)
-    client: Any = session.client
-    target = target_from_stack(
-        client("cloudformation"), client("lambda"), client("sqs"), client("dynamodb"), args.stack
-    )
+    aws: Any = boto3.session.Session(region_name=args.region).client
+    target = target_from_stack(aws("cloudformation"), aws("lambda"), aws("sqs"), aws("dynamodb"), args.stack)
     return run_smoke(target, timeout_s=args.timeout)
 
 
@@ -244,9 +234,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def add_parser(commands: Any) -> None:
-    smoke = commands.add_parser(
-        "smoke", help="a message of each handler, its resend and a poison message through a stack, checked"
-    )
+    smoke = commands.add_parser("smoke", help="a message of each handler, its resend and a poison message, checked")
     smoke.add_argument("--stack", default=None, help="a deployed stack's name (default: the local stack)")
     smoke.add_argument("--region", default=None, help="the deployed stack's region (default: the AWS config's)")
     smoke.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for the outcomes")

@@ -1,9 +1,8 @@
 """The conflict proxy as a child server of the local stack, and the settings that shape it.
 
-On by default. ``LOCAL_DYNAMODB_CONFLICTS=off`` forwards everything, as DynamoDB Local alone
-behaves (to measure what the emulation changes, never to prove anything);
-``LOCAL_DYNAMODB_TRANSACTION_HOLD_MS`` sets a transaction's prepare time (default 5) and
-``LOCAL_DYNAMODB_LATENCY_MS`` the round-trip latency added to every call (default 0).
+On by default. ``LOCAL_DYNAMODB_CONFLICTS=off`` forwards everything, as DynamoDB Local alone behaves (to measure what
+the emulation changes, never to prove anything); ``LOCAL_DYNAMODB_TRANSACTION_HOLD_MS`` sets a transaction's prepare
+time (default 5) and ``LOCAL_DYNAMODB_LATENCY_MS`` the round-trip latency added to every call (default 0).
 """
 
 from __future__ import annotations

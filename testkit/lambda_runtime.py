@@ -1,11 +1,10 @@
 """The function in Lambda's own runtime: the Runtime Interface Emulator driving ``python -m awslambdaric``.
 
-One ``LambdaEnvironment`` is one execution environment: the emulator ``sam local invoke`` runs
-(from SAM CLI's wheel) and the runtime it starts on the function's Python 3.12 venv, with
-Lambda's variables and CPU share. On timeout the emulator kills the runtime and the next
-invocation starts a new one (a real cold start). It serves one invocation at a time, as
-Lambda's do (two concurrent requests crash the emulator); ``LambdaFleet`` holds one per
-concurrent invocation. They bind 127.0.0.1 only and stop by PID, or with a parent that dies.
+One ``LambdaEnvironment`` is one execution environment: the emulator ``sam local invoke`` runs (from SAM CLI's wheel)
+and the runtime it starts on the function's Python 3.12 venv, with Lambda's variables and CPU share. On timeout the
+emulator kills the runtime and the next invocation starts a new one (a real cold start). It serves one invocation at a
+time, as Lambda's do (two concurrent requests crash the emulator); ``LambdaFleet`` holds one per concurrent invocation.
+They bind 127.0.0.1 only and stop by PID, or with a parent that dies.
 """
 
 from __future__ import annotations
@@ -79,9 +78,8 @@ def emulator_binary() -> Path:
     arch = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine().lower())
     if arch is None:
         raise RuntimeStartError(f"the Lambda runtime emulator has no build for {platform.machine()}")
-    found = sorted(
-        (REPO_ROOT / ".venv-sam").glob(f"lib/python*/site-packages/samcli/local/rapid/aws-lambda-rie-{arch}")
-    )
+    rapid = "lib/python*/site-packages/samcli/local/rapid"
+    found = sorted((REPO_ROOT / ".venv-sam").glob(f"{rapid}/aws-lambda-rie-{arch}"))
     if not found:
         raise RuntimeStartError(
             "the Lambda runtime emulator is missing: it comes with SAM CLI's wheel (run `make .venv-sam/.installed`)"
@@ -158,9 +156,8 @@ def _children(pid: int) -> list[int]:
 class LambdaEnvironment(Lifecycle):
     """One execution environment: emulator + runtime, one invocation at a time.
 
-    ``emulator_port`` defaults to a free port (another is tried if it is taken meanwhile); given,
-    a taken one is an error. ``log_sink`` receives what the environment logs during each
-    invocation (the lines CloudWatch would hold).
+    ``emulator_port`` defaults to a free port (another is tried if it is taken meanwhile); given, a taken one is an
+    error. ``log_sink`` receives what the environment logs during each invocation (the lines CloudWatch would hold).
     """
 
     def __init__(
@@ -190,12 +187,6 @@ class LambdaEnvironment(Lifecycle):
     @property
     def pid(self) -> int | None:
         return self._emulator.pid if self._emulator else None
-
-    @property
-    def runtime_pid(self) -> int | None:
-        """The runtime process the emulator runs now (none before the first invocation or after a reset)."""
-        children = _children(self._emulator.pid) if self._emulator else []
-        return children[0] if children else None
 
     def start(self) -> Self:
         if self._emulator_port is None:

@@ -1,9 +1,8 @@
 """The function's own interpreter: a Python 3.12 venv holding exactly what Lambda gives the function.
 
-That is the deployment artifact (``src/requirements.txt``), boto3 and botocore as Lambda's
-runtime provides them (pinned as in ``requirements-dev.txt``, so the function and the tests
-agree on the SDK), and the runtime interface client ``awslambdaric``. It is cached under
-``.lambda-runtime/`` by a digest of those and of the interpreter's version.
+That is the deployment artifact (``src/requirements.txt``), boto3 and botocore as Lambda's runtime provides them (pinned
+as in ``requirements-dev.txt``, so the function and the tests agree on the SDK), and the runtime interface client
+``awslambdaric``. It is cached under ``.lambda-runtime/`` by a digest of those and of the interpreter's version.
 """
 
 from __future__ import annotations

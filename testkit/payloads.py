@@ -1,11 +1,8 @@
 """Messages for any registered handler: payloads drawn from its ``payload_model``, payloads it must refuse, and
-the seed items its author gives for the business state it needs.
+the seed items its author gives for the business state it needs (``<snake_event_type>_seeds.py``, see README).
 
-Draws are polyfactory's, deterministic from a seed, and each is checked against the model the way the consumer
-reads a body (JSON): a valid draw the model refuses, or an invalid one it accepts, is this generator's bug and
-raises ``GeneratorError`` saying so. Seed items live outside ``src/``, beside the handler's tests, in a file named
-after its event type anywhere under ``tests/``: ``InventoryReserved`` -> ``inventory_reserved_seeds.py``, which
-defines ``seed_items(payload) -> [(table logical id, item), ...]`` (stock to reserve, a balance to debit).
+Draws are polyfactory's, deterministic from a seed, and each is checked against the model the way the consumer reads a
+body (JSON): a valid draw the model refuses, or an invalid one it accepts, raises ``GeneratorError`` saying so.
 """
 
 from __future__ import annotations

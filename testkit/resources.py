@@ -1,9 +1,8 @@
 """Create the template's queues and tables on the local servers, and describe its function.
 
-A resource is created the first time something refers to it, so the dead-letter queue exists
-before the queue whose redrive policy names it. Names follow CloudFormation (an explicit
-``QueueName``/``TableName``, otherwise ``<stack>-<LogicalId>``). SSE, point-in-time recovery
-and deletion protection mean nothing locally and are not applied.
+A resource is created the first time something refers to it, so the dead-letter queue exists before the queue whose
+redrive policy names it. Names follow CloudFormation (an explicit ``QueueName``/``TableName``, otherwise
+``<stack>-<LogicalId>``). SSE, point-in-time recovery and deletion protection mean nothing locally and are not applied.
 """
 
 from __future__ import annotations

@@ -48,9 +48,8 @@ def create_table(dynamodb: Any, name: str, properties: Mapping[str, Any]) -> Non
     if attribute:
         current = dynamodb.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
         if current.get("TimeToLiveStatus") != "ENABLED":
-            dynamodb.update_time_to_live(
-                TableName=name, TimeToLiveSpecification={"AttributeName": attribute, "Enabled": True}
-            )
+            ttl = {"AttributeName": attribute, "Enabled": True}
+            dynamodb.update_time_to_live(TableName=name, TimeToLiveSpecification=ttl)
 
 
 def create_template_tables(dynamodb: Any, names: Mapping[str, str], template: Template | None = None) -> None:

@@ -1,17 +1,15 @@
 """The one reader of ``template.yaml``: load it, transform it, evaluate its intrinsics.
 
-The local stack deploys what this module reads, and the infrastructure tests assert on what
-it reads, so the two cannot disagree about what the template means.
+The local stack deploys what this module reads, and the infrastructure tests assert on what it reads, so the two cannot
+disagree about what the template means.
 
-Parsing is cfn-lint's decoder (the one ``make validate`` lints with) and the SAM transform is
-aws-sam-translator (the one ``sam deploy`` runs), both offline. Neither library evaluates
-intrinsic functions for given parameters, so that part is here: parameters (defaults,
-overrides, allowed values and bounds), ``Rules``, pseudo parameters, conditions, ``Ref``,
-``Fn::GetAtt``, ``Fn::Sub``, ``Fn::If``, ``Fn::FindInMap``, ``Fn::Join``, ``Fn::Select``,
-``Fn::Split``, ``Fn::Equals``, ``Fn::Not``, ``Fn::And`` and ``Fn::Or``; SAM's ``Globals`` are merged
-as the translator merges them. What a resource is called is supplied by the caller (``PhysicalIds``):
-the local stack creates the resource on first reference, the tests keep it symbolic
-(``SYMBOLIC``).
+Parsing is cfn-lint's decoder (the one ``make validate`` lints with) and the SAM transform is aws-sam-translator (the
+one ``sam deploy`` runs), both offline. Neither library evaluates intrinsic functions for given parameters, so that part
+is here: parameters (defaults, overrides, allowed values and bounds), ``Rules``, pseudo parameters, conditions, ``Ref``,
+``Fn::GetAtt``, ``Fn::Sub``, ``Fn::If``, ``Fn::FindInMap``, ``Fn::Join``, ``Fn::Select``, ``Fn::Split``, ``Fn::Equals``,
+``Fn::Not``, ``Fn::And`` and ``Fn::Or``; SAM's ``Globals`` are merged as the translator merges them. What a resource is
+called is supplied by the caller (``PhysicalIds``): the local stack creates the resource on first reference, the tests
+keep it symbolic (``SYMBOLIC``).
 """
 
 from __future__ import annotations
@@ -56,8 +54,7 @@ def load_template(path: Path = TEMPLATE_PATH) -> dict[str, Any]:
 def transform(source: Mapping[str, Any]) -> dict[str, Any]:
     """The CloudFormation template the AWS::Serverless transform produces from ``source``.
 
-    The template grants no managed policies, so the translator never needs IAM to look one
-    up; it fails if it tries.
+    The template grants no managed policies, so the translator never needs IAM to look one up; it fails if it tries.
     """
     packaged = copy.deepcopy(dict(source))
     for resource in packaged["Resources"].values():
