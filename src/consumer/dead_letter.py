@@ -21,8 +21,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from consumer.envelope import MAX_BODY_BYTES, SqsMessage, message_attributes, sqs_text
-from consumer.errors import MAX_REASON_CHARS, ErrorType
+from consumer.envelope import MAX_BODY_BYTES, SqsMessage, bounded, message_attributes, sqs_text
+from consumer.errors import ErrorType
 
 if TYPE_CHECKING:
     from types_boto3_sqs import SQSClient
@@ -90,7 +90,7 @@ class DeadLetterQueue:
         """Send the original body with ``ErrorType`` and ``ErrorMessage``; raises on failure."""
         sqs_message, message_id = item.original, item.message_id or "(none)"
         # The reason may echo outside text (a field name, an exception): SQS would refuse the whole send.
-        reason = sqs_text(error_message[:MAX_REASON_CHARS])[0] or error_type
+        reason = bounded(error_message) or error_type
         ours: dict[str, MessageAttributeValueTypeDef] = {
             "ErrorType": {"DataType": "String", "StringValue": error_type.value},
             "ErrorMessage": {"DataType": "String", "StringValue": reason},

@@ -92,6 +92,13 @@ def sqs_text(text: str) -> tuple[str, int]:
     return _NOT_SQS_TEXT.subn("\ufffd", text)
 
 
+def bounded(text: str) -> str:
+    """A reason as a dead letter's attribute and a log line carry it: at most ``MAX_REASON_CHARS``, SQS-safe.
+
+    Exception text can quote what came from outside (a field name, a server's words)."""
+    return sqs_text(text[:MAX_REASON_CHARS])[0]
+
+
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 

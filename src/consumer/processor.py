@@ -14,7 +14,7 @@ from typing import Any, assert_never
 
 from consumer.config import Settings
 from consumer.dead_letter import DeadLetterQueue
-from consumer.envelope import SqsMessage
+from consumer.envelope import SqsMessage, bounded
 from consumer.errors import (
     BusinessConditionFailed,
     ConfigurationError,
@@ -42,7 +42,7 @@ from consumer.idempotency.store import (
 from consumer.idempotency.writes import Write
 from consumer.outcome import Log, MessageResult, Outcome
 from consumer.prepared import Parsed, Prepared, Rejected, prepare
-from consumer.report import Reporter, bounded
+from consumer.report import Reporter
 
 
 class MessageProcessor:

@@ -7,20 +7,13 @@ import time
 from collections.abc import Callable
 
 from consumer.dead_letter import DeadLetterQueue
-from consumer.envelope import sqs_text
+from consumer.envelope import bounded
 from consumer.errors import PoisonMessage
 from consumer.outcome import Log, MessageResult, Outcome
 from consumer.prepared import Prepared
 
-# Exception text can quote what came from outside (a field name, a server's words): a log line
-# keeps at most this much of it, with what SQS would refuse replaced.
-_REASON_MAX_CHARS = 1_000
 # A message still in a transaction conflict comes back this soon (at random within it), not after the backoff.
 _CONFLICT_REDELIVERY_MS = 1_000
-
-
-def bounded(text: str) -> str:
-    return sqs_text(text[:_REASON_MAX_CHARS])[0]
 
 
 class Reporter:
