@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import random
 import threading
@@ -88,6 +89,17 @@ _CRASH_EXIT_CODE = 86
 _OWNER_POLL_S = 0.05
 
 
+def _flock(path: Path, mode: int) -> int | None:
+    """A descriptor of ``path`` holding a flock, which closing it (or the process dying) drops; None if taken."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, mode)
+    except BlockingIOError:
+        os.close(descriptor)
+        return None
+    return descriptor
+
+
 @dataclass
 class Zombies:
     """The run's pause slots, and the fencing tokens of this process's zombies whose key was taken over.
@@ -103,16 +115,14 @@ class Zombies:
     owner_of: Callable[[str], str | None]  # the record's current ownerToken, read outside the fault hooks
     # A set's add and membership test are atomic: no lock.
     overtaken: set[str] = field(default_factory=set, init=False)
+    _holds: dict[str, int | None] = field(default_factory=dict, init=False)  # record id: its flocked descriptor
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[bool]:
         """Hold a free pause slot for the block (True), or find none free (False)."""
         for index in range(self.max_paused):
-            descriptor = os.open(self.slots_dir / f"pause-slot-{index}", os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(descriptor)
+            descriptor = _flock(self.slots_dir / f"pause-slot-{index}", fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if descriptor is None:
                 continue
             try:
                 yield True
@@ -120,6 +130,26 @@ class Zombies:
                 os.close(descriptor)  # drops the flock
             return
         yield False
+
+    def _held(self, record_id: str) -> Path:
+        return self.slots_dir / f"held-{hashlib.sha256(record_id.encode()).hexdigest()[:16]}"
+
+    def hold(self, record_id: str) -> None:
+        """The key's next owner waits at its commit (``wait_for``) until this zombie's write is answered: the
+        zombie always writes over an owner still at work, where only the fencing token stops it."""
+        self._holds[record_id] = _flock(self._held(record_id), fcntl.LOCK_EX)
+
+    def let_go(self, record_id: str) -> None:
+        if (descriptor := self._holds.pop(record_id, None)) is not None:
+            os.close(descriptor)
+
+    def wait_for(self, record_id: str) -> None:
+        deadline = time.monotonic() + self.max_pause_s
+        while (held := _flock(self._held(record_id), fcntl.LOCK_SH | fcntl.LOCK_NB)) is None:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(_OWNER_POLL_S)
+        os.close(held)
 
     def pause_until_taken_over(self, record_id: str, token: str) -> bool:
         """Block this worker until another owner holds ``record_id`` (True), or give up (False)."""
@@ -192,7 +222,9 @@ class FaultPolicy:
 
     def _state_machine_fault(self, call: StoreCall, attempt: int) -> TransportPlan | None:
         if call.step in (Step.COMMIT, Step.RELEASE) and call.owner_token in self.zombies.overtaken:
-            return TransportPlan(after=self._zombie_write_accepted(call))
+            return self._zombie_write(call)
+        if call.step is Step.COMMIT and call.record_id is not None:
+            self.zombies.wait_for(call.record_id)
         if attempt > 1:
             return None  # one decision per call; its retries go through untouched
         for kind, when in _CRASH_POINTS.get(call.step, ()):
@@ -221,16 +253,23 @@ class FaultPolicy:
             if not paused:
                 return None  # enough workers paused already: no zombie this time
             self.inject(FaultKind.ZOMBIE, call.record_id)
+            self.zombies.hold(call.record_id)
             overtaken = self.zombies.pause_until_taken_over(call.record_id, call.owner_token)
         if not overtaken:
+            self.zombies.let_go(call.record_id)
             self.journal.write("zombie_without_takeover")
             return TransportPlan()
-        # Half the zombies commit; the others see their commit fail and release instead.
+        # Half the zombies commit; the others see their commit fail and release instead (still held until then).
         if self._draw() < 0.5:
             return TransportPlan(fault=TransportFault.REJECTED)
-        return TransportPlan(after=self._zombie_write_accepted(call))
+        return self._zombie_write(call)
 
-    def _zombie_write_accepted(self, call: StoreCall) -> Callable[[], None]:
-        """After a zombie's commit or release that the server applied: the fencing failed."""
-        description = f"{call.step} of {call.record_id} by overtaken owner {call.owner_token}"
-        return lambda: self.journal.write("zombie_write_accepted", description=description)
+    def _zombie_write(self, call: StoreCall) -> TransportPlan:
+        """A zombie's commit or release: journaled if the server applied it (the fencing failed); answered, it
+        lets the new owner commit."""
+        record_id = call.record_id or ""
+        description = f"{call.step} of {record_id} by overtaken owner {call.owner_token}"
+        return TransportPlan(
+            after=lambda: self.journal.write("zombie_write_accepted", description=description),
+            settled=lambda: self.zombies.let_go(record_id),
+        )

@@ -57,7 +57,9 @@ def classify(call: TransportCall, idempotency_table: str) -> StoreCall:
         return StoreCall(Step.RELEASE, _record_id(params), _owner(params))
     if call.service == "dynamodb" and call.operation == "TransactWriteItems":
         for item in params.get("TransactItems") or []:
-            update = item.get("Update") or {}
+            update, delete = item.get("Update") or {}, item.get("Delete") or {}
+            if delete.get("TableName") == idempotency_table:  # a release with a guard's undo
+                return StoreCall(Step.RELEASE, _record_id(delete), _owner(delete))
             # A business write may share the table: the record's own write is the one that sets a status.
             found = _update(update) if update.get("TableName") == idempotency_table else _OTHER
             if found.step is not Step.OTHER:

@@ -72,6 +72,8 @@ class TransportPlan:
     before: Callable[[], None] | None = None
     # Runs once the server applied the request (a 2xx), before the caller sees the answer.
     after: Callable[[], None] | None = None
+    # Runs once the server answered, whatever it answered (after ``after``).
+    settled: Callable[[], None] | None = None
 
 
 TransportPolicy = Callable[[TransportCall], TransportPlan | None]
@@ -102,7 +104,7 @@ class _TransportHook:
             plan.before()
         if plan.fault is TransportFault.CONNECT_TIMEOUT:
             raise _injected(ConnectTimeoutError(endpoint_url=request.url, error="injected connect timeout"))
-        if plan.fault is None and plan.after is None:
+        if plan.fault is None and plan.after is None and plan.settled is None:
             return None
         if plan.fault in (None, TransportFault.LOST_ANSWER, TransportFault.READ_TIMEOUT):
             return self._send_then(request, plan)
@@ -114,6 +116,8 @@ class _TransportHook:
         applied = 200 <= response.status_code < 300
         if plan.after is not None and applied:
             plan.after()
+        if plan.settled is not None:
+            plan.settled()
         if plan.fault is TransportFault.READ_TIMEOUT:
             raise _injected(ReadTimeoutError(endpoint_url=request.url, error="injected read timeout after sending"))
         if plan.fault is TransportFault.LOST_ANSWER and applied:

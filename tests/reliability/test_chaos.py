@@ -63,13 +63,12 @@ def test_the_harness_catches_a_claim_without_its_condition(local_servers: LocalS
 
 
 def test_the_harness_catches_a_store_without_fencing(local_servers: LocalServers) -> None:
-    # Zombies only (each environment's first commit of the guarded handler, then drawn); a slow webhook keeps the
-    # new owner busy while the zombie resumes.
-    rates = dict.fromkeys(FaultKind, 0.0) | {FaultKind.ZOMBIE: 0.5, FaultKind.WEBHOOK_SLOW: 1.0}
+    # Zombies only: each environment's first commit of the guarded handler, then drawn.
+    rates = dict.fromkeys(FaultKind, 0.0) | {FaultKind.ZOMBIE: 0.5}
     unfenced = "tests.reliability.unfenced_consumer:unfenced_wire"
     config = replace(SHORT, messages=60, poison_ratio=0.0, duplicate_ratio=0.0, rates=rates)
     config = replace(config, forced={FaultKind.ZOMBIE: 1})
-    report = run(replace(config, webhook_timeout_ms=2_000, consumer=unfenced), local_servers)
+    report = run(replace(config, consumer=unfenced), local_servers)
     table = render(report)
     print(table)
     assert _violations(report)["no zombie commit or release over a newer owner"] > 0, table

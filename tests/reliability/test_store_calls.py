@@ -34,7 +34,7 @@ def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLoca
         session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url), table, ttl_seconds=3600
     )
     effect = Update(table=table, key={"id": "effect"}, expression="ADD n :one", values={":one": 1})
-    first, second, third = (f"k-{uuid.uuid4().hex[:8]}" for _ in range(3))
+    first, second, third, fourth = (f"k-{uuid.uuid4().hex[:8]}" for _ in range(4))
 
     claim = store.claim(first, "h", lease_ms=5_000)
     assert isinstance(claim, Claimed)
@@ -45,6 +45,10 @@ def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLoca
     claim = store.claim(third, "h", lease_ms=5_000)
     assert isinstance(claim, Claimed)
     assert store.release(claim)
+    # A release with a guard's undo is a transaction: its record's Delete names the step.
+    guarded = store.claim(fourth, "h", lease_ms=5_000)
+    assert isinstance(guarded, Claimed)
+    assert store.release(guarded, (effect,))
     applied = store.apply_once(f"{first}-optimistic", "h", None, (effect,))
     assert isinstance(applied, Applied)
     # A business Put beside the record is not the record's write.
@@ -59,6 +63,8 @@ def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLoca
         (Step.COMMIT, second),
         (Step.CLAIM, third),
         (Step.RELEASE, third),
+        (Step.CLAIM, fourth),
+        (Step.RELEASE, fourth),
         (Step.APPLY_ONCE, f"{first}-optimistic"),
         (Step.APPLY_ONCE, f"{first}-with-entry"),
     ]
@@ -66,3 +72,4 @@ def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLoca
     # The fencing token is read too: what a claim wrote is what its commit is conditioned on.
     assert seen[0].owner_token == seen[1].owner_token is not None
     assert seen[4].owner_token == seen[5].owner_token == claim.owner_token
+    assert seen[7].owner_token == guarded.owner_token

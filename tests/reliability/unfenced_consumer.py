@@ -15,8 +15,10 @@ from consumer.batch import BatchRunner
 from consumer.config import Settings
 from consumer.idempotency import store as store_module
 
-# The owner check of the store's fencing condition, made to hold for every owner.
-UNFENCED = "(#owner = :owner OR #owner <> :owner) AND #status = :in_progress"
+# The store's fencing condition made to hold whoever owns the record and whatever its status: a zombie's write
+# lands whether the new owner is still at work or has committed, so the run shows it by construction, not by
+# the zombie resuming before the new owner's commit. (The expression keeps every name and value it is sent.)
+UNFENCED = "(#owner = :owner OR #owner <> :owner) AND (#status = :in_progress OR #status <> :in_progress)"
 
 
 def unfenced_wire(settings: Settings, session: Any, *, clock: Callable[[], float]) -> BatchRunner:
