@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from chaos.faults import FaultKind
 from chaos.harness import ChaosConfig, ChaosReport, run
 from chaos.report import render
 from testkit.servers import LocalServers
 from tests.chaos_handlers import GuardedPeriod
+
+pytestmark = pytest.mark.long
 
 GUARDED = f"{GuardedPeriod.__module__}:{GuardedPeriod.__name__}"
 # Short, at the default rates, and every kind of fault forced once in each execution environment (at its first
