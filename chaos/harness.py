@@ -168,18 +168,6 @@ def _settings(
     return Settings.from_env({**function_environment, **overrides}, tables, own)
 
 
-def _deploy(servers: LocalServers, config: ChaosConfig, run_id: str, sink: WebhookSink) -> LocalResources:
-    return servers.deploy(
-        # Unique even when a seed is replayed on the same servers.
-        stack_name=f"chaos-{run_id}-{uuid.uuid4().hex[:6]}",
-        parameter_overrides={
-            **webhook_parameters(sink),
-            "MaxReceiveCount": config.max_receive_count,
-            "LogLevel": "CRITICAL",
-        },
-    )
-
-
 def _environments(
     servers: LocalServers, function: FunctionSpec, config: ChaosConfig, run_dir: Path, seeds: list[int]
 ) -> list[LambdaEnvironment]:
@@ -252,18 +240,6 @@ def _handler_tables(
     return names
 
 
-def _examples_own(checker: Checker, dynamodb: Any, tables: Mapping[str, str]) -> list[Verdict]:
-    """The registered examples' own invariants (``tests/examples/<event type>_checks.py``), on what was applied."""
-    registered, verdicts = {handler.event_type for handler in payloads.registered()}, []
-    for event_type, path in example_checks():
-        if event_type not in registered:
-            print(f"{event_type} not registered: its own checks ({path.name}) not run")
-            continue
-        got = payloads.load_module(path).demo_checks(dynamodb, tables.__getitem__, checker.applied_payloads(event_type))
-        verdicts += [Verdict(f"{event_type}: {text}", int(not passed), []) for passed, text in got]
-    return verdicts
-
-
 def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
     """One run on running ``servers``; a fresh stack (queues, tables) of its own."""
     started = time.monotonic()
@@ -278,7 +254,15 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
     with WebhookSink() as sink, tempfile.TemporaryDirectory(prefix="chaos-run-", ignore_cleanup_errors=True) as run_dir:
         webhook_plan = _webhook_plan(config, rng, calls=4 * max(1, config.messages))
         sink.answer_next(*(answer for _, answer in webhook_plan))
-        resources = _deploy(servers, config, run_id, sink)
+        resources = servers.deploy(
+            # Unique even when a seed is replayed on the same servers.
+            stack_name=f"chaos-{run_id}-{uuid.uuid4().hex[:6]}",
+            parameter_overrides={
+                **webhook_parameters(sink),
+                "MaxReceiveCount": config.max_receive_count,
+                "LogLevel": "CRITICAL",
+            },
+        )
         tables = _handler_tables(dynamodb, resources, handlers, f"chaos-{run_id}-{uuid.uuid4().hex[:6]}")
         payloads.put_seeds(dynamodb, tables, seeds_items)
         function = resources.function()
@@ -315,7 +299,8 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
             drained=drained,
         )
         checker = Checker(sent, end, history)
-        verdicts = [*checker.all(), *_examples_own(checker, dynamodb, tables)]
+        own = example_checks(dynamodb, tables.__getitem__, checker.applied_payloads)
+        verdicts = [*checker.all(), *(Verdict(check.text, int(not check.passed), []) for check in own)]
     history.faults.update(kind for kind, _ in webhook_plan[: len(end.webhook_calls)] if kind is not None)
     return ChaosReport(
         config=config,

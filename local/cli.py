@@ -236,11 +236,10 @@ def cmd_invoke(args: argparse.Namespace) -> int:
     running = state.read()
     notes: list[str] = []
     if running is not None:
-        fleet = LambdaFleet(
+        with LambdaFleet(
             running.function_spec(), running.function_environment, memory_mb=args.memory, log_sink=sys.stderr
-        )
-        with fleet:
-            answer = _answer(fleet.start(1).environments[0].invoke(event))
+        ) as fleet:
+            answer = _answer(fleet.add().invoke(event))
     else:
         print("no local stack is running: starting one for this invocation", file=sys.stderr)
         with running_stack(stack_name=args.stack_name, memory_mb=args.memory, log_sink=sys.stderr) as (stack, sink):

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from consumer.errors import ErrorType
 from consumer.handlers import declared_tables
@@ -115,28 +116,18 @@ def _workload(
     return first, late
 
 
-def example_checks() -> list[tuple[str, Path]]:
-    """The examples' own checks (``tests/examples/<event type>_checks.py``) as (event type, file)."""
-    found = sorted((Path(__file__).resolve().parent.parent / "tests").rglob("*_checks.py"))
-    return [("".join(part.title() for part in path.stem.removesuffix("_checks").split("_")), path) for path in found]
-
-
-def _examples(stack: DeployedStack, sent: list[messages.Outgoing], applied: set[str]) -> list[Check]:
+def example_checks(
+    dynamodb: Any, table_name: Callable[[str], str], applied: Callable[[str], list[dict[str, Any]]]
+) -> list[Check]:
+    """The registered examples' own checks (``tests/examples/<event type>_checks.py``) on the payloads each applied."""
     registered, checks = {h.event_type for h in payloads.registered()}, []
-    for event_type, path in example_checks():
+    for path in sorted((Path(__file__).resolve().parent.parent / "tests").rglob("*_checks.py")):
+        event_type = "".join(part.title() for part in path.stem.removesuffix("_checks").split("_"))
         if event_type not in registered:
             checks.append(Check(True, f"{event_type} not registered: its own checks ({path.name}) not run"))
             continue
-        module = payloads.load_module(path)
-        ours = [
-            m.payload
-            for m in sent
-            if m.event_type == event_type and m.kind == "drawn" and m.key in applied and m.payload
-        ]
-        checks += [
-            Check(passed, text)
-            for passed, text in module.demo_checks(stack.servers.client("dynamodb"), stack.table_name, ours)
-        ]
+        got = payloads.load_module(path).demo_checks(dynamodb, table_name, applied(event_type))
+        checks += [Check(passed, f"{event_type}: {text}") for passed, text in got]
     return checks
 
 
@@ -182,11 +173,8 @@ def _checks(
 def _fifo_checks(sent: dict[str, messages.Outgoing], log: fifo.CompletionLog) -> list[Check]:
     groups = len({message.group_id for message in sent.values()})
     disorder = fifo.out_of_order(sent, log.positions())
-    return [Check(not disorder, f"every message group completed in the order sent ({groups} groups){_first(disorder)}")]
-
-
-def _first(problems: list[str]) -> str:
-    return f": {len(problems)} violations, first: {problems[0]}" if problems else ""
+    first = f": {len(disorder)} violations, first: {disorder[0]}" if disorder else ""
+    return [Check(not disorder, f"every message group completed in the order sent ({groups} groups){first}")]
 
 
 def _summary(
@@ -250,7 +238,15 @@ def run_demo(args: argparse.Namespace) -> int:
         parked = dead_letters.peek(sqs, stack.dead_letter_queue.url)
         _summary(say, sent, outcome_counts(DEMO_LOG), parked, sink, throughput)
         checks, applied = _checks(stack, sink, by_id, parked)
-        checks += _examples(stack, sent, applied)
+        checks += example_checks(
+            stack.servers.client("dynamodb"),
+            stack.table_name,
+            lambda event: [
+                m.payload
+                for m in sent
+                if m.event_type == event and m.kind == "drawn" and m.key in applied and m.payload
+            ],
+        )
         if stack.queue.fifo:
             checks += _fifo_checks(by_id, completions)
     say("\nChecks")

@@ -182,10 +182,9 @@ class Poller:
     def _settle(self, messages: list[dict[str, Any]], invocation: Invocation) -> BatchReport:
         ordered = tuple(message["MessageId"] for message in messages)
         verdict, failures, detail = self._verdict(invocation, set(ordered))
-        if failures is None:
-            return BatchReport(verdict, len(messages), 0, tuple(sorted(ordered)), invocation, detail, ordered)
-        deleted = self._delete([message for message in messages if message["MessageId"] not in failures])
-        return BatchReport(verdict, len(messages), deleted, tuple(sorted(failures)), invocation, detail, ordered)
+        kept = set(ordered) if failures is None else failures  # None: the whole batch comes back
+        deleted = self._delete([message for message in messages if message["MessageId"] not in kept])
+        return BatchReport(verdict, len(messages), deleted, tuple(sorted(kept)), invocation, detail, ordered)
 
     def _delete(self, messages: list[dict[str, Any]]) -> int:
         deleted = 0

@@ -22,7 +22,7 @@ from local.smoke import DEFAULT_TIMEOUT_S, OUTPUTS, POISON_ERROR_TYPE, Target, w
 from local.stack import webhook_parameters
 from testkit import dead_letters, messages, payloads
 from testkit.aws import DUMMY_CREDENTIALS_ENV, client
-from testkit.processes import LOOPBACK, LoopbackServer
+from testkit.processes import LOOPBACK, LoopbackServer, children
 from testkit.webhook import WebhookSink
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,12 +61,6 @@ class Ministack(LoopbackServer):
         # the emulator's root, allowed everything, as the deployer's own credentials would be.
         settings += ["AUTH=true", f"AWS_ACCESS_KEY_ID={DUMMY_CREDENTIALS_ENV['AWS_ACCESS_KEY_ID']}"]
         return ["env", *settings, str(MINISTACK_PYTHON), "-m", "ministack"]
-
-
-def _children(pid: int) -> list[int]:
-    """The emulator's child processes (its function workers)."""
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(child) for child in path.read_text().split()] if path.exists() else []
 
 
 def _listeners(pids: list[int]) -> list[str]:
@@ -220,7 +214,7 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
     _run([str(REPO / ".venv-sam/bin/sam"), "delete", "--config-env", "rehearse", "--no-prompts"], env)
     tables = client("dynamodb", url).list_tables()["TableNames"]
     groups = [group["logGroupName"] for group in client("logs", url).describe_log_groups()["logGroups"]]
-    listeners = _listeners([pid, *_children(pid)])
+    listeners = _listeners([pid, *children(pid)])
     checks += [
         Check(listeners == [f"{LOOPBACK}:{server.port}"], f"the emulator and its workers listen on {listeners} only"),
         Check(
@@ -244,7 +238,7 @@ def main(args: argparse.Namespace) -> int:
             try:
                 checks = rehearse(server, server.pid, sink)
             finally:
-                workers = _children(server.pid)
+                workers = children(server.pid)  # the emulator's function workers
     except subprocess.CalledProcessError as error:
         print(f"error: {' '.join(error.cmd)} exited with {error.returncode}:\n{(error.stderr or error.stdout)[-3000:]}")
     finally:

@@ -82,11 +82,8 @@ class DynamoDBLocal(LoopbackServer):
 
     def start(self) -> Self:
         super().start()
-        try:
+        with self._stopped_on_failure():
             self.proxy = ConflictProxy(self.direct_endpoint_url, self.emulation).start()
-        except BaseException:
-            self.stop()
-            raise
         return self
 
     def stop(self) -> None:

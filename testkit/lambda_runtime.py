@@ -34,7 +34,7 @@ from testkit import cpu_quota
 from testkit.aws import REGION
 from testkit.invocation import FunctionError, Invocation
 from testkit.lambda_venv import LAMBDA_PYTHON_VERSION, venv_python
-from testkit.processes import LOOPBACK, ChildProcess, Lifecycle, ServerStartError, free_port, listening
+from testkit.processes import LOOPBACK, ChildProcess, Lifecycle, ServerStartError, children, free_port, listening
 from testkit.resources import FunctionSpec
 from testkit.template import REPO_ROOT
 
@@ -143,16 +143,6 @@ def _port_taken(port: int | str) -> PortTaken:
     return PortTaken(f"port {LOOPBACK}:{port} is already in use: the Lambda runtime emulator cannot listen on it")
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            # The command name may hold spaces: the parent PID is the second field after its ")".
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-    return found
-
-
 class LambdaEnvironment(Lifecycle):
     """One execution environment: emulator + runtime, one invocation at a time.
 
@@ -167,7 +157,6 @@ class LambdaEnvironment(Lifecycle):
         *,
         python: Path,
         name: str = "env",
-        cpu_share: bool = True,
         emulator_port: int | None = None,
         log_sink: TextIO | None = None,
     ) -> None:
@@ -175,7 +164,6 @@ class LambdaEnvironment(Lifecycle):
         self.name = name
         self._environment = {**environment, **lambda_variables(function, python)}
         self._python = python
-        self._cpu_share = cpu_share
         self._emulator_port = emulator_port
         self._log_sink = log_sink
         self._lock = threading.Lock()
@@ -212,24 +200,20 @@ class LambdaEnvironment(Lifecycle):
             preexec_fn=_die_with_parent,
         )
         self._emulator, self.port = emulator, port
-        try:
-            self._apply_cpu_share(emulator.pid)
-            emulator.wait_until(lambda: listening(port), _START_TIMEOUT_S)
-        except ServerStartError as failure:
-            taken_port = _PORT_TAKEN.search(emulator.log())
-            self.stop()
-            if taken_port:
-                raise _port_taken(taken_port.group(1)) from None
-            raise RuntimeStartError(f"the Lambda runtime emulator did not start: {failure}") from None
-        except BaseException:
-            self.stop()
-            raise
+        with self._stopped_on_failure():
+            try:
+                self._apply_cpu_share(emulator.pid)
+                emulator.wait_until(lambda: listening(port), _START_TIMEOUT_S)
+            except ServerStartError as failure:
+                # Read before the stop removes the emulator's log.
+                taken_port = _PORT_TAKEN.search(emulator.log())
+                if taken_port:
+                    raise _port_taken(taken_port.group(1)) from None
+                raise RuntimeStartError(f"the Lambda runtime emulator did not start: {failure}") from None
         return self
 
     def _apply_cpu_share(self, pid: int) -> None:
         # The emulator starts the runtime on the first invocation, so the runtime inherits the cgroup.
-        if not self._cpu_share:
-            return
         try:
             self.quota = cpu_quota.create(cpu_quota.unique_name(self.name), self.function.memory_mb)
             self.quota.add(pid)
@@ -292,7 +276,7 @@ class LambdaEnvironment(Lifecycle):
         """Stop the emulator (it stops its runtime), then anything of ours it left; safe to call twice."""
         emulator, self._emulator, self.port = self._emulator, None, None
         if emulator is not None:
-            runtime = _children(emulator.pid) if emulator.process.poll() is None else []
+            runtime = children(emulator.pid) if emulator.process.poll() is None else []
             emulator.stop()
             for pid in runtime:
                 with contextlib.suppress(ProcessLookupError):
@@ -329,16 +313,13 @@ class LambdaFleet:
         environment: Mapping[str, str],
         *,
         memory_mb: int | None = None,
-        cpu_share: bool = True,
         log_sink: TextIO | None = None,
     ) -> None:
         self.function = replace(function, memory_mb=memory_mb) if memory_mb else function
         self.environment = dict(environment)
         python = venv_python()
         check_handler(self.function, self.environment, python)
-        self._new = partial(
-            LambdaEnvironment, self.function, self.environment, python=python, cpu_share=cpu_share, log_sink=log_sink
-        )
+        self._new = partial(LambdaEnvironment, self.function, self.environment, python=python, log_sink=log_sink)
         self._names = itertools.count()
         self.environments: list[LambdaEnvironment] = []
 
@@ -346,15 +327,6 @@ class LambdaFleet:
         environment = self._new(name=f"env-{next(self._names)}").start()
         self.environments.append(environment)
         return environment
-
-    def start(self, count: int) -> Self:
-        try:
-            for _ in range(count):
-                self.add()
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
     def stop(self) -> None:
         environments, self.environments = self.environments, []

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -52,6 +52,17 @@ def listening(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def children(pid: int) -> list[int]:
+    """The PIDs of the processes whose parent is ``pid``, whichever of its threads started them."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            # The command name may hold spaces: the parent PID is the second field after its ")".
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
 
 
 def wait_for_parent() -> None:
@@ -155,6 +166,15 @@ class Lifecycle(ABC):
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    @contextlib.contextmanager
+    def _stopped_on_failure(self) -> Iterator[None]:
+        """Whatever fails while starting stops what was started, then propagates."""
+        try:
+            yield
+        except BaseException:
+            self.stop()
+            raise
+
 
 class LoopbackServer(Lifecycle):
     """A server on 127.0.0.1 in a child process: a free port, ready once it listens, stopped by PID."""
@@ -189,11 +209,8 @@ class LoopbackServer(Lifecycle):
     def _start_once(self) -> Self:
         port = free_port()
         self._child, self.port = ChildProcess(self.name, self._command(port), cwd=_REPO_ROOT), port
-        try:
+        with self._stopped_on_failure():
             self._child.wait_until(lambda: listening(port), timeout_s=60.0)
-        except BaseException:
-            self.stop()
-            raise
         return self
 
     def stop(self) -> None:

@@ -133,16 +133,16 @@ class _Resolver:
             return self._arn("logs", f"log-group:{name}:*")
         return self._arn("local", name)
 
-    def _guard(self, logical_id: str) -> None:
+    def _properties_to_create(self, logical_id: str) -> dict[str, Any]:
         if logical_id in self._creating:
             raise TemplateError(f"circular reference through {logical_id}")
         self._creating.add(logical_id)
+        return self._template.properties(logical_id, self)
 
     def queue(self, logical_id: str) -> QueueResource:
         if logical_id in self.queues:
             return self.queues[logical_id]
-        self._guard(logical_id)
-        properties = self._template.properties(logical_id, self)
+        properties = self._properties_to_create(logical_id)
         fifo = str(properties.get("FifoQueue", "")).lower() == "true"
         name = properties.get("QueueName") or self._default_name(logical_id) + (".fifo" if fifo else "")
         attributes = queue_attributes(properties)
@@ -154,8 +154,7 @@ class _Resolver:
     def table(self, logical_id: str) -> TableResource:
         if logical_id in self.tables:
             return self.tables[logical_id]
-        self._guard(logical_id)
-        properties = self._template.properties(logical_id, self)
+        properties = self._properties_to_create(logical_id)
         name = properties.get("TableName") or self._default_name(logical_id)
         create_table(self._dynamodb, name, properties)
         arn = self._arn("dynamodb", f"table/{name}")

@@ -32,13 +32,10 @@ class LocalServers(Lifecycle):
         return self.sqs.endpoint_url
 
     def start(self) -> Self:
-        try:
+        with self._stopped_on_failure():
             if self._owns_dynamodb:
                 self.dynamodb.start()
             self.sqs.start()
-        except BaseException:
-            self.stop()
-            raise
         return self
 
     def stop(self) -> None:

@@ -233,11 +233,9 @@ class Template:
     def _ref(self, name: Any, ids: PhysicalIds) -> Any:
         if name == "AWS::NoValue":
             return NO_VALUE
-        if name in self.parameters:
-            return self.parameters[name]
-        pseudo = self.pseudo_parameters()
-        if name in pseudo:
-            return pseudo[name]
+        values = {**self.pseudo_parameters(), **self.parameters}
+        if name in values:
+            return values[name]
         if name in self.resources:
             return ids.ref(name)
         raise TemplateError(f"cannot resolve Ref {name!r}")

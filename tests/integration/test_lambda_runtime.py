@@ -26,11 +26,10 @@ from testkit.lambda_runtime import (
     LambdaEnvironment,
     LambdaFleet,
     PortTaken,
-    _children,
 )
 from testkit.lambda_sqs import sqs_event
 from testkit.lambda_venv import venv_python
-from testkit.processes import LOOPBACK, alive
+from testkit.processes import LOOPBACK, alive, children
 from testkit.resources import FunctionSpec
 from testkit.servers import LocalServers
 from testkit.webhook import WebhookSink
@@ -154,7 +153,7 @@ def test_a_timeout_kills_the_runtime_and_the_next_invocation_starts_cold(
 ) -> None:
     with _environment(consumer, _faulty(consumer, faulty_code, "sleeps", timeout_s=1)) as environment:
         warm = environment.invoke({"sleep_s": 0})
-        first_runtime = next(iter(_children(environment.pid or 0)), None)  # the runtime the emulator runs now
+        first_runtime = next(iter(children(environment.pid or 0)), None)  # the runtime the emulator runs now
         timed_out = environment.invoke({"sleep_s": 5})
         after = environment.invoke({"sleep_s": 0})
 
