@@ -10,6 +10,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import botocore.loaders
+import botocore.session
 import pytest
 
 from local.stack import DeployedStack, deploy_stack
@@ -20,6 +22,26 @@ from testkit.tables import IDEMPOTENCY_TABLE, create_template_tables
 from testkit.webhook import WebhookSink
 
 _INTEGRATION_FIXTURES = frozenset({"dynamodb_local", "local_servers", "make_stack", "stack"})
+
+
+def _one_data_loader() -> None:
+    """Every botocore session of the test process shares one loader of the SDK's service models, as one
+    Lambda environment's clients share one session: a new session reads the same JSON files again (about half
+    of a unit test's time). What the loader holds is the installed SDK's data, read-only; nothing else is shared."""
+    loaders: dict[str | None, botocore.loaders.Loader] = {}
+
+    def loader(path: str | None) -> botocore.loaders.Loader:
+        if path not in loaders:
+            loaders[path] = botocore.loaders.create_loader(path)
+        return loaders[path]
+
+    def register(session: botocore.session.Session) -> None:
+        session.lazy_register_component("data_loader", lambda: loader(session.get_config_variable("data_path")))
+
+    botocore.session.Session._register_data_loader = register  # type: ignore[attr-defined]
+
+
+_one_data_loader()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
