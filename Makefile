@@ -89,8 +89,9 @@ test: ## [proof] everything CI runs: the static checks first (lint, template, ta
 	@$(MAKE) --no-print-directory -j3 --output-sync=target $(VENV)/.installed $(SAM_VENV)/.installed node_modules/.installed
 	@# The static stage: a mistake there stops make test here, before any server or runtime starts.
 	@$(MAKE) --no-print-directory -j3 --output-sync=target lint validate static lambda-venv
-	@# Two workers: the suite waits on servers and runtimes as much as it computes; each worker starts its own.
-	$(PY) -m pytest -n 2 $(addprefix --ignore=,$(STATIC_TESTS))
+	@# Three workers on two cores: each waits on its own servers and runtimes as much as it computes, so a third
+	@# keeps both cores busy.
+	$(PY) -m pytest -n 3 $(addprefix --ignore=,$(STATIC_TESTS))
 
 .PHONY: fuzz
 fuzz: venv ## [proof] the whole handler fuzzed with hostile batches for about 20 minutes (make test runs a bounded sample)
