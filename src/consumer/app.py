@@ -12,7 +12,6 @@ import contextlib
 import os
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any
 
 import botocore.session
 from aws_lambda_powertools import Metrics
@@ -56,7 +55,7 @@ if "AWS_LAMBDA_FUNCTION_NAME" in os.environ:
 
 @metrics.log_metrics
 @logger.inject_lambda_context(clear_state=True)
-def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+def handler(event: object, context: LambdaContext) -> dict[str, list[dict[str, str]]]:
     consumer = build_consumer()
     messages = event.get("Records") if isinstance(event, Mapping) else None
     batch = consumer.process(messages, context.get_remaining_time_in_millis)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from consumer.envelope import SqsMessage, receive_count
-from consumer.outcome import MessageResult
+from consumer.outcome import Log, MessageResult
 
 if TYPE_CHECKING:
     from types_boto3_sqs import SQSClient
@@ -43,7 +43,7 @@ class VisibilityBackoff:
         *,
         base_seconds: int,
         max_seconds: int,
-        logger: Any,
+        logger: Log,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._client = client

@@ -22,7 +22,6 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from consumer.backoff import VisibilityBackoff
 from consumer.envelope import SqsMessage
@@ -49,7 +48,7 @@ class BatchResult:
         return sum(result.conflicts_absorbed for result in self.results)
 
 
-def sqs_messages(messages: Any) -> list[SqsMessage]:
+def sqs_messages(messages: object) -> list[SqsMessage]:
     """An event's ``Records``, checked; ``ValueError`` when they are not SQS messages at all."""
     if not isinstance(messages, list):
         raise ValueError("event has no 'Records' list: this function takes SQS events only")
@@ -107,8 +106,8 @@ class BatchRunner:
         # One pool per container: threads are reused across warm invocations.
         self._pool: ThreadPoolExecutor | None = None
 
-    def process(self, messages: Any, remaining_ms: Callable[[], int]) -> BatchResult:
-        messages = sqs_messages(messages)
+    def process(self, event_records: object, remaining_ms: Callable[[], int]) -> BatchResult:
+        messages = sqs_messages(event_records)
         items = [self._processor.prepare(message) for message in messages]
         fifo = any(item.group for item in items)
         results: list[MessageResult | None] = [None] * len(messages)

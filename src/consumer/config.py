@@ -50,7 +50,7 @@ def is_secret_arn(model: type[BaseModel], field: str) -> bool:
     return any(isinstance(meta, _SecretArnMarker) for meta in model.model_fields[field].metadata)
 
 
-def read_settings(model: type[ModelT], env: Mapping[str, str], given: Mapping[str, Any] | None = None) -> ModelT:
+def read_settings(model: type[ModelT], env: Mapping[str, str], given: Mapping[str, object] | None = None) -> ModelT:
     """``model`` from ``env``, each field from its upper-case variable (but those ``given``); raise
     ``ConfigurationError`` naming each missing or bad variable."""
     values: dict[str, Any] = dict(given or {})

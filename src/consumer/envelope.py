@@ -99,7 +99,7 @@ def bounded(text: str) -> str:
     return sqs_text(text[:MAX_REASON_CHARS])[0]
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
+def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
@@ -161,7 +161,7 @@ def schema_violation(error: ValidationError, prefix: str = "") -> PoisonMessage:
     return PoisonMessage(ErrorType.SCHEMA_VIOLATION, reason)
 
 
-def _nesting_depth(value: Any) -> int:
+def _nesting_depth(value: object) -> int:
     """Depth of arrays and objects, iteratively: a recursive walk would be the hazard it measures."""
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 1)]

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
@@ -31,7 +31,7 @@ class Mode(StrEnum):
 class Effect:
     """What a handler did or wants done: a small JSON result and the DynamoDB writes."""
 
-    result: Any = None
+    result: object = None  # encoded with json.dumps
     writes: Sequence[Write] = field(default_factory=tuple)
 
 

@@ -57,7 +57,7 @@ class IdempotencyRecord:
         return None if self.result is None else json.loads(self.result)
 
 
-def encode_result(result: Any, max_bytes: int) -> str:
+def encode_result(result: object, max_bytes: int) -> str:
     """JSON text of a result, or a digest of it when it would bloat the item.
 
     DynamoDB items stop at 400 KB and every KB costs a write unit: a large result is

@@ -275,7 +275,7 @@ class IdempotencyStore:
     def commit(
         self,
         claim: Claimed,
-        result: Any = None,
+        result: object = None,
         writes: Sequence[Write] = (),
         *,
         remaining_ms: Callable[[], int] | None = None,
@@ -289,7 +289,7 @@ class IdempotencyStore:
         """
         return self._absorbing(lambda: self._commit(claim, result, writes), remaining_ms, until_out_of_time=True)
 
-    def _commit(self, claim: Claimed, result: Any, writes: Sequence[Write]) -> CommitResult:
+    def _commit(self, claim: Claimed, result: object, writes: Sequence[Write]) -> CommitResult:
         completion: dict[str, Any] = {
             "TableName": self._table,
             "Key": {Attr.ID: {"S": claim.record_id}},
@@ -367,7 +367,7 @@ class IdempotencyStore:
         self,
         record_id: str,
         payload_hash: str,
-        result: Any = None,
+        result: object = None,
         writes: Sequence[Write] = (),
         *,
         remaining_ms: Callable[[], int] | None = None,
@@ -380,7 +380,7 @@ class IdempotencyStore:
         """
         return self._absorbing(lambda: self._apply_once(record_id, payload_hash, result, writes), remaining_ms)
 
-    def _apply_once(self, record_id: str, payload_hash: str, result: Any, writes: Sequence[Write]) -> ApplyResult:
+    def _apply_once(self, record_id: str, payload_hash: str, result: object, writes: Sequence[Write]) -> ApplyResult:
         now_ms = self._now_ms()
         token = self._new_token()
         record_write = self._claiming_write(
