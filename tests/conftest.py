@@ -44,6 +44,17 @@ def _one_data_loader() -> None:
 _one_data_loader()
 
 
+# A test's property of this name is printed at the end of the run, passed or not (xdist carries it back).
+SHOWN = "shown"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+        for name, value in getattr(report, "user_properties", ()):
+            if name == SHOWN and report.when == "call":
+                terminalreporter.write_line(f"{report.nodeid}: {value}")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ())):

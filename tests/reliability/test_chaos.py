@@ -4,6 +4,7 @@ reports violations (a harness that cannot fail proves nothing)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -13,6 +14,7 @@ from chaos.harness import ChaosConfig, ChaosReport, run
 from chaos.report import render
 from testkit.servers import LocalServers
 from tests.chaos_handlers import GuardedPeriod
+from tests.conftest import SHOWN
 
 pytestmark = pytest.mark.long
 
@@ -37,10 +39,14 @@ def _violations(report: ChaosReport) -> dict[str, int]:
     return {verdict.name: verdict.violations for verdict in report.verdicts}
 
 
-def test_every_fault_on_and_every_invariant_holds(local_servers: LocalServers) -> None:
+def test_every_fault_on_and_every_invariant_holds(
+    local_servers: LocalServers, record_property: Callable[[str, object], None]
+) -> None:
     report = run(SHORT, local_servers)
     table = render(report)
     print(table)
+    injected = ", ".join(f"{kind.value} {report.history.faults[kind]}" for kind in FaultKind)
+    record_property(SHOWN, f"short chaos run, seed {SHORT.seed}, faults injected: {injected}")
     assert report.violations == 0, table
     missing = [kind.value for kind in FaultKind if report.history.faults[kind] == 0]
     assert not missing, f"faults never injected, so never tested: {missing}\n{table}"
