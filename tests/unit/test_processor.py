@@ -189,6 +189,26 @@ def test_an_optimistic_handler_is_told_its_message_and_the_invocations_time_and_
     assert record is not None and record.result_value() == {"tallyId": "t-1", "added": 1250}
 
 
+def test_an_unexpected_error_in_a_handler_is_logged_with_its_trace_and_retried_under_its_type(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog
+) -> None:
+    class Buggy(TallyHandler):
+        def handle(self, payload: TallyAdded, context: MessageContext) -> Effect:
+            raise KeyError("tallyId")
+
+    consumer = make_consumer(
+        dynamodb, sqs, clock, logger=log, extra_handlers={TALLY_EVENT: Buggy(settings_for_tests())}
+    )
+
+    assert run(consumer, sqs_record("m", tally_body("p-1"))) == (
+        MessageResult("m", Outcome.RETRIED, "KeyError: 'tallyId'"),
+    )
+    assert log.of("m") == [
+        ("exception", "unexpected error", keys("m", "add-p-1", TALLY_EVENT)),
+        ("warning", "will retry", {**keys("m", "add-p-1", TALLY_EVENT), "reason": "KeyError: 'tallyId'"}),
+    ]
+
+
 def test_a_message_still_in_conflict_after_the_retries_says_why_and_how_many_were_absorbed(
     dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog, session: boto3.session.Session
 ) -> None:
