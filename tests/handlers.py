@@ -10,6 +10,11 @@ tests' own, with tables of their own (created by the tests, not in ``template.ya
   written once (the same entry under another key is refused).
 - ``CallHandler`` (lock, ``CallRequested``): POSTs to a webhook through ``WebhookClient`` with the
   ``Idempotency-Key``, then records the call (its status and key) in its table.
+- ``HoldHandler`` (lock with a guard, ``HoldRequested``): its claim reserves a hold in the calls table
+  under the message's key, refused while another key holds it; its commit turns the reservation into
+  the final state, refused if the hold was cancelled meanwhile, and a release takes it back. Not in
+  ``handlers_for_tests``: the processor's tests pass it as an extra handler, with a hook (``during``)
+  that fails ``handle`` or plays another worker inside it.
 """
 
 from __future__ import annotations
@@ -22,13 +27,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from consumer.config import Settings
 from consumer.errors import TransientError
-from consumer.handler import ID_PATTERN, Effect, MessageContext, MessageHandler, Mode
-from consumer.idempotency.writes import Put, Update
+from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
+from consumer.idempotency.writes import Delete, Put, Update
 from consumer.webhook import WebhookClient
 from testkit.tables import create_table, create_template_tables
 
 TALLY_EVENT = "TallyAdded"
 CALL_EVENT = "CallRequested"
+HOLD_EVENT = "HoldRequested"
 TALLY_TABLE = "TallyTable"
 CALL_TABLE = "CallTable"
 UNIT = "PTS"
@@ -136,6 +142,58 @@ class CallHandler(MessageHandler[CallRequested]):
         return Effect(result={"callId": payload.callId, "status": status}, writes=(record,))
 
 
+class HoldRequested(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    holdId: str = Field(pattern=ID_PATTERN)
+
+
+class HoldHandler(MessageHandler[HoldRequested]):
+    event_type: ClassVar[str] = HOLD_EVENT
+    mode: ClassVar[Mode] = Mode.LOCK
+    payload_model: ClassVar[type[BaseModel]] = HoldRequested
+    tables: ClassVar[tuple[str, ...]] = (CALL_TABLE,)
+
+    def __init__(self, settings: Settings, during: Callable[[MessageContext], None] | None = None) -> None:
+        super().__init__(settings)
+        self._during = during
+        # What guard and handle were told: (which, its context's remaining ms), in call order.
+        self.seen: list[tuple[str, int]] = []
+
+    def guard(self, payload: HoldRequested, context: MessageContext) -> Guard:
+        self.seen.append(("guard", context.remaining_ms()))
+        table, key = self.table_names[CALL_TABLE], hold_key(payload.holdId)
+        ours = {":key": context.idempotency_key}
+        reserve = Put(
+            table,
+            {**key, "status": "HELD", "holdKey": context.idempotency_key},
+            condition="attribute_not_exists(callId) OR holdKey = :key",
+            values=ours,
+            reason=f"hold {payload.holdId} is taken",
+        )
+        undo = Delete(table, key, "holdKey = :key", values=ours, reason=f"hold {payload.holdId} is no longer ours")
+        return Guard((reserve,), (undo,))
+
+    def handle(self, payload: HoldRequested, context: MessageContext) -> Effect:
+        self.seen.append(("handle", context.remaining_ms()))
+        if self._during is not None:
+            self._during(context)
+        # Final only over this message's reservation, still held: a hold cancelled meanwhile refuses the commit.
+        done = Put(
+            self.table_names[CALL_TABLE],
+            {**hold_key(payload.holdId), "status": "DONE", "holdKey": context.idempotency_key},
+            condition="holdKey = :key AND #status = :held",
+            names={"#status": "status"},
+            values={":key": context.idempotency_key, ":held": "HELD"},
+            reason=f"hold {payload.holdId} was cancelled",
+        )
+        return Effect(result={"holdId": payload.holdId}, writes=(done,))
+
+
+def hold_key(hold_id: str) -> dict[str, str]:
+    return {"callId": f"HOLD#{hold_id}"}
+
+
 def handlers_for_tests(
     settings: Settings, webhook_url: str = "", timeout_ms: int = 5_000
 ) -> dict[str, MessageHandler[Any]]:
@@ -179,6 +237,10 @@ def call_payload(call_id: str, tally_id: str = "t-1") -> dict[str, Any]:
 
 def call_body(call_id: str, key: str | None = None, tally_id: str = "t-1") -> str:
     return envelope(CALL_EVENT, key or f"call-{call_id}", call_payload(call_id, tally_id))
+
+
+def hold_body(hold_id: str, key: str | None = None) -> str:
+    return envelope(HOLD_EVENT, key or f"hold-{hold_id}", {"holdId": hold_id})
 
 
 # -- reading the tables --------------------------------------------------------------------

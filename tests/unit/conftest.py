@@ -22,6 +22,7 @@ from consumer.batch import BatchRunner
 from consumer.config import Settings
 from consumer.handlers import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
+from consumer.outcome import Log
 from testkit.dead_letters import DeadLetter, drain
 from testkit.lambda_sqs import REGION
 from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
@@ -120,6 +121,7 @@ def make_consumer(
     extra_handlers: dict[str, MessageHandler[Any]] | None = None,
     session: boto3.session.Session | None = None,
     webhook_timeout_ms: int = 5_000,
+    logger: Log | None = None,
     **overrides: Any,
 ) -> Consumer:
     """The consumer on the test handlers (tests/handlers.py) and ``extra_handlers``; never the registered ones."""
@@ -134,7 +136,7 @@ def make_consumer(
         # A boto3 session is one (its ``client``); the stubs' per-service overloads hide that from mypy.
         session or boto3.session.Session(region_name=REGION),
         clock=clock,
-        logger=_quiet_logger(),
+        logger=logger or _quiet_logger(),
         handlers=handlers,
     )
     # The test's own view of the same table, to read records and play other workers.
