@@ -6,6 +6,7 @@ integration"`` runs without Java or the npm install.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,12 +29,7 @@ def _one_data_loader() -> None:
     """Every botocore session of the test process shares one loader of the SDK's service models, as one
     Lambda environment's clients share one session: a new session reads the same JSON files again (about half
     of a unit test's time). What the loader holds is the installed SDK's data, read-only; nothing else is shared."""
-    loaders: dict[str | None, botocore.loaders.Loader] = {}
-
-    def loader(path: str | None) -> botocore.loaders.Loader:
-        if path not in loaders:
-            loaders[path] = botocore.loaders.create_loader(path)
-        return loaders[path]
+    loader = functools.cache(botocore.loaders.create_loader)
 
     def register(session: botocore.session.Session) -> None:
         session.lazy_register_component("data_loader", lambda: loader(session.get_config_variable("data_path")))
