@@ -97,12 +97,14 @@ def venv_python() -> Path:
 def _build(python: Path, venv: Path, wanted: list[str]) -> None:
     print(f"building the function's Python venv in {venv} ({len(wanted)} requirements)...", file=sys.stderr)
     shutil.rmtree(venv, ignore_errors=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    # uv (beside this interpreter, from `make venv`); compiled as Lambda's runtime and the artifact ship them.
+    uv = [str(Path(sys.executable).with_name("uv")), "pip", "install", "--quiet", "--compile-bytecode"]
+    uv += ["--python", str(venv / "bin" / "python")]
     steps = [
-        [str(python), "-m", "venv", str(venv)],
+        [str(python), "-m", "venv", "--without-pip", str(venv)],
         # The artifact's packages as the build installs them: every file checked against the lock's hashes.
-        [*pip, "--require-hashes", "-r", str(ARTIFACT_REQUIREMENTS)],
-        [*pip, *wanted],
+        [*uv, "--require-hashes", "-r", str(ARTIFACT_REQUIREMENTS)],
+        [*uv, *wanted],
     ]
     for step in steps:
         answer = subprocess.run(step, capture_output=True, text=True, check=False)

@@ -15,6 +15,7 @@ keep it symbolic (``SYMBOLIC``).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -43,12 +44,17 @@ class TemplateError(ValueError):
 
 def load_template(path: Path = TEMPLATE_PATH) -> dict[str, Any]:
     """The template as plain data, short-form tags (``!Ref x``) in their long form (``{"Ref": "x"}``)."""
-    decoded = cfn_yaml.loads(Path(path).read_text(encoding="utf-8"), str(path))
-    # The decoder's nodes carry line numbers; plain dicts and lists are what callers copy and dump.
-    document = json.loads(json.dumps(decoded))
+    # Plain dicts and lists (the decoder's nodes carry line numbers), a new copy for each caller to change.
+    document = json.loads(_decoded(Path(path).read_text(encoding="utf-8"), str(path)))
     if not isinstance(document, dict) or not isinstance(document.get("Resources"), dict):
         raise TemplateError(f"{path} is not a CloudFormation template (no Resources)")
     return document
+
+
+@functools.lru_cache(maxsize=8)
+def _decoded(text: str, name: str) -> str:
+    """The template as JSON, parsed once per content: the tests load it hundreds of times, and YAML is the slow part."""
+    return json.dumps(cfn_yaml.loads(text, name))
 
 
 def transform(source: Mapping[str, Any]) -> dict[str, Any]:

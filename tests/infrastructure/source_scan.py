@@ -39,9 +39,15 @@ class OperationUse:
 def package_modules(root: Path = PACKAGE_ROOT) -> dict[str, ast.Module]:
     """Each module of the package at ``root``, by its path relative to src/ (``consumer/app.py``)."""
     return {
-        path.relative_to(root.parent).as_posix(): ast.parse(path.read_text(encoding="utf-8"), str(path))
+        path.relative_to(root.parent).as_posix(): _parsed(path.read_text(encoding="utf-8"), str(path))
         for path in sorted(root.rglob("*.py"))
     }
+
+
+@cache
+def _parsed(source: str, filename: str) -> ast.Module:
+    """One parse per file content: the static checks scan the package hundreds of times, and read its trees only."""
+    return ast.parse(source, filename)
 
 
 def client_services(root: Path = PACKAGE_ROOT) -> set[str]:
