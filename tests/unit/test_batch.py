@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pytest
@@ -14,6 +16,8 @@ from consumer.handler import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.store import Claimed
 from consumer.idempotency.writes import Put
 from consumer.outcome import MessageResult, Outcome
+from consumer.prepared import Prepared
+from consumer.processor import MessageProcessor
 from testkit.dead_letters import reasons
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, sqs_record
 from testkit.webhook import Answer, WebhookSink
@@ -191,10 +195,13 @@ def test_fifo_stops_a_group_at_its_first_failure_and_runs_other_groups(consumer:
         sqs_record("a3", tally_body("a3", amount=4), group_id="A", queue_arn=FIFO_QUEUE_ARN),
     ]
 
-    failed = consumer.failed_ids(batch)
+    results = consumer.batch.process(batch, consumer.remaining).results
 
-    assert failed == ["a2", "a3"]
-    assert total(consumer.dynamodb, "t-1") == 1  # a3 was not started
+    assert [result.message_id for result in results if result.outcome.is_failure] == ["a2", "a3"]
+    # a3 was not started, and may come back at once: the clock's now, in ms.
+    reason = "not started: earlier message a2 of group A failed"
+    assert results[4] == MessageResult("a3", Outcome.RETRIED, reason, 1_800_000_000_000)
+    assert total(consumer.dynamodb, "t-1") == 1
     assert total(consumer.dynamodb, "t-b") == 30
 
 
@@ -246,11 +253,106 @@ def test_records_left_when_the_deadline_nears_mid_batch_are_reported(dynamodb: A
     assert [total(dynamodb, f"t-{i}") for i in range(4)] == [1250, 1250, 0, 0]
 
 
-def test_an_event_that_is_not_from_sqs_fails_loudly(consumer: Consumer) -> None:
-    with pytest.raises(ValueError, match="SQS events only"):
-        consumer.batch.process(None, consumer.remaining)
-    with pytest.raises(ValueError, match="no messageId"):
-        consumer.batch.process([{"body": "{}"}], consumer.remaining)
+def test_a_message_starts_with_exactly_the_margin_left(consumer: Consumer) -> None:
+    consumer.remaining.ms = consumer.settings.deadline_margin_ms
+
+    assert consumer.failed_ids([sqs_record("m-1", tally_body("p-1"))]) == []
+    assert total(consumer.dynamodb, "t-1") == 1250
+
+
+def test_once_the_deadline_stopped_a_lane_no_later_message_starts_even_with_time_back(consumer: Consumer) -> None:
+    # The same key, so one lane: the first is not started, and the second is not tried although time came back.
+    consumer.remaining = Remaining(30_000, then=[consumer.settings.deadline_margin_ms - 1, 30_000])
+    batch = [sqs_record("m-1", tally_body("p-1")), sqs_record("m-2", tally_body("p-1"))]
+
+    results = consumer.batch.process(batch, consumer.remaining).results
+
+    reason = "not started: the invocation is about to time out"
+    assert results == tuple(MessageResult(f"m-{i}", Outcome.RETRIED, reason, 1_800_000_000_000) for i in (1, 2))
+
+
+@pytest.mark.parametrize(
+    ("records", "said"),
+    [
+        (None, "event has no 'Records' list: this function takes SQS events only"),
+        ([{"body": "{}"}], "message 0 has no messageId: not an SQS message"),
+        ([sqs_record("m-1", "{}"), sqs_record("m-1", "{}")], "messageId m-1 appears twice in one batch"),
+    ],
+    ids=["no-list", "no-message-id", "message-id-twice"],
+)
+def test_an_event_that_is_not_from_sqs_fails_loudly(consumer: Consumer, records: Any, said: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        consumer.batch.process(records, consumer.remaining)
+    assert str(raised.value) == said
+
+
+# -- the batch around its processor ------------------------------------------------------------
+
+
+def _answer_from(thread_names: list[str], remaining_seen: list[object]) -> Any:
+    """A processor's execute that records where and with what it ran, and applies without a store (moto in process
+    is not thread-safe)."""
+
+    def execute(self: MessageProcessor, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
+        thread_names.append(threading.current_thread().name)
+        remaining_seen.append(remaining_ms)
+        return MessageResult(item.message_id, Outcome.APPLIED)
+
+    return execute
+
+
+@pytest.mark.parametrize(
+    ("max_workers", "keys", "pooled"),
+    [(1, ["a", "b", "c"], False), (3, ["a", "a", "a"], False), (3, ["a", "b", "c"], True)],
+    ids=["one-worker", "one-lane", "three-lanes-three-workers"],
+)
+def test_lanes_run_on_the_pool_only_when_there_are_several_and_workers_for_them(
+    dynamodb: Any,
+    sqs: Any,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+    max_workers: int,
+    keys: list[str],
+    pooled: bool,
+) -> None:
+    names: list[str] = []
+    monkeypatch.setattr(MessageProcessor, "execute", _answer_from(names, []))
+    consumer = make_consumer(dynamodb, sqs, clock, max_workers=max_workers)
+    batch = [sqs_record(f"m-{i}", tally_body(key, tally_id=key)) for i, key in enumerate(keys)]
+
+    assert consumer.failed_ids(batch) == []
+    caller = threading.current_thread().name
+    assert names and all((name != caller and name.startswith("message")) == pooled for name in names), names
+
+
+def test_a_rejected_message_is_run_with_the_invocations_remaining_time(
+    consumer: Consumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[object] = []
+    monkeypatch.setattr(MessageProcessor, "execute", _answer_from([], seen))
+
+    consumer.failed_ids([sqs_record("poison", "{oops")])
+
+    assert seen == [consumer.remaining]
+
+
+def test_an_error_escaping_the_processor_retries_that_message_alone(
+    consumer: Consumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def execute(self: MessageProcessor, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
+        if item.message_id == "boom":
+            raise RuntimeError("a bug in the core")
+        return MessageResult(item.message_id, Outcome.APPLIED)
+
+    monkeypatch.setattr(MessageProcessor, "execute", execute)
+    batch = [sqs_record("boom", tally_body("p-1")), sqs_record("ok", tally_body("p-2"))]
+
+    results = consumer.batch.process(batch, consumer.remaining).results
+
+    assert results == (
+        MessageResult("boom", Outcome.RETRIED, "RuntimeError: a bug in the core"),
+        MessageResult("ok", Outcome.APPLIED),
+    )
 
 
 # -- lock mode: the call webhook -----------------------------------------------------------

@@ -163,6 +163,21 @@ def test_a_lock_message_whose_commit_conflicts_is_committed_without_a_second_web
     assert webhook.keys() == ["call-1"]
 
 
+def test_a_lock_message_whose_commit_conflicts_past_the_attempt_limit_is_still_committed_while_time_is_left(
+    dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session, webhook: WebhookSink
+) -> None:
+    # Giving up would leave a made call unrecorded until the lease ends: the commit ignores the attempt limit.
+    Conflicts(session, "TransactWriteItems", 8)
+    consumer = make_consumer(
+        dynamodb, sqs, clock, session=session, webhook_url=f"{webhook.url}/calls", conflict_retry_attempts=3
+    )
+
+    result = result_of(consumer, sqs_record("r", call_body("1")))
+
+    assert (result.outcome, result.conflicts_absorbed) == (Outcome.APPLIED, 8)
+    assert webhook.keys() == ["call-1"]
+
+
 def test_a_lock_message_whose_commit_stays_in_conflict_keeps_its_claim_so_a_redelivery_cannot_call_again(
     dynamodb: Any, sqs: Any, clock: Clock, session: boto3.session.Session, webhook: WebhookSink
 ) -> None:

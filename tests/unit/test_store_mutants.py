@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import pytest
 from botocore.stub import Stubber
 
-from consumer.errors import BusinessConditionFailed, TransientError
-from consumer.idempotency.record import Status
-from consumer.idempotency.store import Applied, Claimed, Fenced, IdempotencyStore
-from consumer.idempotency.writes import Update
+from consumer.errors import BusinessConditionFailed, TransactionConflict, TransientError
+from consumer.idempotency.record import IdempotencyRecord, Status
+from consumer.idempotency.store import Applied, Claimed, Committed, Duplicate, Fenced, IdempotencyStore, InFlight
+from consumer.idempotency.writes import MAX_BUSINESS_WRITES, ConditionCheck, Put, Update
 from tests.unit.conftest import TALLIES, Clock
 
 
@@ -121,3 +122,150 @@ def test_a_retried_claim_that_finds_its_own_record_is_that_claim() -> None:
             client, "records", ttl_seconds=60, clock=lambda: 1_800_000_000.0, new_token=lambda: "t-1"
         )
         assert store.claim("Ev#k-1", "hash", lease_ms=30_000) == Claimed("Ev#k-1", "t-1", 1_800_000_030_000, 3)
+
+
+# -- transactions, as DynamoDB answers them (botocore's Stubber checks each request against the API) -------------
+
+_HELD = {
+    "id": {"S": "Ev#k-1"},
+    "status": {"S": "IN_PROGRESS"},
+    "leaseExpiresAt": {"N": "1800000060000"},
+    "ownerToken": {"S": "other"},
+    "payloadHash": {"S": "hash"},
+    "attempts": {"N": "1"},
+}
+_GUARD = (ConditionCheck(TALLIES, {"tallyId": "t-1", "entryId": "TOTAL"}, "attribute_exists(tallyId)"),)
+_WRITE = (Put(TALLIES, {"tallyId": "t-1", "entryId": "e-1"}),)
+
+
+@pytest.fixture
+def stubbed() -> Iterator[tuple[IdempotencyStore, Stubber]]:
+    client = boto3.client("dynamodb", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    tokens = iter(["t-1", "t-2"])
+    with Stubber(client) as stubber:
+        yield (
+            IdempotencyStore(
+                client, "records", ttl_seconds=60, clock=lambda: 1_800_000_000.0, new_token=lambda: next(tokens)
+            ),
+            stubber,
+        )
+        stubber.assert_no_pending_responses()
+
+
+def _cancelled(stubber: Stubber, *reasons: dict[str, Any]) -> None:
+    fields = {"CancellationReasons": list(reasons)} if reasons else {}
+    stubber.add_client_error(
+        "transact_write_items", service_error_code="TransactionCanceledException", modeled_fields=fields
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "answer"), [("IN_PROGRESS", InFlight), ("COMPLETED", Duplicate)], ids=["held", "completed"]
+)
+def test_a_guarded_claim_on_a_taken_key_reads_the_record_before_its_guard(
+    stubbed: tuple[IdempotencyStore, Stubber], status: str, answer: type
+) -> None:
+    store, stubber = stubbed
+    taken = {**_HELD, "status": {"S": status}}
+    _cancelled(stubber, {"Code": "ConditionalCheckFailed", "Item": taken}, {"Code": "ConditionalCheckFailed"})
+
+    assert store.claim("Ev#k-1", "hash", 30_000, _GUARD) == answer(IdempotencyRecord.from_item(taken))
+
+
+@pytest.mark.parametrize("transition", ["claim", "apply_once"])
+def test_a_refused_transaction_without_the_record_says_so(
+    stubbed: tuple[IdempotencyStore, Stubber], transition: str
+) -> None:
+    store, stubber = stubbed
+    _cancelled(stubber, {"Code": "ConditionalCheckFailed"}, {"Code": "None"})
+
+    if transition == "claim":
+        with pytest.raises(TransientError, match=r"^claim of Ev#k-1 failed and no item came back$"):
+            store.claim("Ev#k-1", "hash", 30_000, _GUARD)
+    else:
+        with pytest.raises(TransientError, match=r"^condition on Ev#k-1 failed and no item came back$"):
+            store.apply_once("Ev#k-1", "hash", writes=_WRITE)
+
+
+def test_an_optimistic_apply_names_its_record_and_token(stubbed: tuple[IdempotencyStore, Stubber]) -> None:
+    store, stubber = stubbed
+    stubber.add_response("transact_write_items", {})
+
+    assert store.apply_once("Ev#k-1", "hash", writes=_WRITE) == Applied("Ev#k-1", "t-1")
+
+
+@pytest.mark.parametrize("writes", [(), _WRITE], ids=["alone", "with-writes"])
+def test_a_commit_that_finds_itself_completed_is_committed_and_one_that_finds_nobody_is_fenced(
+    stubbed: tuple[IdempotencyStore, Stubber], writes: tuple[Put, ...]
+) -> None:
+    store, stubber = stubbed
+    claim = Claimed("Ev#k-1", "other", 1_800_000_060_000, 1)
+    for item in ({**_HELD, "status": {"S": "COMPLETED"}}, {}):
+        if writes:
+            _cancelled(stubber, {"Code": "ConditionalCheckFailed", "Item": item}, {"Code": "None"})
+        else:
+            stubber.add_client_error(
+                "update_item", service_error_code="ConditionalCheckFailedException", modeled_fields={"Item": item}
+            )
+
+    assert store.commit(claim, writes=writes) == Committed()  # its own answer was lost, and its retry found it done
+    assert store.commit(claim, writes=writes) == Fenced("Ev#k-1", None)
+
+
+@pytest.mark.parametrize("transition", ["commit", "release"])
+def test_a_transactions_token_is_its_claims_own(stubbed: tuple[IdempotencyStore, Stubber], transition: str) -> None:
+    """The same for a retry of one claim's commit or release (DynamoDB applies it once), another for another claim's
+    (DynamoDB refuses a token reused with other parameters)."""
+    store, stubber = stubbed
+    tokens: list[str] = []
+    stubber.client.meta.events.register(
+        "provide-client-params.dynamodb.TransactWriteItems",
+        lambda params, **_: tokens.append(params["ClientRequestToken"]),
+    )
+    for owner in ("t-1", "t-1", "t-2"):
+        stubber.add_response("transact_write_items", {})
+        claim = Claimed(f"Ev#{owner}", owner, 1_800_000_060_000, 1)
+        if transition == "commit":
+            assert store.commit(claim, writes=_WRITE) == Committed()
+        else:
+            assert store.release(claim, _WRITE) is True
+
+    assert tokens[0] == tokens[1] != tokens[2]
+    assert "t-1" not in tokens and "t-2" not in tokens
+
+
+@pytest.mark.parametrize(
+    ("codes", "error", "said"),
+    [
+        ([], TransientError, "transaction cancelled: no reason given"),
+        (["None", "ValidationError"], TransientError, "transaction cancelled: ValidationError"),
+        (
+            ["None", "TransactionConflict", "ThrottlingError"],
+            TransactionConflict,
+            "transaction cancelled: ThrottlingError, TransactionConflict",
+        ),
+    ],
+    ids=["no-reasons", "other-code", "conflict"],
+)
+def test_a_cancelled_transaction_says_every_code_it_met(
+    stubbed: tuple[IdempotencyStore, Stubber], codes: list[str], error: type[Exception], said: str
+) -> None:
+    store, stubber = stubbed
+    _cancelled(stubber, *({"Code": code} for code in codes))
+    claim = Claimed("Ev#k-1", "t-1", 1_800_000_060_000, 1)
+
+    with pytest.raises(error) as raised:
+        store.release(claim, _WRITE)  # a release raises what commit and apply_once answer as Contended
+    assert str(raised.value) == said
+
+
+def test_a_transaction_takes_as_many_business_writes_as_dynamodb_allows_and_no_more(
+    stubbed: tuple[IdempotencyStore, Stubber],
+) -> None:
+    store, stubber = stubbed
+    most = tuple(Put(TALLIES, {"tallyId": "t-1", "entryId": f"e-{i}"}) for i in range(MAX_BUSINESS_WRITES))
+    stubber.add_response("transact_write_items", {})
+
+    assert store.apply_once("Ev#k-1", "hash", writes=most) == Applied("Ev#k-1", "t-1")
+    with pytest.raises(ValueError, match=f"^at most {MAX_BUSINESS_WRITES} business writes per message, got 100$"):
+        store.apply_once("Ev#k-2", "hash", writes=(*most, _WRITE[0]))

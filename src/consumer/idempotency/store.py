@@ -263,12 +263,11 @@ class IdempotencyStore:
             except ClientError as error:
                 current = self._failed_condition_item(error)
             else:
-                attempts = int(response.get("Attributes", {}).get(Attr.ATTEMPTS, {}).get("N", "1"))
-                return Claimed(record_id, token, lease_end, attempts)
+                # UPDATED_NEW returns what the claim set, the attempts among them.
+                return Claimed(record_id, token, lease_end, int(response["Attributes"][Attr.ATTEMPTS]["N"]))
         if current.owner_token == token:
-            # Ambiguous success: botocore retried a claim whose first attempt was
-            # applied but whose answer was lost. The item carries our token: ours.
-            lease_end = current.lease_expires_at_ms or lease_end
+            # Ambiguous success: botocore retried a claim whose first attempt was applied but
+            # whose answer was lost. The item carries our token, so our lease end too: ours.
             return Claimed(record_id, token, lease_end, current.attempts)
         return self._existing(current, payload_hash)
 
