@@ -55,8 +55,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-    # Long tests first: left to the end of a worker's queue, one of them alone sets the suite's wall time.
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+    # Longest first: xdist deals the tests out in this order, and one left to the end of a worker's queue sets the
+    # suite's wall time alone while the other workers wait.
+    items.sort(key=_expected_seconds, reverse=True)
+
+
+def _expected_seconds(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("long")
+    return 0 if marker is None else float(marker.args[0]) if marker.args else 10
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,7 @@ def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> Non
         time.sleep(0.2)
 
 
-@pytest.mark.long
+@pytest.mark.long(70)
 def test_run_then_send_dlq_redrive_and_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     run = subprocess.Popen(
@@ -123,7 +123,7 @@ def test_send_without_a_running_stack_says_how_to_start_one(tmp_path: Path) -> N
     assert "make run" in answer.stderr
 
 
-@pytest.mark.long
+@pytest.mark.long(20)
 def test_invoke_without_a_running_stack_starts_one_and_prints_the_response(tmp_path: Path) -> None:
     answer = _local(tmp_path, "invoke", "events/poison-invalid-json.json")
     assert answer.returncode == 0, answer.stderr
@@ -132,7 +132,7 @@ def test_invoke_without_a_running_stack_starts_one_and_prints_the_response(tmp_p
     assert "dead-lettered: InvalidJson" in answer.stderr
 
 
-@pytest.mark.long
+@pytest.mark.long(30)
 def test_demo_passes_its_checks_on_a_small_workload(tmp_path: Path) -> None:
     answer = _local(tmp_path, "demo", "--messages", "20", "--pollers", "2", timeout_s=240)
     assert answer.returncode == 0, answer.stdout + answer.stderr

@@ -37,7 +37,7 @@ def _scan(stack: DeployedStack, logical_id: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.integration
-@pytest.mark.long
+@pytest.mark.long(35)
 def test_the_local_form_starts_the_stack_passes_and_stops() -> None:
     answer = subprocess.run(
         [sys.executable, "-m", "local", "smoke", "--timeout", "30"],

@@ -16,7 +16,7 @@ VARIABLE = "          IDEMPOTENCY_TABLE_NAME: !Ref IdempotencyTable\n"
 _LIMIT_S = 120
 
 
-@pytest.mark.long
+@pytest.mark.long(40)
 def test_a_mistyped_table_variable_stops_the_static_stage_with_one_failure_naming_line_and_fix(tmp_path: Path) -> None:
     source = TEMPLATE_PATH.read_text(encoding="utf-8")
     assert source.count(VARIABLE) == 1, "the idempotency table's variable moved in template.yaml: update this test"

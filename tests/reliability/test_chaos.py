@@ -16,8 +16,6 @@ from testkit.servers import LocalServers
 from tests.chaos_handlers import GuardedPeriod
 from tests.conftest import SHOWN
 
-pytestmark = pytest.mark.long
-
 GUARDED = f"{GuardedPeriod.__module__}:{GuardedPeriod.__name__}"
 # Short, at the default rates, and every kind of fault forced once in each execution environment (at its first
 # opportunity, whatever the draws): whether the run meets every kind never depends on luck. The crashes and
@@ -39,6 +37,7 @@ def _violations(report: ChaosReport) -> dict[str, int]:
     return {verdict.name: verdict.violations for verdict in report.verdicts}
 
 
+@pytest.mark.long(75)
 def test_every_fault_on_and_every_invariant_holds(
     local_servers: LocalServers, record_property: Callable[[str, object], None]
 ) -> None:
@@ -62,6 +61,7 @@ def test_every_fault_on_and_every_invariant_holds(
     assert sum(report.end.commits.values()) > 0, table
 
 
+@pytest.mark.long(30)
 def test_the_harness_catches_a_claim_without_its_condition(local_servers: LocalServers) -> None:
     # A claim that takes any record: each resend is applied and committed again.
     unconditional = "tests.chaos_handlers:unconditional_wire"
@@ -72,6 +72,7 @@ def test_the_harness_catches_a_claim_without_its_condition(local_servers: LocalS
     assert _violations(report)["no key committed twice (commits DynamoDB accepted)"] > 0, table
 
 
+@pytest.mark.long(25)
 def test_the_harness_catches_a_store_without_fencing(local_servers: LocalServers) -> None:
     # Zombies only: each environment's first commit of the guarded handler, then drawn.
     rates = dict.fromkeys(FaultKind, 0.0) | {FaultKind.ZOMBIE: 0.5}

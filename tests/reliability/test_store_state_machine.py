@@ -466,7 +466,7 @@ def tables(dynamodb_local: DynamoDBLocal, id_table: TableFactory) -> Tables:
     return Tables(dynamodb_local.endpoint_url, id_table("sm-records"), id_table("sm-effects"))
 
 
-@pytest.mark.long
+@pytest.mark.long(25)
 def test_store_keeps_its_invariants_in_every_interleaving(tables: Tables) -> None:
     # About a second and a half per example on DynamoDB Local; raise it for a deeper search.
     examples = int(os.environ.get("STORE_MACHINE_EXAMPLES", "20"))

@@ -254,6 +254,7 @@ def function() -> Iterator[Function]:
             app.build_consumer.cache_clear()
 
 
+@pytest.mark.long(40)
 @settings(settings.get_profile(PROFILE))
 @given(records=batches())
 def test_every_record_of_any_batch_ends_in_exactly_one_place(function: Function, records: list[dict[str, Any]]) -> None:

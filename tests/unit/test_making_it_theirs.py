@@ -137,7 +137,7 @@ def _routed(project: Path) -> dict[str, dict[str, str]]:
     return routed
 
 
-@pytest.mark.long
+@pytest.mark.long(25)
 def test_a_handler_with_its_own_table_added_as_the_readme_says_passes_and_is_routed(tmp_path: Path) -> None:
     _copy_of_the_project(tmp_path)
     _follow(tmp_path)
@@ -149,7 +149,7 @@ def test_a_handler_with_its_own_table_added_as_the_readme_says_passes_and_is_rou
     assert _routed(tmp_path)["InventoryReserved"] == {"InventoryTable": "inventory"}
 
 
-@pytest.mark.long
+@pytest.mark.long(25)
 def test_the_readme_steps_keep_a_handler_the_user_registered_already(tmp_path: Path) -> None:
     """A user's handler beside the shipped ones (the refund example, registered as "Writing your own
     handler" says, not yet committed): adding the next one keeps it, and the tests still pass."""
@@ -170,6 +170,7 @@ def test_the_readme_steps_keep_a_handler_the_user_registered_already(tmp_path: P
     assert sorted(_routed(tmp_path)) == sorted([*before, "InventoryReserved"])
 
 
+@pytest.mark.long(15)
 @pytest.mark.parametrize(
     ("skip", "typo", "caught_by", "said"),
     [
@@ -239,7 +240,7 @@ _LINT = (
 )
 
 
-@pytest.mark.long
+@pytest.mark.long(150)
 def test_replacing_the_examples_as_the_readme_says_leaves_a_project_that_passes_lint_and_tests(
     tmp_path: Path,
 ) -> None:
