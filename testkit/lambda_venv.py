@@ -97,7 +97,7 @@ def venv_python() -> Path:
 def _build(python: Path, venv: Path, wanted: list[str]) -> None:
     print(f"building the function's Python venv in {venv} ({len(wanted)} requirements)...", file=sys.stderr)
     shutil.rmtree(venv, ignore_errors=True)
-    # uv (beside this interpreter, from `make venv`); compiled as Lambda's runtime and the artifact ship them.
+    # uv (beside this interpreter, from `make venv`), compiling as every venv here is (see the Makefile).
     uv = [str(Path(sys.executable).with_name("uv")), "pip", "install", "--quiet", "--compile-bytecode"]
     uv += ["--python", str(venv / "bin" / "python")]
     steps = [
