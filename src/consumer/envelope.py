@@ -123,10 +123,9 @@ def message_group_id(message: SqsMessage) -> str | None:
 
 def receive_count(message: SqsMessage) -> int:
     """``ApproximateReceiveCount``, or 1 when it is missing or not a positive number."""
-    raw = system_attributes(message).get("ApproximateReceiveCount", "1")
     try:
-        return max(1, int(raw))
-    except (TypeError, ValueError):
+        return max(1, int(system_attributes(message)["ApproximateReceiveCount"]))
+    except (KeyError, TypeError, ValueError):
         return 1
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pytest
 from pydantic import BaseModel
 
+from consumer.batch import BatchResult
 from consumer.envelope import payload_hash
 from consumer.errors import TransientError
 from consumer.handler import Effect, MessageContext, MessageHandler, Mode
@@ -323,6 +325,41 @@ def test_lanes_run_on_the_pool_only_when_there_are_several_and_workers_for_them(
     assert consumer.failed_ids(batch) == []
     caller = threading.current_thread().name
     assert names and all((name != caller and name.startswith("message")) == pooled for name in names), names
+
+
+def test_one_pool_of_max_workers_threads_serves_every_invocation(
+    dynamodb: Any, sqs: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    two_at_once = threading.Barrier(2, timeout=10)
+    names: list[str] = []
+
+    def execute(self: MessageProcessor, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
+        names.append(threading.current_thread().name)
+        two_at_once.wait()  # lanes in pairs, so that a pool of more threads would start more of them
+        return MessageResult(item.message_id, Outcome.APPLIED)
+
+    monkeypatch.setattr(MessageProcessor, "execute", execute)
+    consumer = make_consumer(dynamodb, sqs, clock, max_workers=2)
+    for invocation in ("a", "b"):
+        batch = [sqs_record(f"{invocation}-{i}", tally_body(f"{invocation}{i}", tally_id=f"t-{i}")) for i in range(4)]
+        assert consumer.failed_ids(batch) == []
+
+    assert len(names) == 8
+    assert set(names) <= {"message_0", "message_1"}
+
+
+def test_a_batch_result_counts_its_outcomes_and_the_conflicts_absorbed() -> None:
+    result = BatchResult(
+        (
+            MessageResult("a", Outcome.APPLIED, conflicts_absorbed=2),
+            MessageResult("b", Outcome.APPLIED),
+            MessageResult("c", Outcome.RETRIED, "busy", conflicts_absorbed=1),
+        )
+    )
+
+    assert result.counts() == Counter({Outcome.APPLIED: 2, Outcome.RETRIED: 1})
+    assert result.conflicts_absorbed() == 3
+    assert result.response() == {"batchItemFailures": [{"itemIdentifier": "c"}]}
 
 
 def test_a_rejected_message_is_run_with_the_invocations_remaining_time(

@@ -1,4 +1,5 @@
-"""The envelope's edges that `make mutation` found untested: attribute keys, and a reason's length."""
+"""The envelope's edges that `make mutation` found untested: attribute keys, a reason's length, the receive count, the
+payload's hash, the key's limits."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError, create_model, field_validator
 
-from consumer.envelope import KeySource, parse_message, schema_violation
-from consumer.errors import MAX_REASON_CHARS, ErrorType
+from consumer.envelope import MAX_KEY_LENGTH, KeySource, parse_message, payload_hash, receive_count, schema_violation
+from consumer.errors import MAX_REASON_CHARS, ErrorType, PoisonMessage
 
 BODY = json.dumps({"eventType": "Anything", "payload": {}})
 
@@ -100,3 +101,52 @@ def test_a_long_list_keeps_as_many_errors_as_fit(count: int) -> None:
         [*listed[:-1], f"f{shown}: Value error, {'b' * 30}", f"{count - shown - 1} more past the reason's 1000 ..."]
     )
     assert len(reason) <= MAX_REASON_CHARS < len(one_more)
+
+
+@pytest.mark.parametrize(
+    ("attributes", "count"),
+    [({"ApproximateReceiveCount": "3"}, 3), ({"ApproximateReceiveCount": "1"}, 1), ({}, 1)]
+    + [({"ApproximateReceiveCount": raw}, 1) for raw in ("0", "-2", "many", None)],
+)
+def test_the_receive_count_is_sqss_own_or_1(attributes: dict[str, Any], count: int) -> None:
+    assert receive_count({"messageId": "m-1", "body": BODY, "attributes": attributes}) == count
+
+
+# The bytes hashed, checked apart with `printf '<bytes>' | sha256sum`. A record stores its payload's hash, and a resend
+# is compared with it: a change of the hash across a deploy would dead-letter every resend as IdempotencyKeyReused.
+@pytest.mark.parametrize(
+    ("payload", "digest"),
+    [
+        # {"a":[1,{"x":2.5,"y":null}],"b":"é"}: keys sorted, no spaces, UTF-8 as is
+        (
+            {"b": "é", "a": [1, {"y": None, "x": 2.5}]},
+            "6d8a693d1044e6f7262c2760333e43808b17250bd4da60d1c4d806c58462b8c9",
+        ),
+        # {"s":"<ed a0 80>"}: a lone surrogate JSON may spell, hashed as its UTF-8 form rather than refused
+        ({"s": "\ud800"}, "8e04c1d28e2fa74bca9317362371e5be8429ed0323472094c4e0d0ef4d2d6396"),
+    ],
+    ids=["canonical", "lone-surrogate"],
+)
+def test_the_payload_hash_is_the_sha256_of_its_canonical_json(payload: dict[str, Any], digest: str) -> None:
+    assert payload_hash(payload) == digest
+
+
+@pytest.mark.parametrize(
+    ("key", "refused"),
+    [
+        (" \t", "is empty or blank"),
+        ("k" * MAX_KEY_LENGTH, None),
+        ("k" * (MAX_KEY_LENGTH + 1), f"is longer than {MAX_KEY_LENGTH} characters"),
+    ],
+    ids=["blank", "longest", "one-too-long"],
+)
+def test_a_key_is_refused_blank_or_past_its_length_and_kept_at_it(key: str, refused: str | None) -> None:
+    # From the attribute: the body's key is bounded by the envelope's model first.
+    message = {"messageId": "m-1", "body": BODY, "messageAttributes": {"IdempotencyKey": {"stringValue": key}}}
+    if refused is None:
+        assert parse_message(message).idempotency_key == key
+    else:
+        with pytest.raises(PoisonMessage) as raised:
+            parse_message(message)
+        said = f"idempotency key (messageAttributes.IdempotencyKey) {refused}"
+        assert (raised.value.error_type, raised.value.message) == (ErrorType.SCHEMA_VIOLATION, said)
