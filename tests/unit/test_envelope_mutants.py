@@ -9,7 +9,16 @@ from typing import Any
 import pytest
 from pydantic import ValidationError, create_model, field_validator
 
-from consumer.envelope import MAX_KEY_LENGTH, KeySource, parse_message, payload_hash, receive_count, schema_violation
+from consumer.envelope import (
+    MAX_KEY_BYTES,
+    MAX_KEY_LENGTH,
+    MAX_NESTING_DEPTH,
+    KeySource,
+    parse_message,
+    payload_hash,
+    receive_count,
+    schema_violation,
+)
 from consumer.errors import MAX_REASON_CHARS, ErrorType, PoisonMessage
 
 BODY = json.dumps({"eventType": "Anything", "payload": {}})
@@ -137,8 +146,11 @@ def test_the_payload_hash_is_the_sha256_of_its_canonical_json(payload: dict[str,
         (" \t", "is empty or blank"),
         ("k" * MAX_KEY_LENGTH, None),
         ("k" * (MAX_KEY_LENGTH + 1), f"is longer than {MAX_KEY_LENGTH} characters"),
+        ("a\x01b", "holds characters SQS cannot carry (control characters or lone surrogates)"),
+        ("\U0001f600" * (MAX_KEY_BYTES // 4), None),
+        ("\U0001f600" * (MAX_KEY_BYTES // 4 + 1), f"is longer than {MAX_KEY_BYTES} bytes in UTF-8"),
     ],
-    ids=["blank", "longest", "one-too-long"],
+    ids=["blank", "longest", "one-too-long", "control-character", "most-bytes", "one-character-too-many-bytes"],
 )
 def test_a_key_is_refused_blank_or_past_its_length_and_kept_at_it(key: str, refused: str | None) -> None:
     # From the attribute: the body's key is bounded by the envelope's model first.
@@ -150,3 +162,16 @@ def test_a_key_is_refused_blank_or_past_its_length_and_kept_at_it(key: str, refu
             parse_message(message)
         said = f"idempotency key (messageAttributes.IdempotencyKey) {refused}"
         assert (raised.value.error_type, raised.value.message) == (ErrorType.SCHEMA_VIOLATION, said)
+
+
+def test_a_body_too_deep_is_refused_whatever_sits_beside_the_deep_part() -> None:
+    # The scalar is read first: the walk must go on past it to the deep part.
+    deep: Any = 1
+    for _ in range(MAX_NESTING_DEPTH + 1):
+        deep = [deep]
+    body = json.dumps({"eventType": "Anything", "payload": {"deep": deep}, "z": 1})
+
+    with pytest.raises(PoisonMessage) as raised:
+        parse_message({"messageId": "m-1", "body": body})
+    said = f"body nests deeper than the limit of {MAX_NESTING_DEPTH}"
+    assert (raised.value.error_type, raised.value.message) == (ErrorType.NESTING_TOO_DEEP, said)

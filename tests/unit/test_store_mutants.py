@@ -240,12 +240,17 @@ def test_a_transactions_token_is_its_claims_own(stubbed: tuple[IdempotencyStore,
         ([], TransientError, "transaction cancelled: no reason given"),
         (["None", "ValidationError"], TransientError, "transaction cancelled: ValidationError"),
         (
+            ["ValidationError", "ThrottlingError"],
+            TransientError,
+            "transaction cancelled: ThrottlingError, ValidationError",
+        ),
+        (
             ["None", "TransactionConflict", "ThrottlingError"],
             TransactionConflict,
             "transaction cancelled: ThrottlingError, TransactionConflict",
         ),
     ],
-    ids=["no-reasons", "other-code", "conflict"],
+    ids=["no-reasons", "other-code", "other-codes", "conflict"],
 )
 def test_a_cancelled_transaction_says_every_code_it_met(
     stubbed: tuple[IdempotencyStore, Stubber], codes: list[str], error: type[Exception], said: str
