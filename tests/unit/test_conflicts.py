@@ -23,7 +23,7 @@ from consumer.errors import TransactionConflict
 from consumer.idempotency.record import Status
 from consumer.outcome import Outcome
 from consumer.prepared import Prepared
-from testkit.lambda_sqs import REGION, sqs_record
+from testkit.lambda_sqs import FIFO_QUEUE_ARN, REGION, sqs_record
 from testkit.webhook import WebhookSink
 from tests.handlers import call_body, tally_body
 from tests.unit.conftest import Clock, Consumer, make_consumer, total
@@ -242,6 +242,32 @@ def test_a_shared_key_and_a_shared_tally_join_lanes_transitively(consumer: Consu
     lanes = _lanes(prepared(consumer, records), fifo=False)
 
     assert lanes == [[0, 1, 2]]
+
+
+def test_a_message_joining_a_lane_brings_its_own_keys_to_it(consumer: Consumer) -> None:
+    records = [
+        sqs_record("x", tally_body("p-1", tally_id="t-a", key="k-1")),
+        # Joins x's lane by its key, and brings its tally t-b with it...
+        sqs_record("y", json.dumps({**json.loads(tally_body("p-1", tally_id="t-b", key="k-1"))})),
+        # ...so that a message to t-b, under a key of its own, waits in the same lane.
+        sqs_record("z", tally_body("p-3", tally_id="t-b", key="k-3")),
+    ]
+
+    lanes = _lanes(prepared(consumer, records), fifo=False)
+
+    assert lanes == [[0, 1, 2]]
+
+
+def test_on_a_fifo_queue_a_message_without_a_group_is_a_lane_of_its_own(consumer: Consumer) -> None:
+    # Only a malformed record lacks its group; it must not join any group's lane, whatever the group is called.
+    records = [
+        sqs_record(name, tally_body(f"p-{name}"), group_id=name, queue_arn=FIFO_QUEUE_ARN) for name in ("A", "XXXX")
+    ]
+    records.append(sqs_record("no-group", tally_body("p-none"), queue_arn=FIFO_QUEUE_ARN))
+
+    lanes = _lanes(prepared(consumer, records), fifo=True)
+
+    assert sorted(lanes) == [[0], [1], [2]]
 
 
 def test_a_hot_tally_batch_applies_every_entry_once_in_order(consumer: Consumer) -> None:
