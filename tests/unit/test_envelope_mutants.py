@@ -1,5 +1,5 @@
 """The envelope's edges that `make mutation` found untested: attribute keys, a reason's length, the receive count, the
-payload's hash, the key's limits."""
+payload's hash, the key's and the body's limits, the FIFO group."""
 
 from __future__ import annotations
 
@@ -10,16 +10,19 @@ import pytest
 from pydantic import ValidationError, create_model, field_validator
 
 from consumer.envelope import (
+    MAX_BODY_BYTES,
     MAX_KEY_BYTES,
     MAX_KEY_LENGTH,
     MAX_NESTING_DEPTH,
     KeySource,
+    message_group_id,
     parse_message,
     payload_hash,
     receive_count,
     schema_violation,
 )
 from consumer.errors import MAX_REASON_CHARS, ErrorType, PoisonMessage
+from testkit.lambda_sqs import FIFO_QUEUE_ARN
 
 BODY = json.dumps({"eventType": "Anything", "payload": {}})
 
@@ -175,3 +178,34 @@ def test_a_body_too_deep_is_refused_whatever_sits_beside_the_deep_part() -> None
         parse_message({"messageId": "m-1", "body": body})
     said = f"body nests deeper than the limit of {MAX_NESTING_DEPTH}"
     assert (raised.value.error_type, raised.value.message) == (ErrorType.NESTING_TOO_DEEP, said)
+
+
+@pytest.mark.parametrize(
+    ("attributes", "group"),
+    [({"MessageGroupId": "g-1"}, "g-1"), ({"MessageGroupId": ""}, None), ({"MessageGroupId": 7}, None), ("x", None)],
+    ids=["a-group", "empty", "not-text", "attributes-not-a-mapping"],
+)
+def test_a_fifo_messages_group_is_its_text_or_none(attributes: Any, group: str | None) -> None:
+    message = {"messageId": "m-1", "body": BODY, "eventSourceARN": FIFO_QUEUE_ARN, "attributes": attributes}
+    assert message_group_id(message) == group
+
+
+def test_a_body_that_is_not_text_says_what_it_is() -> None:
+    with pytest.raises(PoisonMessage) as raised:
+        parse_message({"messageId": "m-1", "body": 7})
+    assert (raised.value.error_type, raised.value.message) == (ErrorType.INVALID_JSON, "body is not text, got int")
+
+
+@pytest.mark.parametrize(("extra", "too_large"), [(0, False), (1, True)], ids=["at-the-limit", "one-byte-over"])
+def test_a_body_is_refused_past_its_byte_limit_and_kept_at_it(extra: int, too_large: bool) -> None:
+    frame = json.dumps({"eventType": "Anything", "payload": {"pad": ""}})
+    body = frame.replace('"pad": ""', '"pad": "' + "x" * (MAX_BODY_BYTES - len(frame) + extra) + '"')
+    assert len(body.encode()) == MAX_BODY_BYTES + extra
+
+    if too_large:
+        with pytest.raises(PoisonMessage) as raised:
+            parse_message({"messageId": "m-1", "body": body})
+        said = f"body is {MAX_BODY_BYTES + 1} bytes, the limit is {MAX_BODY_BYTES}"
+        assert (raised.value.error_type, raised.value.message) == (ErrorType.BODY_TOO_LARGE, said)
+    else:
+        assert parse_message({"messageId": "m-1", "body": body}).payload == {"pad": "x" * (len(body) - len(frame))}
