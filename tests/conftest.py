@@ -55,8 +55,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-    # Longest first: xdist deals the tests out in this order, and one left to the end of a worker's queue sets the
-    # suite's wall time alone while the other workers wait.
+    # Longest first: xdist deals the tests out in this order. Its first share to each worker is a run of consecutive
+    # tests, so today the long ones start together on one worker; spreading them needs a scheduler of our own.
     items.sort(key=_expected_seconds, reverse=True)
 
 
