@@ -14,6 +14,7 @@ from typing import Any
 import botocore.loaders
 import botocore.session
 import pytest
+from hypothesis import settings
 
 from local.stack import DeployedStack, deploy_stack
 from testkit.conflict_emulation import ConflictEmulation
@@ -38,6 +39,11 @@ def _one_data_loader() -> None:
 
 
 _one_data_loader()
+
+# A property test draws the same examples on every run, so a result of `make test` never depends on a draw;
+# `make fuzz` explores with fresh draws (and prints the seed that replays them).
+settings.register_profile("make-test", derandomize=True)
+settings.load_profile("make-test")
 
 
 # A test's property of this name is printed at the end of the run, passed or not (xdist carries it back).

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from boto3.dynamodb.types import TypeSerializer
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from consumer.idempotency.attribute_values import attribute_value
@@ -17,6 +17,9 @@ _leaf = st.one_of(
     st.booleans(),
     st.integers(-(10**30), 10**30),
     st.decimals(allow_nan=False, allow_infinity=False, places=4),
+    # Past DynamoDB's 38 significant digits, on purpose: boto3 refuses these rather than round them.
+    st.integers(10**37, 10**40).map(lambda digits: Decimal(digits).scaleb(-4)),
+    st.integers(-(10**40), -(10**37)),
     st.text(max_size=20),
     st.binary(min_size=1, max_size=8),
 )
@@ -42,13 +45,42 @@ def _canonical(value: Any) -> Any:
 
 
 @given(_values)
+@example(Decimal("10000000000000000000000000000000000.0001"))
+@example(Decimal("12345678901234567890123456789012345678"))
 def test_every_value_serializes_as_boto3_serializes_it(value: Any) -> None:
-    assert _canonical(attribute_value(value)) == _canonical(TypeSerializer().serialize(value))
+    try:
+        expected = TypeSerializer().serialize(value)
+    except (TypeError, ArithmeticError):
+        with pytest.raises(TypeError):
+            attribute_value(value)
+    else:
+        assert _canonical(attribute_value(value)) == _canonical(expected)
 
 
 @pytest.mark.parametrize("value", [1.5, float("nan"), object(), set(), {1, "a"}])
 def test_what_dynamodb_cannot_hold_exactly_is_refused(value: Any) -> None:
     with pytest.raises(TypeError):
+        attribute_value(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        Decimal("10000000000000000000000000000000000.0001"),  # 39 significant digits: DynamoDB would round it
+        10**38,
+        Decimal("1E+200"),
+        Decimal("1E-200"),
+        {Decimal("123456789012345678901234567890123456789")},
+    ],
+)
+def test_a_number_dynamodb_would_round_is_refused_not_stored_rounded(value: Any) -> None:
+    with pytest.raises(TypeError, match=r"DynamoDB cannot hold .* exactly: at most 38 significant digits"):
+        attribute_value(value)
+
+
+@pytest.mark.parametrize("value", [Decimal("NaN"), Decimal("Infinity"), Decimal("-Infinity"), {Decimal("NaN")}])
+def test_a_number_that_is_not_finite_is_refused(value: Any) -> None:
+    with pytest.raises(TypeError, match="no DynamoDB number for"):
         attribute_value(value)
 
 

@@ -53,6 +53,7 @@ settings.register_profile(
 settings.register_profile(
     "fuzz",
     max_examples=int(os.environ.get("FUZZ_EXAMPLES", "7000")),
+    derandomize=False,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

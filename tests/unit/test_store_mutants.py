@@ -274,3 +274,17 @@ def test_a_transaction_takes_as_many_business_writes_as_dynamodb_allows_and_no_m
     assert store.apply_once("Ev#k-1", "hash", writes=most) == Applied("Ev#k-1", "t-1")
     with pytest.raises(ValueError, match=f"^at most {MAX_BUSINESS_WRITES} business writes per message, got 100$"):
         store.apply_once("Ev#k-2", "hash", writes=(*most, _WRITE[0]))
+
+
+def test_a_record_lives_through_its_expiry_second(store: IdempotencyStore, clock: Clock) -> None:
+    # Expiry compares whole seconds, as TTL does: within the second expiresAt names the record still holds its key.
+    first = store.claim("Ev#k-1", "hash", lease_ms=30_000)
+    assert isinstance(first, Claimed)
+    store.commit(first, "done")
+    record = store.get("Ev#k-1")
+    assert record is not None and record.expires_at is not None
+
+    clock.now = record.expires_at + 0.999
+    assert isinstance(store.claim("Ev#k-1", "hash", lease_ms=30_000), Duplicate)
+    clock.now = record.expires_at + 1
+    assert isinstance(store.claim("Ev#k-1", "hash", lease_ms=30_000), Claimed)
