@@ -95,8 +95,9 @@ test: ## [proof] everything CI runs: the static checks first (lint, template, ta
 	@# The static stage: a mistake there stops make test here, before any server or runtime starts.
 	@$(MAKE) --no-print-directory -j3 --output-sync=target lint validate static lambda-venv
 	@# Three workers on two cores: each waits on its own servers and runtimes as much as it computes, so a third
-	@# keeps both cores busy.
-	$(PY) -m pytest -n 3 $(addprefix --ignore=,$(STATIC_TESTS))
+	@# keeps both cores busy. A file goes whole to the next free worker, in collection order (longest first): the long
+	@# tests spread over the workers, and a module's fixtures are set up once.
+	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder $(addprefix --ignore=,$(STATIC_TESTS))
 
 .PHONY: fuzz
 fuzz: venv ## [proof] the whole handler fuzzed with hostile batches for about 20 minutes (make test runs a bounded sample)

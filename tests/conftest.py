@@ -61,8 +61,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-    # Longest first: xdist deals the tests out in this order. Its first share to each worker is a run of consecutive
-    # tests, so today the long ones start together on one worker; spreading them needs a scheduler of our own.
+    # Longest first: make test deals whole files to the workers in this order (--dist loadfile), so the files with the
+    # long tests start first, each on the next free worker, and the short files fill in behind them.
     items.sort(key=_expected_seconds, reverse=True)
 
 

@@ -1,5 +1,5 @@
-"""README's "A handler with its own table" and "Replacing the examples", followed to the letter on
-copies of the project.
+"""README's "A handler with its own table", followed to the letter on copies of the project (and the
+steps that test_replacing_the_examples.py shares).
 
 With every step the tests a new handler and table can break pass, and the handler is routed
 with its table named, beside any handler the user registered already; with one step left out or
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -191,75 +190,3 @@ def test_each_step_left_out_fails_the_test_the_readme_names(
 
     assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
     assert said in done.stdout, done.stdout[-4000:]
-
-
-def _delete_with_indented(path: Path, block: str) -> None:
-    """Each line of ``block`` deleted from ``path`` (where it must appear exactly once) with the lines
-    indented under it, as README's "Replacing the examples" asks."""
-    lines = path.read_text().splitlines(keepends=True)
-    for wanted in filter(str.strip, block.splitlines()):
-        found = [i for i, line in enumerate(lines) if line.rstrip("\n") == wanted]
-        assert len(found) == 1, f"{wanted!r} is {len(found)} times in {path.name}: update README's list"
-        start = end = found[0]
-        depth = len(wanted) - len(wanted.lstrip())
-        end += 1
-        while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > depth):
-            end += 1
-        del lines[start:end]
-    path.write_text("".join(lines))
-
-
-def _replace_the_examples(project: Path) -> None:
-    """README's "Replacing the examples" on ``project``: every example's files deleted, its registration
-    removed, its lines of template.yaml deleted with the lines indented under them."""
-    text = (project / "README.md").read_text()
-    section = text[text.index("\n## Replacing the examples\n") + 1 :]
-    section = section[: section.index("\n## ")]
-    for listed in re.findall(r"^- Files: ((?:.|\n  )*)", section, re.MULTILINE):
-        for name in re.findall(r"`([^`]+)`", listed):
-            (project / name).unlink()
-    removed = tuple(re.findall(r"^- Registration: `(\w+)`", section, re.MULTILINE))
-    assert len(removed) == 3, "README names each example's registration: update this test if that changed"
-    registry = project / "src/consumer/handlers/__init__.py"
-    # A registered example's module goes with its registration (the refund's copy, when a user made one).
-    for module, name in re.findall(
-        r"^from consumer\.handlers\.(\w+) import (\w+)$", registry.read_text(), re.MULTILINE
-    ):
-        if name in removed:
-            (registry.parent / f"{module}.py").unlink(missing_ok=True)
-    _register(registry, remove=removed)
-    for block in re.findall(r"^```yaml\n(.*?)^```", section, re.MULTILINE | re.DOTALL):
-        _delete_with_indented(project / "template.yaml", block)
-
-
-_LINT = (
-    ["ruff", "check", "."],
-    ["ruff", "format", "--check", "."],
-    ["mypy", "--strict", "src"],
-    ["mypy", "testkit", "local", "chaos", "bench", "tests"],
-)
-
-
-@pytest.mark.long(150)
-def test_replacing_the_examples_as_the_readme_says_leaves_a_project_that_passes_lint_and_tests(
-    tmp_path: Path,
-) -> None:
-    """Both examples removed and the inventory example added, each as README says, on a copy: lint and the
-    static and unit tests pass there. The whole suite on a copy (the local stack, chaos) is too slow for
-    ``make test``; it is what a clone runs after this."""
-    _copy_of_the_project(tmp_path)
-    _replace_the_examples(tmp_path)
-    _follow(tmp_path)
-
-    assert sorted(_routed(tmp_path)) == ["InventoryReserved"]
-    template = (tmp_path / "template.yaml").read_text()
-    assert [name for name in ("LedgerTable", "ReceiptWebhookUrl", "WebhookSecretArn") if name in template] == []
-    # mypy checks its cache against each file's hash: the checkout's (make lint runs first) spares what is unchanged.
-    if (REPO_ROOT / ".mypy_cache").is_dir():
-        shutil.copytree(REPO_ROOT / ".mypy_cache", tmp_path / ".mypy_cache")
-    for command in _LINT:
-        done = _run(tmp_path, [str(Path(sys.executable).parent / command[0]), *command[1:]])
-        assert done.returncode == 0, (command, done.stdout[-4000:] + done.stderr[-2000:])
-    ignored = ["--ignore=tests/unit/test_making_it_theirs.py"]
-    done = _pytest(tmp_path, ["tests/infrastructure", "tests/unit"], *ignored, "-p", "no:xdist")
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
