@@ -64,6 +64,9 @@ _LINT = (
 
 
 @pytest.mark.long(150)
+# Lint and the unit tests of a whole copy, beside the other workers' tests on two cores: about five minutes, more
+# than the suite's bound for one test; its own commands keep their bounds (_run), so a hang still stops it.
+@pytest.mark.timeout(600)
 def test_replacing_the_examples_as_the_readme_says_leaves_a_project_that_passes_lint_and_tests(
     tmp_path: Path,
 ) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
 from botocore.stub import Stubber
 
 from consumer.errors import BusinessConditionFailed, TransactionConflict, TransientError
@@ -288,3 +289,42 @@ def test_a_record_lives_through_its_expiry_second(store: IdempotencyStore, clock
     assert isinstance(store.claim("Ev#k-1", "hash", lease_ms=30_000), Duplicate)
     clock.now = record.expires_at + 1
     assert isinstance(store.claim("Ev#k-1", "hash", lease_ms=30_000), Claimed)
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "said"),
+    [
+        ("", 500, "DynamoDB 500: "),  # a server error without a code of its own: its status says what it was
+        ("SomethingNew", 503, "DynamoDB SomethingNew: "),
+        ("ThrottlingException", 400, "DynamoDB ThrottlingException: "),
+    ],
+)
+def test_any_server_error_is_transient_and_named(
+    store: IdempotencyStore, dynamodb: Any, code: str, status: int, said: str
+) -> None:
+    with Stubber(dynamodb) as stub:
+        stub.add_client_error("get_item", service_error_code=code, http_status_code=status)
+        with pytest.raises(TransientError) as error:
+            store.get("Ev#k-1")
+    assert str(error.value).startswith(said)
+
+
+def test_a_client_error_below_500_without_a_transient_code_is_raised_as_it_is(
+    store: IdempotencyStore, dynamodb: Any
+) -> None:
+    with Stubber(dynamodb) as stub:
+        stub.add_client_error("get_item", service_error_code="", http_status_code=499)
+        with pytest.raises(ClientError) as error:
+            store.get("Ev#k-1")
+    assert not isinstance(error.value, TransientError)
+
+
+def test_an_unreachable_dynamodb_is_transient_and_says_so(
+    store: IdempotencyStore, dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreachable(**_: Any) -> None:
+        raise EndpointConnectionError(endpoint_url="https://dynamodb.example")
+
+    monkeypatch.setattr(dynamodb, "get_item", unreachable)
+    with pytest.raises(TransientError, match=r"^DynamoDB unreachable: Could not connect to the endpoint URL"):
+        store.get("Ev#k-1")

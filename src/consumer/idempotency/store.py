@@ -533,7 +533,7 @@ class IdempotencyStore:
         try:
             return operation(**kwargs)
         except ClientError as error:
-            code = error.response.get("Error", {}).get("Code", "")
+            code = error.response.get("Error", {}).get("Code")
             status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
             if code == _CONFLICT_CODE:
                 raise TransactionConflict(f"DynamoDB {code}: {error}") from error
