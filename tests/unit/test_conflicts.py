@@ -43,13 +43,16 @@ class Conflicts:
         if self.left <= 0:
             return None
         self.left -= 1
+        # As botocore's parser answers: the error and the response's metadata.
+        answer: dict[str, Any] = {"ResponseMetadata": {"HTTPStatusCode": 400}}
         if self.operation == "TransactWriteItems":
             reasons = [{"Code": "None"}] * len(json.loads(params["body"])["TransactItems"])
             reasons[1] = {"Code": "TransactionConflict", "Message": "Transaction is ongoing for the item"}
-            error = {"Code": "TransactionCanceledException", "Message": "Transaction cancelled"}
-            return AWSResponse("", 400, HTTPHeaders(), None), {"Error": error, "CancellationReasons": reasons}
-        error = {"Code": "TransactionConflictException", "Message": "Transaction is ongoing for the item"}
-        return AWSResponse("", 400, HTTPHeaders(), None), {"Error": error}
+            answer["CancellationReasons"] = reasons
+            answer["Error"] = {"Code": "TransactionCanceledException", "Message": "Transaction cancelled"}
+        else:
+            answer["Error"] = {"Code": "TransactionConflictException", "Message": "Transaction is ongoing for the item"}
+        return AWSResponse("", 400, HTTPHeaders(), None), answer
 
 
 @pytest.fixture

@@ -533,8 +533,9 @@ class IdempotencyStore:
         try:
             return operation(**kwargs)
         except ClientError as error:
-            code = error.response.get("Error", {}).get("Code")
-            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            # botocore's parsers give every error both, a body it cannot read a Code of its status.
+            code = error.response["Error"]["Code"]
+            status = error.response["ResponseMetadata"]["HTTPStatusCode"]
             if code == _CONFLICT_CODE:
                 raise TransactionConflict(f"DynamoDB {code}: {error}") from error
             if code in _TRANSIENT_CODES or status >= 500:
