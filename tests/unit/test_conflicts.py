@@ -16,11 +16,13 @@ import boto3
 import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.compat import HTTPHeaders
+from botocore.stub import Stubber
 
 from consumer.batch import _lanes
 from consumer.conflicts import ConflictRetry
 from consumer.errors import TransactionConflict
 from consumer.idempotency.record import Status
+from consumer.idempotency.store import Contended, IdempotencyStore
 from consumer.outcome import Outcome
 from consumer.prepared import Prepared
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, REGION, sqs_record
@@ -120,6 +122,28 @@ def test_waits_grow_exponentially_with_full_jitter_and_stop_at_the_cap() -> None
     last, _ = policy.run(write, lambda: 30_000)
     assert isinstance(last, TransactionConflict)
     assert waits == [0.01, 0.02, 0.04, 0.05, 0.05]
+
+
+# -- the store's use of it -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "remaining"),
+    [(None, lambda: 30_000), (retry_policy(), None)],
+    ids=["no-policy", "no-time-given"],
+)
+def test_without_a_policy_or_a_time_to_bound_it_a_conflict_is_tried_once_and_answered_as_contended(
+    policy: ConflictRetry | None, remaining: Any
+) -> None:
+    client = boto3.client("dynamodb", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    store = IdempotencyStore(client, "records", ttl_seconds=60, conflicts=policy)
+    with Stubber(client) as stub:
+        stub.add_client_error("update_item", service_error_code="TransactionConflictException", http_status_code=400)
+        contended = store.claim("Ev#k-1", "hash", lease_ms=30_000, remaining_ms=remaining)
+        stub.assert_no_pending_responses()
+    assert isinstance(contended, Contended)
+    assert contended.conflicts_absorbed == 0
+    assert contended.reason.startswith("DynamoDB TransactionConflictException")
 
 
 # -- through the function's assembly ------------------------------------------------------------
