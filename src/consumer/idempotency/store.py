@@ -533,7 +533,7 @@ class IdempotencyStore:
         try:
             return operation(**kwargs)
         except ClientError as error:
-            # botocore's parsers give every error both, a body it cannot read a Code of its status.
+            # botocore's parser gives every error both: a body without a code gets its HTTP status as one.
             code = error.response["Error"]["Code"]
             status = error.response["ResponseMetadata"]["HTTPStatusCode"]
             if code == _CONFLICT_CODE:
