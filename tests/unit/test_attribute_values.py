@@ -67,7 +67,7 @@ def test_what_dynamodb_cannot_hold_exactly_is_refused(value: Any) -> None:
     "value",
     [
         Decimal("10000000000000000000000000000000000.0001"),  # 39 significant digits: DynamoDB would round it
-        10**38,
+        10**38,  # 39 digits as written: boto3 refuses it as rounded too
         Decimal("1E+200"),
         Decimal("1E-200"),
         {Decimal("123456789012345678901234567890123456789")},

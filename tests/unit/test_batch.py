@@ -330,12 +330,20 @@ def test_lanes_run_on_the_pool_only_when_there_are_several_and_workers_for_them(
 def test_one_pool_of_max_workers_threads_serves_every_invocation(
     dynamodb: Any, sqs: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    two_at_once = threading.Barrier(2, timeout=10)
+    changed = threading.Condition()
     names: list[str] = []
+    running = [0]
+    most_at_once = [0]
 
     def execute(self: MessageProcessor, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
-        names.append(threading.current_thread().name)
-        two_at_once.wait()  # lanes in pairs, so that a pool of more threads would start more of them
+        with changed:
+            names.append(threading.current_thread().name)
+            running[0] += 1
+            most_at_once[0] = max(most_at_once[0], running[0])
+            changed.notify_all()
+            # Each lane holds its thread while the batch hands out the rest: a pool of more threads starts a third.
+            changed.wait_for(lambda: running[0] > 2, timeout=0.3)
+            running[0] -= 1
         return MessageResult(item.message_id, Outcome.APPLIED)
 
     monkeypatch.setattr(MessageProcessor, "execute", execute)
@@ -346,6 +354,7 @@ def test_one_pool_of_max_workers_threads_serves_every_invocation(
 
     assert len(names) == 8
     assert set(names) <= {"message_0", "message_1"}
+    assert most_at_once[0] == 2
 
 
 def test_a_batch_result_counts_its_outcomes_and_the_conflicts_absorbed() -> None:
