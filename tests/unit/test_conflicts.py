@@ -29,7 +29,7 @@ from testkit.lambda_sqs import FIFO_QUEUE_ARN, REGION, sqs_record
 from testkit.webhook import WebhookSink
 from tests.handlers import call_body, tally_body
 from tests.unit.conftest import Clock, Consumer, make_consumer, total
-from tests.utils import Remaining
+from tests.utils import Remaining, offline_dynamodb
 
 
 class Conflicts:
@@ -135,7 +135,7 @@ def test_waits_grow_exponentially_with_full_jitter_and_stop_at_the_cap() -> None
 def test_without_a_policy_or_a_time_to_bound_it_a_conflict_is_tried_once_and_answered_as_contended(
     policy: ConflictRetry | None, remaining: Any
 ) -> None:
-    client = boto3.client("dynamodb", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    client = offline_dynamodb()
     store = IdempotencyStore(client, "records", ttl_seconds=60, conflicts=policy)
     with Stubber(client) as stub:
         stub.add_client_error("update_item", service_error_code="TransactionConflictException", http_status_code=400)

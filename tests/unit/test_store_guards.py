@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
 from consumer.idempotency.store import CLAIM_UPDATE, OWNER, Claimed, IdempotencyStore, Refused
 from consumer.idempotency.writes import ConditionCheck, Update
+from tests.utils import offline_dynamodb
 
 TABLE = "records"
 GUARD = (
@@ -27,7 +27,7 @@ UNDO = (Update("accounts", {"id": "acc-2"}, "REMOVE holdKey", condition="holdKey
 
 @pytest.fixture
 def stubbed() -> Iterator[tuple[IdempotencyStore, Stubber]]:
-    client = boto3.client("dynamodb", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    client = offline_dynamodb()
     with Stubber(client) as stubber:
         yield (
             IdempotencyStore(client, TABLE, ttl_seconds=3600, clock=lambda: 1_800_000_000.0, new_token=lambda: "t-1"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 from botocore.stub import Stubber
@@ -15,11 +14,12 @@ from consumer.idempotency.record import IdempotencyRecord, Status
 from consumer.idempotency.store import Applied, Claimed, Committed, Duplicate, Fenced, IdempotencyStore, InFlight
 from consumer.idempotency.writes import MAX_BUSINESS_WRITES, ConditionCheck, Put, Update
 from tests.unit.conftest import TALLIES, Clock
+from tests.utils import offline_dynamodb
 
 
 def test_a_read_is_strongly_consistent() -> None:
     # An eventually consistent read may miss a commit made a moment ago: get() promises the latest write.
-    client = boto3.client("dynamodb", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    client = offline_dynamodb()
     with Stubber(client) as stubber:
         stubber.add_response(
             "get_item", {}, {"TableName": "records", "Key": {"id": {"S": "Ev#k-1"}}, "ConsistentRead": True}
@@ -106,7 +106,7 @@ def test_an_optimistic_apply_stores_the_result_a_duplicate_reads_back(store: Ide
 
 def test_a_retried_claim_that_finds_its_own_record_is_that_claim() -> None:
     # botocore retried a claim whose first answer was lost: the item carries this claim's token.
-    client = boto3.client("dynamodb", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    client = offline_dynamodb()
     mine = {
         "id": {"S": "Ev#k-1"},
         "status": {"S": "IN_PROGRESS"},
@@ -141,7 +141,7 @@ _WRITE = (Put(TALLIES, {"tallyId": "t-1", "entryId": "e-1"}),)
 
 @pytest.fixture
 def stubbed() -> Iterator[tuple[IdempotencyStore, Stubber]]:
-    client = boto3.client("dynamodb", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    client = offline_dynamodb()
     tokens = iter(["t-1", "t-2"])
     with Stubber(client) as stubber:
         yield (
