@@ -118,10 +118,9 @@ def _run(project: Path, command: list[str], timeout: int = 240) -> subprocess.Co
     )
 
 
-def _pytest(project: Path, tests: list[str], *options: str) -> subprocess.CompletedProcess[str]:
-    return _run(
-        project, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *options, *tests]
-    )
+def _pytest(project: Path, tests: list[str], *options: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *options, *tests]
+    return _run(project, command, timeout=timeout)
 
 
 def _routed(project: Path) -> dict[str, dict[str, str]]:
