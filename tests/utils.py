@@ -6,11 +6,9 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import boto3
-
 from consumer.config import Settings
 from consumer.handlers import declared_settings, declared_tables
-from testkit.lambda_sqs import REGION
+from testkit.aws import session
 from testkit.template import REPO_ROOT
 from tests.handlers import TEST_TABLES, create_test_tables
 
@@ -87,4 +85,4 @@ class Remaining:
 
 def offline_dynamodb() -> Any:
     """A DynamoDB client that reaches no server: for tests that answer it through botocore's Stubber."""
-    return boto3.client("dynamodb", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    return session().client("dynamodb")
