@@ -9,7 +9,6 @@ queue's own redrive policy.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -29,22 +28,6 @@ _SQS_MAX = 10  # messages per ReceiveMessage, entries per DeleteMessageBatch
 # Short long-polls keep a stop request prompt; Lambda's own pollers wait 20 s.
 _WAIT_TIME_S = 1
 logger = logging.getLogger(__name__)
-_fifo_receive_locks: dict[str, threading.Lock] = {}
-_fifo_receive_locks_guard = threading.Lock()
-
-
-def receive_guard(queue: QueueResource) -> contextlib.AbstractContextManager[object]:
-    """One ``ReceiveMessage`` at a time on a FIFO queue, across every poller of this process.
-
-    moto (5.2.5) decides which message groups are held from a snapshot taken when a receive starts, with no lock between
-    concurrent receives: two at once hand the same group to two pollers, and its messages complete out of order
-    (measured: 4 groups of 6 broken with 3 receivers). SQS never does; serialising the receives restores its rule. A
-    standard queue promises no order and is left alone.
-    """
-    if not queue.fifo:
-        return contextlib.nullcontext()
-    with _fifo_receive_locks_guard:
-        return _fifo_receive_locks.setdefault(queue.url, threading.Lock())
 
 
 class BatchVerdict(StrEnum):
@@ -142,14 +125,13 @@ class Poller:
         window_ends = time.monotonic() + self._trigger.batching_window_s
         while len(messages) < self._trigger.batch_size:
             wait_s = _WAIT_TIME_S if not messages else max(0, round(window_ends - time.monotonic()))
-            with receive_guard(self._queue):
-                answer = self._sqs.receive_message(
-                    QueueUrl=self._queue.url,
-                    MaxNumberOfMessages=min(_SQS_MAX, self._trigger.batch_size - len(messages)),
-                    WaitTimeSeconds=wait_s,
-                    MessageSystemAttributeNames=["All"],
-                    MessageAttributeNames=["All"],
-                )
+            answer = self._sqs.receive_message(
+                QueueUrl=self._queue.url,
+                MaxNumberOfMessages=min(_SQS_MAX, self._trigger.batch_size - len(messages)),
+                WaitTimeSeconds=wait_s,
+                MessageSystemAttributeNames=["All"],
+                MessageAttributeNames=["All"],
+            )
             received = answer.get("Messages") or []
             messages.extend(received)
             if not received or time.monotonic() >= window_ends:

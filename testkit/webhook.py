@@ -77,10 +77,6 @@ class WebhookSink(Lifecycle):
             raise RuntimeError("the webhook sink is not running")
         return f"http://{LOOPBACK}:{self._server.server_address[1]}"
 
-    @property
-    def receipts_url(self) -> str:
-        return f"{self.url}/ReceiptWebhookUrl"
-
     def received(self) -> list[ReceivedRequest]:
         with self._lock:
             return list(self._received)

@@ -54,7 +54,7 @@ def ledger_item(dynamodb: Any, entry: str) -> dict[str, Any] | None:
 def test_a_receipt_is_posted_once_and_recorded_in_the_ledger(
     dynamodb: Any, sqs: Any, clock: Clock, sink: WebhookSink
 ) -> None:
-    receipts = consumer_with(dynamodb, sqs, clock, receipt_webhook_url=sink.receipts_url)
+    receipts = consumer_with(dynamodb, sqs, clock, receipt_webhook_url=f"{sink.url}/ReceiptWebhookUrl")
 
     assert receipts.failed_ids([sqs_record("r1", receipt("1")), sqs_record("r1-copy", receipt("1"))]) == []
     assert receipts.failed_ids([sqs_record("r1-redelivered", receipt("1"))]) == []
@@ -87,7 +87,9 @@ def test_a_webhook_beyond_loopback_without_a_secret_is_refused_at_start() -> Non
 def test_the_secret_setting_signs_each_receipt(dynamodb: Any, sqs: Any, clock: Clock, sink: WebhookSink) -> None:
     secret = "whsec_" + base64.b64encode(bytes(range(32))).decode()
     arn = boto3.client("secretsmanager").create_secret(Name="receipt-signing", SecretString=secret)["ARN"]
-    receipts = consumer_with(dynamodb, sqs, clock, receipt_webhook_url=sink.receipts_url, webhook_secret_arn=arn)
+    receipts = consumer_with(
+        dynamodb, sqs, clock, receipt_webhook_url=f"{sink.url}/ReceiptWebhookUrl", webhook_secret_arn=arn
+    )
 
     assert receipts.failed_ids([sqs_record("r", receipt("1"))]) == []
 
