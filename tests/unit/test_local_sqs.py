@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from moto.core import DEFAULT_ACCOUNT_ID
@@ -28,8 +28,8 @@ def backend(aws: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[SQSBackend]:
     yield sqs
 
 
-def _started(target: object, *args: object) -> threading.Thread:
-    thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+def _started(target: Callable[..., object], *args: object) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, daemon=True)
     thread.start()
     return thread
 
