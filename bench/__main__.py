@@ -14,7 +14,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -30,16 +30,16 @@ from bench.systems import SYSTEM_ENV, SYSTEMS, settings_environment
 from bench.timing import POWERTOOLS_ENV, REPO_ROOT, invoke, system_functions, time_batches
 from consumer.config import Settings
 from consumer.handlers import HANDLERS
-from testkit.aws import DUMMY_CREDENTIALS_ENV
+from testkit.aws import DUMMY_CREDENTIALS_ENV, client
 from testkit.dynamodb_local import DynamoDBLocal, JavaNotFound, jar_directory, java_runtime
 from testkit.lambda_runtime import LambdaEnvironment
-from testkit.lambda_sqs import REGION
+from testkit.moto_server import MotoServer
+from testkit.payloads import valid_payloads
 from testkit.webhook import WebhookSink
+from tests.hostile import hostile_family
 
 NARRATIVE = Path(__file__).resolve().parent / "methodology.md"
 _PACKAGES = ("boto3", "botocore", "moto", "aws-lambda-powertools", "pydantic")
-# DynamoDB Local has no SQS, and the benchmark sends no poison message: any record that fails stops the run.
-_UNUSED_QUEUE_URL = f"https://sqs.{REGION}.amazonaws.com/000000000000/bench-dead-letters-unused"
 _UNUSED_WEBHOOK_URL = "http://127.0.0.1:9/unused"  # the timed handler is optimistic: no webhook
 
 
@@ -57,7 +57,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warm-up-batches", type=int, default=20, help="per system, before timing (JVM)")
     parser.add_argument("--cost-messages", type=int, default=10, help="messages per case for calls and units")
     parser.add_argument("--cold-starts", type=int, default=9, help="fresh processes per system and CPU share")
-    parser.add_argument("--only", choices=["cold-start"], help="run one section, print it, write nothing")
+    parser.add_argument("--only", choices=["cold-start", "hostile"], help="run one section, print it, write nothing")
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--chart", type=Path, default=REPO_ROOT / "bench" / "batch-latency.png")
     parser.add_argument("--cost-chart", type=Path, default=REPO_ROOT / "bench" / "cost-per-million.png")
@@ -113,10 +113,11 @@ class _Run:
                 for system in systems:
                     self.results.costs.setdefault(system.name, {})[name] = message_costs(system, draws, probe, meter, n)
 
-    def measure_on_dynamodb_local(self) -> None:
-        _progress("DynamoDB Local behind the conflict emulation: starting")
-        with DynamoDBLocal() as server:
-            self.backend = backend = Backend(server.client(), _UNUSED_QUEUE_URL)
+    def measure_on_dynamodb_local(self, *, hostile_only: bool = False) -> None:
+        _progress("DynamoDB Local behind the conflict emulation, SQS from moto's server (dead letters): starting")
+        with DynamoDBLocal() as server, MotoServer() as sqs:
+            queue = client("sqs", sqs.endpoint_url).create_queue(QueueName="bench-dead-letters")["QueueUrl"]
+            self.backend = backend = Backend(server.client(), queue)
             self.settings = [backend.settings(system.name, _UNUSED_WEBHOOK_URL) for system in SYSTEMS]
             variables = {
                 system.name: {
@@ -124,16 +125,23 @@ class _Run:
                     **settings_environment(settings),
                     SYSTEM_ENV: system.name,
                     "AWS_ENDPOINT_URL_DYNAMODB": server.endpoint_url,
+                    "AWS_ENDPOINT_URL_SQS": sqs.endpoint_url,
                     **POWERTOOLS_ENV,
                     "POWERTOOLS_LOG_LEVEL": "INFO",
                 }
                 for system, settings in zip(SYSTEMS, self.settings, strict=True)
             }
-            for index, memory_mb in enumerate(self.arguments.memory_sizes):
-                _progress(f"starting the three functions at {memory_mb} MB")
+            if hostile_only:
+                variables = {SYSTEMS[0].name: variables[SYSTEMS[0].name]}
+            for index, memory_mb in enumerate([TARGET_MEMORY_MB] if hostile_only else self.arguments.memory_sizes):
+                _progress(f"starting the functions at {memory_mb} MB")
                 with system_functions(variables, memory_mb) as functions:
                     if index == 0:
                         self.warm_up(functions)
+                    if memory_mb == TARGET_MEMORY_MB:
+                        self.time_hostile(functions[SYSTEMS[0].name])
+                    if hostile_only:
+                        return
                     # At the target share every latency and batch size; elsewhere the cost chart's point.
                     sizes = (1, TARGET_BATCH) if memory_mb == TARGET_MEMORY_MB else (TARGET_BATCH,)
                     latencies = self.arguments.latencies_ms if memory_mb == TARGET_MEMORY_MB else [TARGET_LATENCY_MS]
@@ -147,6 +155,24 @@ class _Run:
         for _ in range(batches):
             for function in functions.values():
                 invoke(function, self.messages.bodies(TARGET_BATCH), 0)
+
+    def time_hostile(self, function: LambdaEnvironment) -> None:
+        """This consumer on each message at SQS's limits alone, against one valid message alone (no latency)."""
+        _progress(f"{TARGET_MEMORY_MB} MB: each message at SQS's limits, alone, against one valid message")
+        # Bodies alone: the benchmark's events carry no message attributes.
+        payload = valid_payloads(self.messages.handler, 1)[0]
+        family = [m for m in hostile_family(self.messages.handler.event_type, payload) if not m.message_attributes]
+        batches: dict[str, Callable[[], list[str]]] = {m.name: functools.partial(list, (m.body,)) for m in family}
+        batches[report.VALID] = lambda: self.messages.bodies(1)
+        for name, batch in batches.items():
+            self.results.hostile[name] = time_batches(
+                {name: function},
+                batch,
+                latency_ms=0,
+                min_repetitions=self.arguments.min_repetitions,
+                max_repetitions=self.arguments.max_repetitions,
+                precision=self.arguments.precision,
+            )[name]
 
     def time(self, functions: dict[str, LambdaEnvironment], key: TimingKey) -> None:
         _progress(f"{key.memory_mb} MB: batches of {key.batch_size} at {key.latency_ms} ms")
@@ -192,6 +218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"make bench needs DynamoDB Local: {error}", file=sys.stderr)
         return 2
     run = _Run(arguments)
+    if arguments.only == "hostile":
+        run.measure_on_dynamodb_local(hostile_only=True)
+        print("\n".join(report.hostile_section(run.results)))
+        return 0
     if arguments.only is None:
         with WebhookSink() as webhook, _function_output_discarded():
             run.measure_costs(webhook.url)

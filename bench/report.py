@@ -43,6 +43,8 @@ class BenchResults:
     costs: dict[str, dict[str, dict[str, Cost]]] = field(default_factory=dict)
     timings: dict[TimingKey, dict[str, Samples]] = field(default_factory=dict)
     cold_starts: ColdStarts | None = None
+    # This consumer at the target share, no latency: each message at SQS's limits alone, and VALID alone.
+    hostile: dict[str, Samples] = field(default_factory=dict)
 
     def samples(self, memory_mb: int, latency_ms: int, batch_size: int) -> dict[str, Samples]:
         return self.timings.get(TimingKey(memory_mb, latency_ms, batch_size), {})
@@ -56,6 +58,9 @@ class BenchResults:
         if samples is None or units is None:
             return None
         return cost_per_million(samples.median_s, TARGET_BATCH, memory_mb, units)
+
+
+VALID = "one valid message"
 
 
 def _ms(seconds: float) -> str:
@@ -238,6 +243,20 @@ def targets(results: BenchResults) -> list[str]:
     return verdicts
 
 
+def hostile_section(results: BenchResults) -> list[str]:
+    """Each message at SQS's limits against one valid message: the ratio of medians, with the range their intervals
+    allow (the lower end over the valid message's upper end, and the reverse)."""
+    valid = results.hostile.get(VALID)
+    if valid is None:
+        return []
+    (valid_low, valid_high), rows = valid.ci_s, []
+    for name, samples in sorted(results.hostile.items(), key=lambda item: item[1].median_s, reverse=True):
+        low, high = samples.ci_s
+        ratio = f"{samples.median_s / valid.median_s:.1f} [{low / valid_high:.1f}-{high / valid_low:.1f}]"
+        rows.append([name, _interval(samples.median_s, samples.ci_s), ratio])
+    return _table(["alone in its batch", "wall ms [95% CI]", "x one valid message [range]"], rows)
+
+
 def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str) -> str:
     today = datetime.date.today().isoformat()
     sqs = ", ".join(f"{count:g} {request}" for request, count in sqs_requests(TARGET_BATCH).items())
@@ -251,6 +270,9 @@ def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str
             f"![Batch wall time against injected DynamoDB latency]({charts[0]})",
         ],
         "## CPU per record (batch of 10, 10 ms), ms [95% CI]": _cpu_table(results),
+        f"## Messages at SQS's limits (tests.hostile), this consumer at {_share(TARGET_MEMORY_MB)}, no latency": (
+            hostile_section(results)
+        ),
         "## Cold start (fresh processes from the built artifact: init, then one new message)": (
             cold_start_section(results.cold_starts) if results.cold_starts else []
         ),
@@ -294,5 +316,6 @@ def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str
 
 def stdout_report(results: BenchResults) -> str:
     cold = cold_start_section(results.cold_starts) if results.cold_starts else []
-    tables = [*_timing_table(results), "", *_cpu_table(results), "", *cold, "", *handler_costs(results)]
+    tables = [*_timing_table(results), "", *_cpu_table(results), "", *hostile_section(results), "", *cold]
+    tables += ["", *handler_costs(results)]
     return "\n".join([*tables, "", *targets(results)])

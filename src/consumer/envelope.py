@@ -31,6 +31,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -46,6 +47,8 @@ MAX_KEY_BYTES = 1024
 _NOT_SQS_TEXT = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 SqsMessage = Mapping[str, Any]
+
+_SEPARATOR = "; "
 
 
 class KeySource(StrEnum):
@@ -77,9 +80,14 @@ class Message:
     idempotency_key: str
     key_source: KeySource
     payload: dict[str, Any]
-    payload_hash: str
     receive_count: int
     message_group_id: str | None
+
+    @cached_property
+    def payload_hash(self) -> str:
+        """The canonical payload's hash, once a handler's schema has accepted the payload: a refused one never
+        needs it, and for tens of thousands of fields it costs as much as reading the body."""
+        return payload_hash(self.payload)
 
     @property
     def record_id(self) -> str:
@@ -146,18 +154,26 @@ def payload_hash(payload: dict[str, Any]) -> str:
 
 
 def schema_violation(error: ValidationError, prefix: str = "") -> PoisonMessage:
-    """Every validation error, with where it is, as poison: as many as a dead letter's reason holds, then a count."""
-    found = [
-        f"{'.'.join([*([prefix] if prefix else []), *(str(part) for part in item['loc'])]) or 'body'}: {item['msg']}"
-        for item in error.errors()
-    ]
-    shown, reason = len(found), "; ".join(found)
-    while len(reason) > MAX_REASON_CHARS and shown > 0:
-        shown -= 1
-        reason = "; ".join(
-            [*found[:shown], f"{len(found) - shown} more past the reason's {MAX_REASON_CHARS} characters"]
-        )
-    return PoisonMessage(ErrorType.SCHEMA_VIOLATION, reason)
+    """Every validation error, with where it is, as poison: as many as a dead letter's reason holds, then a count.
+
+    One pass that stops at the reason's limit: a payload can carry tens of thousands of errors, and the
+    reason's work must not grow with them (joining the whole list once per error left out was quadratic)."""
+    total, shown, length = error.error_count(), [], -len(_SEPARATOR)
+    for item in error.errors(include_url=False, include_context=False, include_input=False):
+        where = ".".join([*([prefix] if prefix else []), *(str(part) for part in item["loc"])]) or "body"
+        text = f"{where}: {item['msg']}"
+        if length + len(_SEPARATOR) + len(text) > MAX_REASON_CHARS:
+            break
+        shown.append(text)
+        length += len(_SEPARATOR) + len(text)
+    # The count of those left out must fit too: give back listed errors until it does.
+    while len(shown) < total:
+        rest = f"{total - len(shown)} more past the reason's {MAX_REASON_CHARS} characters"
+        if length + len(_SEPARATOR) + len(rest) <= MAX_REASON_CHARS:
+            shown.append(rest)
+            break
+        length -= len(_SEPARATOR) + len(shown.pop())
+    return PoisonMessage(ErrorType.SCHEMA_VIOLATION, _SEPARATOR.join(shown))
 
 
 def _nesting_depth(value: object) -> int:
@@ -175,7 +191,8 @@ def _nesting_depth(value: object) -> int:
         deepest = max(deepest, depth)
         if deepest > MAX_NESTING_DEPTH:
             return deepest
-        stack.extend((child, depth + 1) for child in children)
+        # Only containers go on the stack: a wide object's scalars are most of its values.
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return deepest
 
 
@@ -249,7 +266,6 @@ def parse_message(message: SqsMessage) -> Message:
         idempotency_key=key,
         key_source=source,
         payload=envelope.payload,
-        payload_hash=payload_hash(envelope.payload),
         receive_count=receive_count(message),
         message_group_id=message_group_id(message),
     )

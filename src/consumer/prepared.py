@@ -95,4 +95,6 @@ def _route(message: Message, handlers: Mapping[str, MessageHandler[Any]]) -> Par
         payload = handler.payload_model.model_validate(message.payload)
     except ValidationError as error:
         return Rejected(schema_violation(error, prefix="payload"))
+    # Hashed here, once accepted, inside the reading's guard: a defect in hashing is the message's, as in parsing.
+    _ = message.payload_hash
     return Parsed(message, handler, payload, handler.contention_key(payload))

@@ -19,6 +19,7 @@ from bench.costs import (
     sqs_requests,
     timed_handler,
 )
+from bench.report import VALID, BenchResults, hostile_section
 from bench.timing import median_ci
 from testkit.lambda_runtime import LambdaEnvironment
 from tests.handlers import CallHandler, TallyHandler
@@ -104,3 +105,19 @@ def test_the_timed_handler_is_the_first_optimistic_one_and_a_guard_is_seen() -> 
             return None
 
     assert (guarded(TallyHandler), guarded(Guarded)) == (False, True)
+
+
+def test_messages_at_sqs_limits_are_listed_slowest_first_with_their_ratio_to_a_valid_message() -> None:
+    def samples(*seconds: float) -> timing.Samples:
+        return timing.Samples(wall_s=list(seconds))
+
+    results = BenchResults(memory_sizes_mb=[512], latencies_ms=[0])
+    # Fewer than six samples: the interval is the lowest and the highest.
+    results.hostile = {VALID: samples(0.01, 0.02), "wide": samples(0.2, 0.3), "long": samples(0.03, 0.05)}
+
+    table = hostile_section(results)
+
+    assert [row.split(" | ")[0].strip("| ") for row in table[2:]] == ["wide", "long", VALID]
+    # Medians 0.25 and 0.015: 16.7; the range pairs 0.2 with 0.02 and 0.3 with 0.01.
+    assert table[2].endswith("| 16.7 [10.0-30.0] |")
+    assert hostile_section(BenchResults(memory_sizes_mb=[512], latencies_ms=[0])) == []

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
+from types import FrameType
+from typing import Any
 
 import pytest
-from pydantic import BaseModel, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from consumer.envelope import KeySource, parse_message, payload_hash, schema_violation
 from consumer.errors import MAX_REASON_CHARS, ErrorType, PoisonMessage
@@ -129,3 +132,39 @@ def test_a_schema_violation_beyond_a_dead_letters_reason_lists_what_fits_then_co
     assert listed[0] == "field_000: Field required"
     assert listed[-1] == f"{200 - len(listed) + 1} more past the reason's {MAX_REASON_CHARS} characters"
     assert listed[:-1] == [f"field_{index:03}: Field required" for index in range(len(listed) - 1)]
+
+
+def _errors(count: int) -> ValidationError:
+    """``count`` errors of one length each: fields a closed model does not know, named f00000, f00001..."""
+    with pytest.raises(ValidationError) as error:
+        create_model("Closed", __config__=ConfigDict(extra="forbid")).model_validate(
+            {f"f{index:05}": 0 for index in range(count)}
+        )
+    return error.value
+
+
+def _calls_to_build_a_reason(error: ValidationError) -> int:
+    """Function calls, Python's and built-in ones (each join among them), while the reason is built."""
+    calls = 0
+
+    def count(frame: FrameType, event: str, arg: Any) -> None:
+        nonlocal calls
+        calls += event in ("call", "c_call")
+
+    sys.setprofile(count)
+    try:
+        schema_violation(error)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_the_reason_of_50000_errors_costs_the_work_of_what_it_shows_not_of_what_it_counts() -> None:
+    few, many = _errors(500), _errors(50_000)
+
+    # A wider count of those left out may give back one listed error: a handful of calls, never one per error.
+    assert _calls_to_build_a_reason(many) - _calls_to_build_a_reason(few) <= 10
+    message = schema_violation(many).message
+    assert len(message) <= MAX_REASON_CHARS
+    assert message.startswith("f00000: Extra inputs are not permitted; f00001: ")
+    assert message.endswith(f" more past the reason's {MAX_REASON_CHARS} characters")

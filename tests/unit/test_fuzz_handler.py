@@ -1,9 +1,9 @@
 """The whole handler, fuzzed: no message can fail its batch, and valid ones are applied once.
 
 Batches of 1 to 10 records mix valid messages of the test handlers (tests/handlers.py: tally
-entries and webhook calls) with arbitrary bodies (any
-JSON, deep, wide, huge strings, non-JSON text, unicode edge cases), arbitrary message
-attributes and record fields. ``make test`` runs a bounded number of examples;
+entries and webhook calls) with arbitrary bodies (any JSON, deep, wide, huge strings, non-JSON
+text, unicode edge cases), arbitrary message attributes and record fields, and the family of
+messages at SQS's limits (``tests.hostile``). ``make test`` runs a bounded number of examples;
 ``make fuzz`` runs the ``fuzz`` profile (about 20 minutes). Every failing example
 found is pinned as a regular test in ``test_hostile_input.py``.
 
@@ -44,6 +44,7 @@ from tests.handlers import (
     handlers_for_tests,
     tally_payload,
 )
+from tests.hostile import hostile_family
 from tests.unit.conftest import total
 from tests.utils import settings_for_tests
 
@@ -158,8 +159,16 @@ def valid_call(key_prefix: str = "fz-call") -> dict[str, Any]:
     return sqs_record(_unique("valid"), json.dumps(body))
 
 
+# Drawn on purpose, not left to chance: no strategy above reaches a megabyte of fields or thousands of attributes.
+AT_SQS_LIMITS = hostile_family(TALLY_EVENT, tally_payload("fz-entry", "fz-tally", 777, UNIT))
+
+
 @st.composite
 def hostile_record(draw: st.DrawFn) -> dict[str, Any]:
+    # One hostile record in ten is a member of the family: each costs a megabyte, the rest are small.
+    if draw(st.integers(0, 9)) == 0:
+        at_limit = draw(st.sampled_from(AT_SQS_LIMITS))
+        return sqs_record(_unique("hostile"), at_limit.body, message_attributes=at_limit.message_attributes)
     record = sqs_record(_unique("hostile"), draw(hostile_body))
     record.update(draw(hostile_fields))
     return record

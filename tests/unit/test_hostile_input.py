@@ -15,11 +15,12 @@ import pytest
 
 from consumer.dead_letter import MAX_MESSAGE_BYTES, DeadLetterQueue, message_size
 from consumer.envelope import MAX_BODY_BYTES, MAX_KEY_BYTES, MAX_KEY_LENGTH, MAX_NESTING_DEPTH
-from consumer.errors import ErrorType, PoisonMessage
+from consumer.errors import MAX_REASON_CHARS, ErrorType, PoisonMessage
 from consumer.prepared import Prepared
 from testkit.dead_letters import reasons
 from testkit.lambda_sqs import sqs_record
 from tests.handlers import TALLY_EVENT, UNIT, tally_body
+from tests.hostile import Hostile, hostile_family
 from tests.unit.conftest import Consumer, total
 
 if TYPE_CHECKING:
@@ -232,3 +233,22 @@ def test_a_field_name_sqs_cannot_carry_reaches_the_dlq_reason_replaced(consumer:
     assert "\ufffd" in reason
     assert "\u0000" not in reason
     assert "\u0008" not in reason
+
+
+# -- at SQS's limits: the work per message grows with its size, never faster --------------------
+
+
+@pytest.mark.parametrize("hostile", hostile_family(TALLY_EVENT, VALID_PAYLOAD), ids=lambda hostile: hostile.name)
+def test_a_message_at_sqs_limits_is_dead_lettered_in_the_invocation_that_reads_it_and_its_batch_applied(
+    consumer: Consumer, hostile: Hostile
+) -> None:
+    valid = [sqs_record(f"good-{index}", tally_body(f"e-{index}", tally_id=f"t-{index}")) for index in range(9)]
+    record = sqs_record("hostile", hostile.body, message_attributes=hostile.message_attributes)
+
+    response = consumer.process([*valid, record])
+
+    assert response == {"batchItemFailures": []}
+    assert [total(consumer.dynamodb, f"t-{index}") for index in range(9)] == [1250] * 9
+    (letter,) = consumer.dead_letters()
+    assert (letter.original_message_id, letter.error_type) == ("hostile", hostile.error_type)
+    assert 0 < len(letter.error_message or "") <= MAX_REASON_CHARS
