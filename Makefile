@@ -69,9 +69,10 @@ lambda-venv: venv ## [local stack] build the function's Python 3.12 venv for Lam
 LAMBDA_RUNTIME := lambda-venv $(SAM_VENV)/.installed
 
 .PHONY: lint
-lint: venv ## [proof] ruff (lint and format check), mypy --strict on the deployed code, mypy on the tooling
+lint: venv ## [proof] ruff (lint and format check), the import contracts (the core never imports the application), mypy --strict on the deployed code, mypy on the tooling
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	PYTHONPATH=src:. $(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy --strict src
 	$(VENV)/bin/mypy testkit local chaos bench tests
 

@@ -29,7 +29,7 @@ from bench.report import TARGET_BATCH, TARGET_LATENCY_MS, TARGET_MEMORY_MB, Benc
 from bench.systems import SYSTEM_ENV, SYSTEMS, settings_environment
 from bench.timing import POWERTOOLS_ENV, REPO_ROOT, invoke, system_functions, time_batches
 from consumer.config import Settings
-from consumer.handlers import HANDLERS
+from service.registry import HANDLERS
 from testkit.aws import DUMMY_CREDENTIALS_ENV, client
 from testkit.dynamodb_local import DynamoDBLocal, JavaNotFound, jar_directory, java_runtime
 from testkit.lambda_runtime import LambdaEnvironment

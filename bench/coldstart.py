@@ -38,11 +38,11 @@ NO_BYTECODE, POWERTOOLS_BYTECODE = "this consumer, no bytecode", "Powertools, wi
 FULL_CPU, LAMBDA_SHARES = 0, -1
 # What each system's module runs at import, binding ``handler``: its init phase.
 INIT_CODE = {
-    CONSUMER: "from consumer.app import handler",
+    CONSUMER: "from service.lambda_function import handler",
     POWERTOOLS: (
         "from bench.systems import PowertoolsBaseline\nfrom consumer.config import Settings\n"
-        "from consumer.handlers import declared_tables\n"
-        "handler = PowertoolsBaseline(Settings.from_env(tables=declared_tables())).handle"
+        "from consumer.handler import declared_tables\nfrom service.registry import HANDLERS\n"
+        "handler = PowertoolsBaseline(Settings.from_env(tables=declared_tables(HANDLERS))).handle"
     ),
     FLOOR: (
         "import os, botocore.session\nclient = botocore.session.get_session().create_client('dynamodb')\n"

@@ -20,7 +20,8 @@ from bench.probe import RoundTripProbe, unobserved
 from bench.systems import System
 from consumer.api import ID_PATTERN
 from consumer.config import Settings
-from consumer.handlers import HANDLERS, MessageHandler, Mode
+from consumer.handler import MessageHandler, Mode
+from service.registry import HANDLERS
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import LambdaContext, sqs_event
 from testkit.messages import envelope

@@ -19,12 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.systems import SYSTEM_ENV, SYSTEMS
 from consumer.config import Settings
-from consumer.handlers import declared_settings, declared_tables
+from consumer.handler import declared_settings, declared_tables
+from service.registry import HANDLERS
 
 _probe = RoundTripProbe()
 # Installed before the system creates its clients: the latency is slept per HTTP request, in this process.
 with on_new_clients(_probe.handler_specs()):
-    _settings = Settings.from_env(tables=declared_tables(), handler_settings=declared_settings())
+    _settings = Settings.from_env(tables=declared_tables(HANDLERS), handler_settings=declared_settings(HANDLERS))
     _system = {system.name: system for system in SYSTEMS}[os.environ[SYSTEM_ENV]](_settings)
 
 

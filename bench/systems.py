@@ -6,10 +6,10 @@ writes one call each, as their users would: only the idempotency mechanism diffe
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,8 @@ from botocore.exceptions import ClientError
 
 from consumer.config import Settings, table_variable
 from consumer.envelope import Message, parse_message
-from consumer.handlers import MessageContext, MessageHandler, build_handlers
+from consumer.handler import MessageContext, MessageHandler, build_handlers
+from service.registry import HANDLERS
 
 if TYPE_CHECKING:
     from testkit.lambda_sqs import LambdaContext
@@ -40,7 +41,7 @@ def settings_environment(settings: Settings) -> dict[str, str]:
 
 
 class ThisConsumer:
-    """The deployed Lambda entry point, ``consumer.app.handler``, unchanged."""
+    """The deployed Lambda entry point, ``consumer.lambda_handler`` of the application's handlers, unchanged."""
 
     name = "this consumer"
 
@@ -49,24 +50,15 @@ class ThisConsumer:
         # Imported here, not by the Powertools function's cold start (bench.coldstart), which imports this module.
         from unittest import mock  # noqa: PLC0415
 
-        from consumer import app, wiring  # noqa: PLC0415
+        from consumer import app  # noqa: PLC0415
 
-        # build_consumer() reads the environment once and is cached for the container's
-        # life; one ThisConsumer at a time, so the cache is rebuilt for these tables.
-        own: dict[str, Any] = {
-            "declared_tables": lambda: tuple(settings.table_names),
-            "declared_settings": lambda: tuple({type(handler).settings_model for handler in (handlers or {}).values()}),
-        }
-        replaced = mock.patch.multiple(app, **own) if handlers else contextlib.nullcontext()
-        built = (
-            mock.patch.object(wiring, "build_handlers", lambda _: dict(handlers))
-            if handlers
-            else contextlib.nullcontext()
-        )
-        with mock.patch.dict(os.environ, settings_environment(settings)), replaced, built:
-            app.build_consumer.cache_clear()
-            app.build_consumer()
-        self._handler = app.handler
+        # A test's handlers are built already (with arguments of their own): the entry point takes them as built.
+        classes = [type(handler) for handler in handlers.values()] if handlers else HANDLERS
+        built = mock.patch.object(app, "build_handlers", lambda *_: dict(handlers)) if handlers else nullcontext()
+        function = app.lambda_handler(classes)
+        with mock.patch.dict(os.environ, settings_environment(settings)), built:
+            function.build_consumer()
+        self._handler = function
 
     def handle(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         return self._handler(event, context)
@@ -83,7 +75,7 @@ class LedgerBusiness:
     """The consumer's handlers, their ledger writes made by calls of their own, not in a transaction with the record."""
 
     def __init__(self, client: Any, settings: Settings) -> None:
-        self._handlers = build_handlers(settings)
+        self._handlers = build_handlers(HANDLERS, settings)
         self._calls = {"Put": client.put_item, "Update": client.update_item, "Delete": client.delete_item}
 
     def parse(self, record: dict[str, Any]) -> ParsedRecord:

@@ -21,9 +21,10 @@ import boto3
 from chaos.faults import FaultKind, FaultPolicy, Zombies
 from chaos.journal import Journal
 from chaos.transport_faults import install_faults
-from consumer import handlers
 from consumer.config import Settings
+from consumer.handler import build_handlers
 from consumer.idempotency.record import Attr
+from testkit.payloads import registered
 
 PLAN_VARIABLE = "CHAOS_PLAN"
 # The run's webhook sink, for a handler the run adds that calls out (its URL: any path under it).
@@ -79,9 +80,10 @@ class Environment:
         self._deadline_margin_ms = plan.deadline_margin_ms
         session = boto3.session.Session()
         install_faults(session, self.faults, services=("dynamodb", "sqs"))
-        # Registered as a user registers theirs, so that any consumer the plan names builds them.
-        handlers.HANDLERS = (*handlers.HANDLERS, *(pkgutil.resolve_name(name) for name in plan.handlers))
-        self.consumer = pkgutil.resolve_name(plan.consumer)(settings, session, clock=self.clock)
+        # The application's handlers and those the plan adds, built as the function builds them.
+        classes = (*registered(), *(pkgutil.resolve_name(name) for name in plan.handlers))
+        handlers = build_handlers(classes, settings)
+        self.consumer = pkgutil.resolve_name(plan.consumer)(settings, session, clock=self.clock, handlers=handlers)
 
     def clock(self) -> float:
         return time.time() + self._skew_s

@@ -1,7 +1,7 @@
 """An optimistic handler of your own: debit an account when a refund is issued.
 
-Copy this file to ``src/consumer/handlers/``, add the class to ``HANDLERS`` in
-``src/consumer/handlers/__init__.py``, and messages with ``"eventType": "RefundIssued"``
+Copy this file to ``src/service/handlers/``, add the class to ``HANDLERS`` in
+``src/service/registry.py``, and messages with ``"eventType": "RefundIssued"``
 are applied exactly once. It writes the ledger the template already has and grants;
 ``inventory_reserved.py`` is a handler with a table of its own. Each runs in its own
 ``tests/examples/`` file.

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from consumer.errors import ErrorType
-from consumer.handlers import declared_tables
+from consumer.handler import declared_tables
 from local import fifo
 from local.function_output import command_output, outcome_counts
 from local.session import running_stack
 from local.stack import DeployedStack
 from local.state import STATE_DIR
+from service.registry import HANDLERS
 from testkit import dead_letters, messages, payloads
 from testkit.webhook import WebhookSink
 
@@ -74,7 +75,8 @@ def _workload(
     args: argparse.Namespace, stack: DeployedStack
 ) -> tuple[list[messages.Outgoing], list[messages.Outgoing]]:
     rng, run = random.Random(args.seed), f"{args.seed}"
-    tables, dynamodb = {table: stack.table_name(table) for table in declared_tables()}, stack.servers.client("dynamodb")
+    tables = {table: stack.table_name(table) for table in declared_tables(HANDLERS)}
+    dynamodb = stack.servers.client("dynamodb")
     valid: list[messages.Outgoing] = []
     late: list[messages.Outgoing] = []
     poison = [

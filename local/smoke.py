@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumer.config import table_variable
-from consumer.handlers import declared_tables
+from consumer.handler import declared_tables
 from local.demo import Check, show_checks
 from local.state import STATE_DIR
+from service.registry import HANDLERS
 from testkit import dead_letters, messages, payloads
 
 # The template's Outputs the smoke test needs, by the role they play here.
@@ -64,11 +65,11 @@ def target_from_stack(cloudformation: Any, lambda_: Any, sqs: Any, dynamodb: Any
         raise SmokeError(f"stack {stack_name!r} has no output {', '.join(missing)} (is it this project's template?)")
     function = lambda_.get_function_configuration(FunctionName=outputs["ConsumerFunctionName"])
     variables = (function.get("Environment") or {}).get("Variables") or {}
-    unset = [table_variable(table) for table in declared_tables() if table_variable(table) not in variables]
+    unset = [table_variable(table) for table in declared_tables(HANDLERS) if table_variable(table) not in variables]
     if unset:
         raise SmokeError(f"the function of stack {stack_name!r} has no variable {', '.join(unset)}")
     values = {role: outputs[name] for role, name in OUTPUTS.items()}
-    tables = {table: variables[table_variable(table)] for table in declared_tables()}
+    tables = {table: variables[table_variable(table)] for table in declared_tables(HANDLERS)}
     return Target(sqs=sqs, dynamodb=dynamodb, tables=tables, fifo=values["queue_url"].endswith(".fifo"), **values)
 
 
@@ -216,7 +217,7 @@ def _local(args: argparse.Namespace) -> list[Check]:
             queue_url=stack.queue.url,
             dead_letter_queue_url=stack.dead_letter_queue.url,
             idempotency_table=stack.table_name("IdempotencyTable"),
-            tables={table: stack.table_name(table) for table in declared_tables()},
+            tables={table: stack.table_name(table) for table in declared_tables(HANDLERS)},
             fifo=stack.queue.fifo,
         )
         return run_smoke(target, timeout_s=args.timeout)

@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import Any
 
 from consumer.errors import ErrorType
-from consumer.handlers import MessageHandler
+from consumer.handler import MessageHandler
 
 _SEND_BATCH = 10
 # The FIFO group of a message with neither a group nor a key (poison that is not an envelope).

@@ -20,7 +20,8 @@ from boto3.dynamodb.types import TypeSerializer
 from polyfactory.factories.pydantic_factory import ModelFactory
 from pydantic import BaseModel, ValidationError
 
-from consumer.handlers import HANDLERS, MessageHandler
+from consumer.handler import MessageHandler
+from service.registry import HANDLERS
 
 Handler = type[MessageHandler[Any]]
 SeedItem = tuple[str, dict[str, Any]]  # (the table's logical id, the item in plain Python values)

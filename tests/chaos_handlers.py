@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, StrictInt
@@ -89,6 +89,8 @@ class GuardedPeriod(MessageHandler[Period]):
 UNCONDITIONAL = store_module._CLAIMABLE.replace("#expires < :now_s", "#expires <> :now_s")
 
 
-def unconditional_wire(settings: Settings, session: Any, *, clock: Callable[[], float]) -> BatchRunner:
+def unconditional_wire(
+    settings: Settings, session: Any, *, clock: Callable[[], float], handlers: Mapping[str, MessageHandler[Any]]
+) -> BatchRunner:
     store_module._CLAIMABLE = UNCONDITIONAL
-    return wire(settings, session, clock)
+    return wire(settings, session, clock, handlers=handlers)

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from consumer.config import Settings
-from consumer.handlers import declared_settings, declared_tables
+from consumer.handler import declared_settings, declared_tables
+from service.registry import HANDLERS
 from testkit.aws import session
 from testkit.template import REPO_ROOT
 from tests.handlers import TEST_TABLES, create_test_tables
@@ -33,10 +34,10 @@ def settings_for_tests(tables: Mapping[str, Any] | None = None, **overrides: Any
     that is no field of ``Settings`` sets a registered handler's own setting (``receipt_webhook_url=...``).
     """
     own = {name.upper(): str(overrides.pop(name)) for name in set(overrides) - set(Settings.model_fields)}
-    declared = {name.upper() for model in declared_settings() for name in model.model_fields}
+    declared = {name.upper() for model in declared_settings(HANDLERS) for name in model.model_fields}
     assert set(own) <= declared, f"no setting and no registered handler's setting: {sorted(set(own) - declared)}"
     given = {table: getattr(name, "name", name) for table, name in (tables or {}).items()}
-    every = dict.fromkeys(("IdempotencyTable", *TEST_TABLES, *declared_tables(), *given))
+    every = dict.fromkeys(("IdempotencyTable", *TEST_TABLES, *declared_tables(HANDLERS), *given))
     names = {table: given.get(table, table_name_for_tests(table)) for table in every}
     values: dict[str, Any] = {
         "idempotency_table_name": names.pop("IdempotencyTable"),

@@ -1,17 +1,24 @@
-"""Lambda entry point: the consumer built once per container, then the handler.
+"""The Lambda entry point's maker: the consumer of the handlers an application registers.
 
-Handler: ``consumer.app.handler``. The assembly is ``consumer.wiring``; all logic lives in
-``consumer.batch`` (the batch), ``consumer.processor`` (one message) and
-``consumer.idempotency`` (the state machine). Endpoints come from boto3's own
-``AWS_ENDPOINT_URL*`` variables: there is no local code path.
+An application's entry module is a few lines (``src/service/lambda_function.py``)::
+
+    from consumer import lambda_handler
+    from service.registry import HANDLERS
+
+    handler = lambda_handler(HANDLERS)
+
+The assembly is ``consumer.wiring``; all logic lives in ``consumer.batch`` (the batch),
+``consumer.processor`` (one message) and ``consumer.idempotency`` (the state machine). Endpoints
+come from boto3's own ``AWS_ENDPOINT_URL*`` variables: there is no local code path.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
-from functools import lru_cache
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import botocore.session
 from aws_lambda_powertools import Metrics
@@ -21,57 +28,106 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from consumer.batch import BatchRunner
 from consumer.config import Settings
 from consumer.errors import ConfigurationError
-from consumer.handlers import declared_settings, declared_tables
+from consumer.handler import Handlers, build_handlers, declared_settings, declared_tables
 from consumer.outcome import Outcome
 from consumer.sdk import require_botocore
 from consumer.wiring import logger, wire
 
-__all__ = ["build_consumer", "handler", "logger", "metrics", "wire"]
+__all__ = ["LambdaHandler", "lambda_handler", "logger", "metrics", "wire"]
 
 metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "IdempotentConsumer"))
 
+Response = dict[str, list[dict[str, str]]]
 
-@lru_cache(maxsize=1)
-def build_consumer() -> BatchRunner:
-    """The consumer of this container, built once after its checks (in Lambda, during init).
 
-    Settings, the runtime's SDK and the tables are checked first, so a misconfigured
-    function fails its first invocation with the cause named, before any message is touched.
+class LambdaHandler:
+    """The function's handler for one set of handlers: ``handler(event, context)``, as Lambda calls it."""
+
+    def __init__(self, handlers: Handlers) -> None:
+        self.handlers = tuple(handlers)
+        self._consumer: BatchRunner | None = None
+        self._lock = threading.Lock()
+        self._entry: Callable[[object, LambdaContext], Response] = metrics.log_metrics(
+            logger.inject_lambda_context(clear_state=True)(self._handle)
+        )
+
+    def build_consumer(self) -> BatchRunner:
+        """The consumer of this container, built once after its checks (in Lambda, during init).
+
+        Settings, the runtime's SDK and the tables are checked first, so a misconfigured
+        function fails its first invocation with the cause named, before any message is touched.
+        """
+        if self._consumer is None:
+            with self._lock:
+                if self._consumer is None:
+                    settings = Settings.from_env(
+                        tables=declared_tables(self.handlers), handler_settings=declared_settings(self.handlers)
+                    )
+                    session = botocore.session.get_session()
+                    require_botocore(session)
+                    built = build_handlers(self.handlers, settings)
+                    self._consumer = wire(settings, session, handlers=built, check_tables=True)
+        return self._consumer
+
+    @property
+    def built(self) -> bool:
+        """Whether the consumer is built: in Lambda's runtime, during init, unless a check failed."""
+        return self._consumer is not None
+
+    def __call__(self, event: object, context: Any) -> Response:
+        # Any: Lambda passes its runtime's context object, tests and tools their own of the same shape.
+        return self._entry(event, context)
+
+    def _handle(self, event: object, context: LambdaContext) -> Response:
+        consumer = self.build_consumer()
+        messages = event.get("Records") if isinstance(event, Mapping) else None
+        batch = consumer.process(messages, context.get_remaining_time_in_millis)
+        counts = batch.counts()
+        for outcome in Outcome:
+            metrics.add_metric(name=outcome.value, unit=MetricUnit.Count, value=counts.get(outcome, 0))
+        absorbed = batch.conflicts_absorbed()
+        metrics.add_metric(name="conflicts_absorbed", unit=MetricUnit.Count, value=absorbed)
+        response = batch.response()
+        logger.info(
+            "batch done",
+            extra={
+                "messages": len(batch.results),
+                "failures": len(response["batchItemFailures"]),
+                "conflicts_absorbed": absorbed,
+                **{outcome.value: counts.get(outcome, 0) for outcome in Outcome},
+            },
+        )
+        return response
+
+
+def lambda_handler(handlers: Handlers) -> LambdaHandler:
+    """The Lambda handler that consumes SQS batches with ``handlers``, each applied exactly once.
+
+    Parameters
+    ----------
+    handlers
+        The application's ``MessageHandler`` classes, one per ``eventType``; each is built from the
+        settings read at start (``Settings.from_env``, its own ``settings_model`` included).
+
+    Returns
+    -------
+    LambdaHandler
+        Callable as ``handler(event, context)``: an SQS event in, ``{"batchItemFailures": [...]}`` out.
+
+    Examples
+    --------
+    In ``src/service/lambda_function.py``, named by ``Handler: service.lambda_function.handler``::
+
+        handler = lambda_handler(HANDLERS)
+
+    Limitations
+    -----------
+    In Lambda's runtime (``AWS_LAMBDA_FUNCTION_NAME`` set) the consumer is built here, during init,
+    which Lambda runs on a full vCPU; a setting or SDK that fails its check is left to fail the first
+    invocation with its cause. Elsewhere it is built on the first invocation.
     """
-    settings = Settings.from_env(tables=declared_tables(), handler_settings=declared_settings())
-    session = botocore.session.get_session()
-    require_botocore(session)
-    return wire(settings, session, check_tables=True)
-
-
-# Lambda runs an on-demand function's init phase on a full vCPU and its invocations at the memory
-# size's share (bench/methodology.md): in Lambda's runtime the consumer is built during init. A
-# setting or SDK that fails its check is left to fail the first invocation with its cause, as it
-# does without this; code that imports this module elsewhere builds the consumer when it means to.
-if "AWS_LAMBDA_FUNCTION_NAME" in os.environ:
-    with contextlib.suppress(ConfigurationError):
-        build_consumer()
-
-
-@metrics.log_metrics
-@logger.inject_lambda_context(clear_state=True)
-def handler(event: object, context: LambdaContext) -> dict[str, list[dict[str, str]]]:
-    consumer = build_consumer()
-    messages = event.get("Records") if isinstance(event, Mapping) else None
-    batch = consumer.process(messages, context.get_remaining_time_in_millis)
-    counts = batch.counts()
-    for outcome in Outcome:
-        metrics.add_metric(name=outcome.value, unit=MetricUnit.Count, value=counts.get(outcome, 0))
-    absorbed = batch.conflicts_absorbed()
-    metrics.add_metric(name="conflicts_absorbed", unit=MetricUnit.Count, value=absorbed)
-    response = batch.response()
-    logger.info(
-        "batch done",
-        extra={
-            "messages": len(batch.results),
-            "failures": len(response["batchItemFailures"]),
-            "conflicts_absorbed": absorbed,
-            **{outcome.value: counts.get(outcome, 0) for outcome in Outcome},
-        },
-    )
-    return response
+    function = LambdaHandler(handlers)
+    if "AWS_LAMBDA_FUNCTION_NAME" in os.environ:
+        with contextlib.suppress(ConfigurationError):
+            function.build_consumer()
+    return function

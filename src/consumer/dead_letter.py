@@ -86,13 +86,13 @@ class DeadLetterQueue:
         self._url = queue_url
         self._fifo = queue_url.endswith(".fifo")
 
-    def send(self, item: Prepared, error_type: ErrorType, error_message: str) -> None:
+    def send(self, item: Prepared, error_type: ErrorType | str, error_message: str) -> None:
         """Send the original body with ``ErrorType`` and ``ErrorMessage``; raises on failure."""
         sqs_message, message_id = item.original, item.message_id or "(none)"
         # The reason may echo outside text (a field name, an exception): SQS would refuse the whole send.
         reason = bounded(error_message) or error_type
         ours: dict[str, MessageAttributeValueTypeDef] = {
-            "ErrorType": {"DataType": "String", "StringValue": error_type.value},
+            "ErrorType": {"DataType": "String", "StringValue": str(error_type)},
             "ErrorMessage": {"DataType": "String", "StringValue": reason},
             "OriginalMessageId": {"DataType": "String", "StringValue": message_id},
         }

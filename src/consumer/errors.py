@@ -10,6 +10,7 @@ handler writing a table it did not declare), that message is retried with it as 
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,9 @@ if TYPE_CHECKING:
 
 
 class ErrorType(StrEnum):
-    """Why a message was dead-lettered: the ``ErrorType`` attribute of its DLQ copy."""
+    """Why the core dead-lettered a message: the ``ErrorType`` attribute of its DLQ copy.
+
+    A closed set: a handler's own reasons are names of its own, given to ``PoisonMessage`` as text."""
 
     INVALID_JSON = "InvalidJson"
     SCHEMA_VIOLATION = "SchemaViolation"
@@ -37,12 +40,27 @@ class ErrorType(StrEnum):
 MAX_REASON_CHARS = 1_000
 
 
-class PoisonMessage(Exception):
-    """The message can never be applied (bad JSON, schema, unknown type, key reuse...)."""
+# A handler's own reason type: a name an operator filters dead letters by, as SQS carries it in an attribute.
+_OWN_ERROR_TYPE = re.compile(r"[A-Z][A-Za-z0-9]{2,63}")
 
-    def __init__(self, error_type: ErrorType, message: str) -> None:
+
+class PoisonMessage(Exception):
+    """The message can never be applied (bad JSON, schema, unknown type, key reuse...).
+
+    ``error_type`` is one of the core's (``ErrorType``) or a name of the handler's own
+    (``PoisonMessage("InsufficientStock", "...")``): a capital, then letters and digits, 3 to 64 in all.
+    """
+
+    def __init__(self, error_type: ErrorType | str, message: str) -> None:
+        if error_type in ErrorType.__members__.values():
+            error_type = ErrorType(error_type)
+        elif not _OWN_ERROR_TYPE.fullmatch(error_type):
+            raise ValueError(
+                f"PoisonMessage's error type {error_type[:80]!r} is no name a dead letter can carry:"
+                " a capital, then letters and digits, 3 to 64 in all (InsufficientStock)"
+            )
         super().__init__(f"{error_type}: {message}")
-        self.error_type = error_type
+        self.error_type: ErrorType | str = error_type
         self.message = message
 
 

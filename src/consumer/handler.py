@@ -1,8 +1,9 @@
 """What a business handler is: a payload model, a mode, and one method.
 
-Write your own in one file: subclass ``MessageHandler``, set ``event_type``,
-``mode``, ``payload_model`` and ``tables``, implement ``handle``, and add the class to
-``consumer.handlers.HANDLERS``.
+Write your own in one file of your application (``src/service/handlers/``): subclass
+``MessageHandler``, set ``event_type``, ``mode``, ``payload_model`` and ``tables``, implement
+``handle``, and add the class to ``HANDLERS`` in ``src/service/registry.py``. The core takes that
+list as input (``consumer.lambda_handler``); it never imports your code.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from consumer.config import HandlerSettings, Settings
+from consumer.errors import ConfigurationError
 from consumer.idempotency.writes import Write
 
 
@@ -73,7 +75,7 @@ ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 class MessageHandler(ABC, Generic[PayloadT]):
     """One message type's business logic: declare what it needs, return the writes to commit.
 
-    A complete handler, in ``src/consumer/handlers/points_earned.py``::
+    A complete handler, in ``src/service/handlers/points_earned.py``::
 
         from typing import ClassVar
 
@@ -117,7 +119,7 @@ class MessageHandler(ABC, Generic[PayloadT]):
                 )
                 return Effect(result={"added": payload.points}, writes=(add,))
 
-    Then add ``PointsEarnedHandler`` to ``HANDLERS`` in ``consumer/handlers/__init__.py``. A lock-mode
+    Then add ``PointsEarnedHandler`` to ``HANDLERS`` in ``src/service/registry.py``. A lock-mode
     handler (``Mode.LOCK``) may call outside DynamoDB before returning its writes, through a
     ``WebhookClient``; raise ``PoisonMessage`` for a message that can never succeed, ``TransientError``
     for one that may later. README "Writing your own handler" has the rest.
@@ -159,3 +161,31 @@ class MessageHandler(ABC, Generic[PayloadT]):
         context alone, without I/O: it is built again on every delivery, duplicates included.
         """
         return None
+
+
+# The handlers an application registers: the classes, built once its settings are read.
+Handlers = Sequence[type[MessageHandler[Any]]]
+
+
+def declared_tables(handlers: Handlers) -> tuple[str, ...]:
+    """The tables the handlers write, each once: what the function must be able to reach."""
+    return tuple(dict.fromkeys(table for handler in handlers for table in handler.tables))
+
+
+def declared_settings(handlers: Handlers) -> tuple[type[HandlerSettings], ...]:
+    """The settings models of the handlers, each once: what the function reads at start."""
+    return tuple(dict.fromkeys(handler.settings_model for handler in handlers))
+
+
+def build_handlers(handlers: Handlers, settings: Settings) -> dict[str, MessageHandler[Any]]:
+    """Each handler built from the settings, by the event type it routes."""
+    built: dict[str, MessageHandler[Any]] = {}
+    for handler in handlers:
+        if handler.event_type in built:
+            # Routing is by event type: a second handler would silently take the first one's messages.
+            raise ConfigurationError(
+                f"two handlers for eventType {handler.event_type!r}: {type(built[handler.event_type]).__name__}"
+                f" and {handler.__name__}; register one"
+            )
+        built[handler.event_type] = handler(settings)
+    return built

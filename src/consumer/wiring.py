@@ -1,7 +1,8 @@
 """How the consumer is put together from settings, a session and a clock (``wire``).
 
-The function wires itself once per container (``consumer.app.build_consumer``); tests, tools
-and the fault-injection harness call ``wire`` with their own session, clock, logger and handlers.
+The function wires itself once per container (``consumer.app.LambdaHandler.build_consumer``) with
+the application's handlers; tests, tools and the fault-injection harness call ``wire`` with their own
+session, clock, logger and handlers.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from consumer.batch import BatchRunner
 from consumer.config import Settings
 from consumer.conflicts import ConflictRetry
 from consumer.dead_letter import DeadLetterQueue
-from consumer.handlers import MessageHandler, build_handlers
+from consumer.handler import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
 from consumer.outcome import Log
 from consumer.processor import MessageProcessor
@@ -68,16 +69,15 @@ def wire(
     session: Session,
     clock: Callable[[], float] = time.time,
     *,
+    handlers: Mapping[str, MessageHandler[Any]],
     logger: Log = logger,
-    handlers: Mapping[str, MessageHandler[Any]] | None = None,
     check_tables: bool = False,
 ) -> BatchRunner:
-    """Build the consumer from settings, a session and a clock.
+    """Build the consumer of ``handlers`` (built, by event type) from settings, a session and a clock.
 
-    Tests and the fault-injection harness pass their own session (to hook its events),
-    clock (to skew it), logger and handlers (which then replace the registered ones: those
-    are not built, so their settings and tables need not exist); the function itself uses
-    the defaults, and checks its tables (tests that made their own tables skip the round trips).
+    Tests and the fault-injection harness pass their own session (to hook its events), clock (to
+    skew it) and logger; the function itself uses the defaults, and checks its tables (tests that
+    made their own tables skip the round trips).
     """
     client_config = Config(
         # One connection per worker thread, or threads queue for a socket.
@@ -111,7 +111,7 @@ def wire(
     dead_letters = DeadLetterQueue(sqs.get, settings.dead_letter_queue_url)
     processor = MessageProcessor(
         store,
-        dict(handlers) if handlers is not None else build_handlers(settings),
+        dict(handlers),
         dead_letters,
         settings,
         logger,

@@ -23,14 +23,23 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from consumer import prepared
 from consumer.config import Settings
-from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
-from consumer.handlers import declared_settings, declared_tables
+from consumer.handler import (
+    ID_PATTERN,
+    Effect,
+    Guard,
+    MessageContext,
+    MessageHandler,
+    Mode,
+    declared_settings,
+    declared_tables,
+)
 from consumer.idempotency import store
 from consumer.idempotency.record import IdempotencyRecord, Status
 from consumer.idempotency.store import Duplicate, IdempotencyStore, InFlight
 from consumer.idempotency.writes import Put, Update
 from consumer.webhook import WebhookClient
 from local.stack import deploy_stack
+from service.registry import HANDLERS
 from testkit import payloads
 from testkit.servers import LocalServers
 from testkit.tables import create_table
@@ -131,7 +140,7 @@ def rig(local_servers: LocalServers) -> Iterator[Rig]:
             if name.startswith("AWS_"):
                 environment.setenv(name, value)
         settings = Settings.from_env(
-            stack.function_environment, tables=declared_tables(), handler_settings=declared_settings()
+            stack.function_environment, tables=declared_tables(HANDLERS), handler_settings=declared_settings(HANDLERS)
         )
         dynamodb = local_servers.client("dynamodb")
         hold_table = f"contract-hold-{uuid.uuid4().hex[:8]}"

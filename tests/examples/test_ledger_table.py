@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from consumer.api import MessageContext, Put
-from consumer.handlers.payment_received import PaymentReceived, PaymentReceivedHandler
+from service.handlers.payment_received import PaymentReceived, PaymentReceivedHandler
 from testkit.template import load_template, transform
 from tests.infrastructure.lookups import key_schema, properties
 from tests.utils import settings_for_tests

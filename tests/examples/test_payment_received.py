@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from consumer.handlers.payment_received import PaymentReceivedHandler
+from service.handlers.payment_received import PaymentReceivedHandler
 from testkit.dead_letters import reasons
 from testkit.lambda_sqs import sqs_record
 from testkit.tables import create_template_tables

@@ -10,7 +10,7 @@ import boto3
 import pytest
 
 from consumer.errors import ConfigurationError
-from consumer.handlers.receipt_requested import ReceiptRequestedHandler
+from service.handlers.receipt_requested import ReceiptRequestedHandler
 from testkit.lambda_sqs import sqs_record
 from testkit.tables import create_template_tables
 from testkit.webhook import WebhookSink

@@ -13,7 +13,8 @@ from typing import Any
 from cfnlint.decode import cfn_yaml
 
 from consumer.config import Settings, is_secret_arn, table_variable
-from consumer.handlers import declared_settings, declared_tables
+from consumer.handler import declared_settings, declared_tables
+from service.registry import HANDLERS
 from tests.infrastructure.source_scan import package_modules
 
 FUNCTION = "ConsumerFunction"
@@ -34,7 +35,7 @@ def handler_variables(only_stack_provided: bool = False) -> set[str]:
     give (a setting without a default, and one naming a secret, whose grant takes the same parameter)."""
     return {
         name.upper()
-        for model in declared_settings()
+        for model in declared_settings(HANDLERS)
         for name, field in model.model_fields.items()
         if not only_stack_provided or field.is_required() or is_secret_arn(model, name)
     }
@@ -44,7 +45,7 @@ def variables_the_code_reads() -> set[str]:
     """Settings' fields (read as upper-case variables), the declared tables' variables, the handlers' own
     settings, and names passed to ``env.get`` or ``os.environ.get``."""
     names = {field.upper() for field in Settings.model_fields if field not in ("table_names", "handler_variables")}
-    names.update(table_variable(table) for table in declared_tables())
+    names.update(table_variable(table) for table in declared_tables(HANDLERS))
     names.update(handler_variables())
     for tree in package_modules().values():
         for node in ast.walk(tree):
@@ -73,7 +74,7 @@ def environment_mistakes(template_path: Path, variables: Mapping[str, Any]) -> l
     wanted: dict[str, str | None] = dict.fromkeys(
         STACK_PROVIDED_VARIABLES | handler_variables(only_stack_provided=True)
     )
-    wanted.update({table_variable(table): table for table in ("IdempotencyTable", *declared_tables())})
+    wanted.update({table_variable(table): table for table in ("IdempotencyTable", *declared_tables(HANDLERS))})
     read = variables_the_code_reads()
     unread = sorted(name for name in variables if name not in read and not name.startswith("POWERTOOLS_"))
     mistakes = []

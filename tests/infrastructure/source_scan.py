@@ -17,7 +17,8 @@ from botocore import xform_name
 
 from testkit.template import REPO_ROOT
 
-PACKAGE_ROOT = REPO_ROOT / "src" / "consumer"
+# The deployed code: the core and the application beside it (src/consumer, src/service).
+PACKAGE_ROOT = REPO_ROOT / "src"
 
 # A TransactWriteItems item kind -> the IAM action that authorizes it (IAM checks each item).
 TRANSACTION_ITEM_ACTIONS = {
@@ -37,9 +38,9 @@ class OperationUse:
 
 
 def package_modules(root: Path = PACKAGE_ROOT) -> dict[str, ast.Module]:
-    """Each module of the package at ``root``, by its path relative to src/ (``consumer/app.py``)."""
+    """Each module of the packages under ``root`` (src/), by its path relative to it (``consumer/app.py``)."""
     return {
-        path.relative_to(root.parent).as_posix(): _parsed(path.read_text(encoding="utf-8"), str(path))
+        path.relative_to(root).as_posix(): _parsed(path.read_text(encoding="utf-8"), str(path))
         for path in sorted(root.rglob("*.py"))
     }
 

@@ -45,13 +45,14 @@ REQUIRED = {
 _EMIT = """
 import boto3, moto
 from consumer.config import Settings
-from consumer.handlers import declared_tables
+from consumer.handler import declared_tables
+from service.registry import HANDLERS
 from testkit.tables import create_template_tables
 
 # The tables the function checks at cold start, in moto: this test is about what it prints.
 moto.mock_aws().start()
-create_template_tables(boto3.client("dynamodb"), Settings.from_env(tables=declared_tables()).every_table())
-from consumer import app
+create_template_tables(boto3.client("dynamodb"), Settings.from_env(tables=declared_tables(HANDLERS)).every_table())
+from service.lambda_function import handler
 
 class Context:
     function_name = "ConsumerFunction"
@@ -61,7 +62,7 @@ class Context:
     def get_remaining_time_in_millis(self):
         return 30_000
 
-app.handler({"Records": []}, Context())
+handler({"Records": []}, Context())
 """
 
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from consumer.config import Settings
-from consumer.handlers import declared_settings, declared_tables
+from consumer.handler import declared_settings, declared_tables
+from service.registry import HANDLERS
 from testkit.template import REPO_ROOT, ResourceRef, Template
 from tests.infrastructure.environment import FUNCTION, environment_mistakes
 from tests.infrastructure.lookups import parameter_name, properties, read
@@ -53,9 +54,11 @@ def test_environment_at_the_defaults_is_accepted_by_the_settings(
 ) -> None:
     variables = resolver.resolve(function_variables)
     environment = {name: _as_environment_value(value) for name, value in variables.items()}
-    settings = Settings.from_env(environment, tables=declared_tables(), handler_settings=declared_settings())
+    settings = Settings.from_env(
+        environment, tables=declared_tables(HANDLERS), handler_settings=declared_settings(HANDLERS)
+    )
     assert settings.idempotency_table_name == "IdempotencyTable-after-deployment"
-    assert settings.table_names == {table: f"{table}-after-deployment" for table in declared_tables()}
+    assert settings.table_names == {table: f"{table}-after-deployment" for table in declared_tables(HANDLERS)}
     assert settings.dead_letter_queue_url == "ConsumerDeadLetterQueue-after-deployment"
     assert settings.idempotency_ttl_seconds == 7 * 24 * 3600
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from consumer.config import is_secret_arn
-from consumer.handlers import declared_settings
+from consumer.handler import declared_settings
+from service.registry import HANDLERS
 from tests.infrastructure.lookups import (
     EVENT_SOURCE_POLLING,
     as_list,
@@ -68,7 +69,7 @@ def _secret_parameters(template: dict[str, Any]) -> dict[str, str]:
     """The parameter that feeds each handler setting naming a secret (``SecretArn``), by its variable."""
     variables = properties(template, "ConsumerFunction")["Environment"]["Variables"]
     found = {}
-    for model in declared_settings():
+    for model in declared_settings(HANDLERS):
         for name in (name for name in model.model_fields if is_secret_arn(model, name)):
             assert name.upper() in variables, f"{name.upper()} names a secret: give it to the function from a parameter"
             found[name.upper()] = parameter_name(variables[name.upper()])

@@ -38,7 +38,7 @@ ROLE = "ConsumerFunctionRole"
 IDEMPOTENCY_STORE = "consumer/idempotency/store.py"
 DEAD_LETTER = "consumer/dead_letter.py"
 COLD_START_CHECKS = "consumer/sdk.py"
-HANDLERS = "consumer/handlers/"
+HANDLERS = "service/handlers/"
 LOGGING = {"ConsumerLogGroup": {"logs:CreateLogStream", "logs:PutLogEvents"}}
 # Operations present in the code that the function itself never performs: (service, operation) -> where.
 OPERATOR_ONLY = {("dynamodb", "GetItem"): "IdempotencyStore.get"}
@@ -133,9 +133,9 @@ def test_operator_only_operations_are_not_reachable_from_the_function() -> None:
 
 
 def test_a_new_call_without_its_permission_is_caught(tmp_path: Path, transformed_template: dict[str, Any]) -> None:
-    copy = tmp_path / "consumer"
-    shutil.copytree(PACKAGE_ROOT, copy)
-    dead_letter = copy / "dead_letter.py"
+    copy = tmp_path / "src"
+    shutil.copytree(PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    dead_letter = copy / "consumer" / "dead_letter.py"
     dead_letter.write_text(
         dead_letter.read_text(encoding="utf-8")
         + "\n\ndef empty_the_dead_letter_queue(sqs, url):\n"

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumer.handlers import declared_tables
+from consumer.handler import declared_tables
 from consumer.idempotency import store
+from service.registry import HANDLERS
 from tests.infrastructure.lookups import key_schema, properties, resources_of_type
 
 
 def test_each_table_a_handler_declares_is_a_template_table(transformed_template: dict[str, Any]) -> None:
     # Its variable in the function's environment: test_function's test_environment_is_what_the_code_reads.
     tables = resources_of_type(transformed_template, "AWS::DynamoDB::Table")
-    for table in ("IdempotencyTable", *declared_tables()):
+    for table in ("IdempotencyTable", *declared_tables(HANDLERS)):
         assert table in tables, f"a handler declares {table}: add an AWS::DynamoDB::Table of that name to template.yaml"
-    assert set(tables) == {"IdempotencyTable", *declared_tables()}, "a table in template.yaml that no handler declares"
+    assert set(tables) == {"IdempotencyTable", *declared_tables(HANDLERS)}, (
+        "a table in template.yaml that no handler declares"
+    )
 
 
 def test_tables_are_on_demand_and_encrypted_with_kms(transformed_template: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from consumer.envelope import payload_hash
-from consumer.handlers import declared_tables
+from consumer.handler import declared_tables
 from consumer.idempotency.record import Attr, Status
 from local.smoke import Items, table_items
 from local.stack import DeployedStack
@@ -25,7 +25,7 @@ Handler = payloads.Handler
 
 def tables(stack: DeployedStack) -> dict[str, str]:
     """The declared tables' names on this stack, by logical id."""
-    return {table: stack.table_name(table) for table in declared_tables()}
+    return {table: stack.table_name(table) for table in declared_tables(HANDLERS)}
 
 
 def declared_items(stack: DeployedStack) -> Items:

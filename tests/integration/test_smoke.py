@@ -12,9 +12,10 @@ import pytest
 from botocore.exceptions import ClientError
 
 from consumer.config import table_variable
-from consumer.handlers import declared_tables
+from consumer.handler import declared_tables
 from local import smoke
 from local.stack import DeployedStack
+from service.registry import HANDLERS
 from testkit import dead_letters, payloads
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +28,7 @@ def _target(stack: DeployedStack) -> smoke.Target:
         queue_url=stack.queue.url,
         dead_letter_queue_url=stack.dead_letter_queue.url,
         idempotency_table=stack.table_name("IdempotencyTable"),
-        tables={table: stack.table_name(table) for table in declared_tables()},
+        tables={table: stack.table_name(table) for table in declared_tables(HANDLERS)},
     )
 
 
@@ -119,7 +120,7 @@ class _Lambda:
         return {"Environment": {"Variables": self.variables}}
 
 
-TABLE_VARIABLES = {table_variable(table): f"deployed-{table}" for table in declared_tables()}
+TABLE_VARIABLES = {table_variable(table): f"deployed-{table}" for table in declared_tables(HANDLERS)}
 ALL_OUTPUTS = {
     "ConsumerQueueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q.fifo",
     "DeadLetterQueueUrl": "https://sqs.eu-west-1.amazonaws.com/1/dlq.fifo",
@@ -136,11 +137,11 @@ def test_the_target_comes_from_the_stack_outputs() -> None:
         ALL_OUTPUTS["DeadLetterQueueUrl"],
     )
     assert (target.idempotency_table, target.fifo) == ("idempotency", True)
-    assert target.tables == {table: f"deployed-{table}" for table in declared_tables()}
+    assert target.tables == {table: f"deployed-{table}" for table in declared_tables(HANDLERS)}
 
 
 def test_a_function_without_a_table_variable_is_named_with_what_it_lacks() -> None:
-    first = table_variable(declared_tables()[0])
+    first = table_variable(declared_tables(HANDLERS)[0])
     variables = {name: value for name, value in TABLE_VARIABLES.items() if name != first}
 
     with pytest.raises(smoke.SmokeError, match=f"the function of stack 'prod' has no variable {first}"):

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from consumer.config import table_variable
-from consumer.handlers import declared_tables
+from consumer.handler import declared_tables
+from service.registry import HANDLERS
 from testkit.servers import LocalServers
 from testkit.template import TEMPLATE_PATH, Template, TemplateError, load_template
 from tests.integration.template_copies import (
@@ -101,14 +102,14 @@ def test_template_defaults_are_applied(local_servers: LocalServers) -> None:
     ttl = dynamodb.describe_time_to_live(TableName=resources.tables["IdempotencyTable"].name)
     assert ttl["TimeToLiveDescription"] == {"TimeToLiveStatus": "ENABLED", "AttributeName": "expiresAt"}
     # Each table the registered handlers declare exists, its name in the variable the function reads.
-    for table in declared_tables():
+    for table in declared_tables(HANDLERS):
         dynamodb.describe_table(TableName=resources.tables[table].name)
 
     function = resources.function("ConsumerFunction")
-    assert function.handler == "consumer.app.handler"
+    assert function.handler == "service.lambda_function.handler"
     assert function.timeout_s == int(timeout)
     assert function.environment["IDEMPOTENCY_TABLE_NAME"] == resources.tables["IdempotencyTable"].name
-    for table in declared_tables():
+    for table in declared_tables(HANDLERS):
         assert function.environment[table_variable(table)] == resources.tables[table].name
     assert function.environment["DEAD_LETTER_QUEUE_URL"] == dead_letter.url
     (trigger,) = function.triggers

@@ -22,9 +22,10 @@ from consumer.config import Settings
 from consumer.dead_letter import DeadLetterQueue
 from consumer.envelope import Message, parse_message
 from consumer.errors import ErrorType, PoisonMessage
-from consumer.handlers import MessageContext, build_handlers
+from consumer.handler import MessageContext, build_handlers
 from consumer.outcome import MessageResult, Outcome
 from consumer.prepared import Prepared
+from service.registry import HANDLERS
 
 
 class NaiveConsumer:
@@ -33,7 +34,7 @@ class NaiveConsumer:
         self._dynamodb = session.client("dynamodb", config=config)
         sqs = session.client("sqs", config=config)
         self._dead_letters = DeadLetterQueue(lambda: sqs, settings.dead_letter_queue_url)
-        self._handlers = build_handlers(settings)
+        self._handlers = build_handlers(HANDLERS, settings)
         self._settings = settings
         self._clock = clock
 

@@ -7,12 +7,13 @@ patch the store from the test: the runtime builds its consumer with this factory
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from consumer.app import wire
 from consumer.batch import BatchRunner
 from consumer.config import Settings
+from consumer.handler import MessageHandler
 from consumer.idempotency import store as store_module
 
 # The store's fencing condition made to hold whoever owns the record and whatever its status: a zombie's write
@@ -21,6 +22,8 @@ from consumer.idempotency import store as store_module
 UNFENCED = "(#owner = :owner OR #owner <> :owner) AND (#status = :in_progress OR #status <> :in_progress)"
 
 
-def unfenced_wire(settings: Settings, session: Any, *, clock: Callable[[], float]) -> BatchRunner:
+def unfenced_wire(
+    settings: Settings, session: Any, *, clock: Callable[[], float], handlers: Mapping[str, MessageHandler[Any]]
+) -> BatchRunner:
     store_module._OWNED = UNFENCED
-    return wire(settings, session, clock)
+    return wire(settings, session, clock, handlers=handlers)

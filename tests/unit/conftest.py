@@ -20,7 +20,7 @@ from moto import mock_aws
 from consumer.app import wire
 from consumer.batch import BatchRunner
 from consumer.config import Settings
-from consumer.handlers import MessageHandler
+from consumer.handler import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
 from consumer.outcome import Log
 from testkit.dead_letters import DeadLetter, drain

@@ -1,7 +1,7 @@
 """The Lambda entry point as Lambda calls it: environment, logs and metrics.
 
-The registry holds the test handlers (tests/handlers.py) here, not the shipped examples: the entry
-point builds whatever is registered, and users replace the examples.
+The entry point is given the core's test handlers (tests/handlers.py) here, not the application's:
+it builds whatever it is given.
 """
 
 from __future__ import annotations
@@ -30,15 +30,12 @@ from tests.utils import settings_for_tests
 
 @pytest.fixture
 def function_env(dynamodb: Any, sqs: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setattr("consumer.handlers.HANDLERS", TEST_REGISTRY)
     dlq_url = sqs.create_queue(QueueName="consumer-dlq")["QueueUrl"]
     for name, value in table_environment().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("DEAD_LETTER_QUEUE_URL", dlq_url)
     monkeypatch.setenv("MAX_WORKERS", "1")  # moto in process is not thread-safe
-    app.build_consumer.cache_clear()
     yield dlq_url
-    app.build_consumer.cache_clear()
 
 
 TEST_REGISTRY = (TallyHandler, CallHandler)
@@ -60,7 +57,7 @@ def run(event: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[dict
     logs = io.StringIO()
     previous = app.logger.registered_handler.setStream(logs)  # type: ignore[attr-defined]
     try:
-        response = app.handler(event, LambdaContext())
+        response = app.lambda_handler(TEST_REGISTRY)(event, LambdaContext())
     finally:
         app.logger.registered_handler.setStream(previous)  # type: ignore[attr-defined]
     output = logs.getvalue() + capsys.readouterr().out
@@ -121,10 +118,9 @@ def test_a_missing_setting_fails_the_invocation_with_its_name(
     function_env: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("TALLY_TABLE_NAME")
-    app.build_consumer.cache_clear()
 
     with pytest.raises(Exception, match="TALLY_TABLE_NAME"):
-        app.handler({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
+        app.lambda_handler(TEST_REGISTRY)({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
 
 
 def test_settings_that_cannot_work_together_fail_the_first_invocation_before_any_record(
@@ -132,10 +128,9 @@ def test_settings_that_cannot_work_together_fail_the_first_invocation_before_any
 ) -> None:
     monkeypatch.setenv("LEASE_MIN_MS", "5000")
     monkeypatch.setenv("LEASE_MAX_MS", "1000")
-    app.build_consumer.cache_clear()
 
     with pytest.raises(ConfigurationError, match="LEASE_MIN_MS must not exceed LEASE_MAX_MS"):
-        app.handler({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
+        app.lambda_handler(TEST_REGISTRY)({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
 
     # Refused before the message was looked at: nothing applied, nothing claimed.
     assert total(dynamodb, "t-1") == 0
@@ -145,17 +140,16 @@ def test_settings_that_cannot_work_together_fail_the_first_invocation_before_any
 @pytest.mark.parametrize("event", [{}, {"Records": None}, {"Records": [{"body": "{}"}]}, [], "text"])
 def test_an_event_that_is_not_an_sqs_event_fails_the_invocation_loudly(function_env: str, event: Any) -> None:
     with pytest.raises(ValueError, match="SQS"):
-        app.handler(event, LambdaContext())
+        app.lambda_handler(TEST_REGISTRY)(event, LambdaContext())
 
 
 def test_a_runtime_sdk_too_old_for_the_store_fails_the_first_invocation_naming_the_version(
     function_env: str, dynamodb: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("consumer.sdk.missing_features", lambda model: ["UpdateItem"])
-    app.build_consumer.cache_clear()
 
     with pytest.raises(ConfigurationError, match="botocore>="):
-        app.handler({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
+        app.lambda_handler(TEST_REGISTRY)({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
 
     assert total(dynamodb, "t-1") == 0
 
@@ -164,10 +158,9 @@ def test_a_table_that_does_not_exist_fails_the_first_invocation_naming_it_and_it
     function_env: str, dynamodb: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TALLY_TABLE_NAME", "talli")
-    app.build_consumer.cache_clear()
 
     with pytest.raises(ConfigurationError, match=r"table TallyTable \(TALLY_TABLE_NAME='talli'\) does not exist"):
-        app.handler({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
+        app.lambda_handler(TEST_REGISTRY)({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
 
     # Refused before the message was looked at: no claim to expire, no record to retry one by one.
     assert dynamodb.scan(TableName=IDEMPOTENCY_TABLE)["Count"] == 0
@@ -193,10 +186,9 @@ def test_in_lambdas_runtime_the_consumer_is_built_at_init_unless_a_check_fails(
     tables = function_tables() if tables_exist else {}
     script = (
         "import boto3, moto; moto.mock_aws().start();"
-        " import consumer.handlers, tests.handlers as t;"
-        " consumer.handlers.HANDLERS = (t.TallyHandler, t.CallHandler);"
+        " import tests.handlers as t;"
         f" t.create_test_tables(boto3.client('dynamodb', region_name='us-east-1'), {tables!r});"
-        " from consumer import app; print(app.build_consumer.cache_info().currsize)"
+        " from consumer import app; print(int(app.lambda_handler((t.TallyHandler, t.CallHandler)).built))"
     )
     answer = subprocess.run([sys.executable, "-c", script], env=variables, capture_output=True, text=True, check=True)
     assert int(answer.stdout.strip().splitlines()[-1]) == built_at_init

@@ -28,8 +28,7 @@ from bench.costs import (
 )
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.systems import ThisConsumer
-from consumer import app
-from consumer.handlers import MessageHandler
+from consumer.handler import MessageHandler
 from testkit.messages import envelope
 from testkit.webhook import WebhookSink
 from tests.handlers import CallHandler, TallyHandler, create_test_tables
@@ -46,8 +45,6 @@ def probe() -> RoundTripProbe:
 def backend(probe: RoundTripProbe) -> Iterator[Backend]:
     with on_new_clients(probe.handler_specs()), moto_backend() as backend:
         yield replace(backend, handlers=HANDLERS, create_tables=create_test_tables)
-    # The consumer built here points at this test's tables: let no later test inherit it.
-    app.build_consumer.cache_clear()
 
 
 @pytest.fixture
@@ -106,7 +103,6 @@ def test_a_message_refused_by_its_handler_stops_the_cost_measurement(probe: Roun
         settings = replace(moto, handlers=HANDLERS, create_tables=create_test_tables).settings("refused", "")
         consumer = ThisConsumer(settings, {TallyHandler.event_type: TallyHandler(settings)})
         run_batch(consumer, [body("a", "PTS"), body("b", "EUR")])  # a tally counts in one unit
-    app.build_consumer.cache_clear()
 
 
 def test_the_latency_hook_delays_requests_answered_by_moto_in_process(backend: Backend, probe: RoundTripProbe) -> None:

@@ -29,7 +29,7 @@ from consumer import app
 from consumer.config import Settings, table_variable
 from consumer.envelope import MAX_BODY_BYTES, parse_message
 from consumer.errors import ErrorType, PoisonMessage
-from consumer.handlers import MessageHandler
+from consumer.handler import MessageHandler
 from testkit.dead_letters import drain, reasons
 from testkit.lambda_sqs import REGION, LambdaContext, sqs_record
 from testkit.webhook import WebhookSink
@@ -220,6 +220,7 @@ class Function:
         self.dynamodb = boto3.client("dynamodb", region_name=REGION)
         self.sqs = boto3.client("sqs", region_name=REGION)
         self.registry = registry(f"{webhook.url}/calls")
+        self.handler = app.lambda_handler(())  # given the registry once the environment is set
         every = settings_for_tests().every_table()
         self.tables = {
             table: every[table] for table in ("IdempotencyTable", TallyHandler.tables[0], CallHandler.tables[0])
@@ -258,10 +259,8 @@ def function() -> Iterator[Function]:
             fn = Function(webhook)
             for name, value in fn.env.items():
                 patch.setenv(name, value)
-            patch.setattr("consumer.handlers.HANDLERS", fn.registry)
-            app.build_consumer.cache_clear()
+            fn.handler = app.lambda_handler(fn.registry)
             yield fn
-            app.build_consumer.cache_clear()
 
 
 @pytest.mark.long(40)
@@ -271,7 +270,7 @@ def test_every_record_of_any_batch_ends_in_exactly_one_place(function: Function,
     function.empty_tables()
     ids = [record["messageId"] for record in records]
 
-    response = app.handler({"Records": records}, LambdaContext())
+    response = function.handler({"Records": records}, LambdaContext())
 
     assert set(response) == {"batchItemFailures"}
     reported = [failure["itemIdentifier"] for failure in response["batchItemFailures"]]
@@ -307,4 +306,4 @@ not_sqs_events = st.one_of(
 @given(event=not_sqs_events)
 def test_an_event_that_is_not_an_sqs_event_fails_the_invocation_loudly(function: Function, event: Any) -> None:
     with pytest.raises(ValueError, match="SQS"):
-        app.handler(event, LambdaContext())
+        function.handler(event, LambdaContext())

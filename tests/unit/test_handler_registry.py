@@ -13,10 +13,10 @@ import textwrap
 from typing import Any
 
 import consumer.api
-import consumer.handlers
+import service.handlers
 from consumer.config import Settings
-from consumer.handler import MessageContext, MessageHandler
-from consumer.handlers import build_handlers
+from consumer.handler import MessageContext, MessageHandler, build_handlers
+from service.registry import HANDLERS
 from testkit.template import REPO_ROOT
 from tests.utils import settings_for_tests
 
@@ -24,21 +24,21 @@ _PATHS = {**os.environ, "PYTHONPATH": f"{REPO_ROOT / 'src'}{os.pathsep}{REPO_ROO
 
 
 def _handler_classes() -> dict[str, type[MessageHandler[Any]]]:
-    """Each concrete MessageHandler defined in a module under src/consumer/handlers/, by event type."""
+    """Each concrete MessageHandler defined in a module under src/service/handlers/, by event type."""
     found = {}
-    for module_info in pkgutil.iter_modules(consumer.handlers.__path__):
-        module = importlib.import_module(f"consumer.handlers.{module_info.name}")
+    for module_info in pkgutil.iter_modules(service.handlers.__path__):
+        module = importlib.import_module(f"service.handlers.{module_info.name}")
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if issubclass(cls, MessageHandler) and not inspect.isabstract(cls) and cls.__module__ == module.__name__:
                 found[cls.event_type] = cls
     return found
 
 
-def test_every_handler_file_is_registered_in_build_handlers() -> None:
+def test_every_handler_file_is_registered_in_handlers() -> None:
     defined = _handler_classes()
-    registered = build_handlers(settings_for_tests())
-    assert defined, "no handler found under consumer.handlers: the scan is broken"
-    assert sorted(registered) == sorted(defined), "register each handler file in consumer.handlers.build_handlers"
+    registered = build_handlers(HANDLERS, settings_for_tests())
+    assert defined, "no handler found under service.handlers: the scan is broken"
+    assert sorted(registered) == sorted(defined), "register each handler file in HANDLERS (src/service/registry.py)"
     for event_type, handler in registered.items():
         assert type(handler) is defined[event_type]
 
@@ -63,7 +63,7 @@ def test_consumer_api_exports_what_a_handler_needs_whichever_module_is_imported_
 def test_handler_files_import_the_consumer_only_through_consumer_api() -> None:
     handler_files = [
         path
-        for path in (REPO_ROOT / "src" / "consumer" / "handlers").glob("*.py")
+        for path in (REPO_ROOT / "src" / "service" / "handlers").glob("*.py")
         if path.stem not in ("__init__", "base")
     ]
     for path in [*handler_files, *(REPO_ROOT / "examples").glob("*.py")]:

@@ -79,10 +79,10 @@ def _register(registry: Path, block: str = "", remove: tuple[str, ...] = ()) -> 
         f"({', '.join(names)},)" if len(names) == 1 else "(" + "".join(f"\n    {name}," for name in names) + "\n)"
     )
     lines[node.lineno - 1 : node.end_lineno] = [f"HANDLERS: {ast.unparse(node.annotation)} = {tuple_text}\n"]
-    lines = [line for line in lines if not (line.startswith("from consumer.handlers.") and line.split()[-1] in remove)]
+    lines = [line for line in lines if not (line.startswith("from service.handlers.") and line.split()[-1] in remove)]
     if import_line:
-        imports = [i for i, line in enumerate(lines) if line.startswith("from consumer.handlers.")]
-        # With no handler left, the new import goes after the package's own imports.
+        imports = [i for i, line in enumerate(lines) if line.startswith("from service.handlers.")]
+        # With no handler left, the new import goes after the core's imports.
         after = imports or [i for i, line in enumerate(lines) if line.startswith("from consumer.")]
         lines.insert(next((i for i in imports if lines[i] > import_line), after[-1] + 1), import_line + "\n")
     registry.write_text("".join(lines))
@@ -93,10 +93,10 @@ def _follow(project: Path, skip: int | None = None, typo: tuple[str, str] | None
     steps = readme_checklist()
     if typo:
         steps[_VARIABLE] = steps[_VARIABLE].replace(*typo)
-    handlers = project / "src" / "consumer" / "handlers"
-    shutil.copy(project / "examples" / "inventory_reserved.py", handlers / "inventory_reserved.py")
+    application = project / "src" / "service"
+    shutil.copy(project / "examples" / "inventory_reserved.py", application / "handlers" / "inventory_reserved.py")
     if skip != _REGISTRATION:
-        _register(handlers / "__init__.py", steps[_REGISTRATION])
+        _register(application / "registry.py", steps[_REGISTRATION])
     template = project / "template.yaml"
     if skip != _TABLE:
         _insert(template, "\nResources:\n", steps[_TABLE] + "\n", after=True)
@@ -126,8 +126,8 @@ def _pytest(project: Path, tests: list[str], *options: str, timeout: int = 240) 
 def _routed(project: Path) -> dict[str, dict[str, str]]:
     """The copy's registry, built with the tests' settings: each event type and the tables it is given."""
     code = (
-        "from consumer.handlers import build_handlers; import tests.utils as u;"
-        " print({t: h.table_names for t, h in build_handlers(u.settings_for_tests()).items()})"
+        "from consumer.handler import build_handlers; from service.registry import HANDLERS; import tests.utils as u;"
+        " print({t: h.table_names for t, h in build_handlers(HANDLERS, u.settings_for_tests()).items()})"
     )
     done = _run(project, [sys.executable, "-c", code], timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -152,10 +152,10 @@ def test_the_readme_steps_keep_a_handler_the_user_registered_already(tmp_path: P
     """A user's handler beside the shipped ones (the refund example, registered as "Writing your own
     handler" says, not yet committed): adding the next one keeps it, and the tests still pass."""
     _copy_of_the_project(tmp_path)
-    shutil.copy(tmp_path / "examples" / "refund_issued.py", tmp_path / "src" / "consumer" / "handlers")
+    shutil.copy(tmp_path / "examples" / "refund_issued.py", tmp_path / "src" / "service" / "handlers")
     step = readme_checklist()[_REGISTRATION]
     _register(
-        tmp_path / "src/consumer/handlers/__init__.py",
+        tmp_path / "src/service/registry.py",
         step.replace("inventory_reserved", "refund_issued").replace("InventoryReserved", "RefundIssued"),
     )
     before = _routed(tmp_path)

@@ -12,7 +12,7 @@ import pytest
 from moto import mock_aws
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from consumer.handlers import Effect, MessageContext, MessageHandler, Mode
+from consumer.handler import Effect, MessageContext, MessageHandler, Mode
 from testkit import payloads
 from testkit.payloads import GeneratorError
 from tests.contract.handler_contract import sample_bodies

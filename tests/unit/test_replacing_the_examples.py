@@ -43,13 +43,11 @@ def _replace_the_examples(project: Path) -> None:
             (project / name).unlink()
     removed = tuple(re.findall(r"^- Registration: `(\w+)`", section, re.MULTILINE))
     assert len(removed) == 3, "README names each example's registration: update this test if that changed"
-    registry = project / "src/consumer/handlers/__init__.py"
+    registry = project / "src/service/registry.py"
     # A registered example's module goes with its registration (the refund's copy, when a user made one).
-    for module, name in re.findall(
-        r"^from consumer\.handlers\.(\w+) import (\w+)$", registry.read_text(), re.MULTILINE
-    ):
+    for module, name in re.findall(r"^from service\.handlers\.(\w+) import (\w+)$", registry.read_text(), re.MULTILINE):
         if name in removed:
-            (registry.parent / f"{module}.py").unlink(missing_ok=True)
+            (registry.parent / "handlers" / f"{module}.py").unlink(missing_ok=True)
     _register(registry, remove=removed)
     for block in re.findall(r"^```yaml\n(.*?)^```", section, re.MULTILINE | re.DOTALL):
         _delete_with_indented(project / "template.yaml", block)

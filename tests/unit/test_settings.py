@@ -10,8 +10,9 @@ from pydantic import PositiveInt
 from consumer.api import HandlerSettings, SecretArn
 from consumer.config import Settings, is_secret_arn, table_variable
 from consumer.errors import ConfigurationError
-from consumer.handlers import declared_settings
+from consumer.handler import declared_settings
 from consumer.idempotency.lease import lease_duration
+from service.registry import HANDLERS
 
 REQUIRED = {"IDEMPOTENCY_TABLE_NAME": "i", "ORDERS_TABLE_NAME": "o", "DEAD_LETTER_QUEUE_URL": "https://q"}
 TABLES = ("OrdersTable",)
@@ -161,7 +162,7 @@ def test_a_secret_arn_setting_is_marked_for_the_templates_grant() -> None:
 def test_the_cores_settings_name_no_handlers_setting() -> None:
     """A handler's setting goes with the handler: removing it leaves nothing of it in consumer.config."""
     source = (Path(__file__).resolve().parents[2] / "src" / "consumer" / "config.py").read_text(encoding="utf-8")
-    for model in declared_settings():
+    for model in declared_settings(HANDLERS):
         for name in model.model_fields:
             assert name not in Settings.model_fields
             assert name not in source and name.upper() not in source, (model.__name__, name)
