@@ -82,30 +82,48 @@ validate: venv $(SAM_VENV)/.installed ## [proof] cfn-lint (with the serverless r
 	SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --region $(REGION) --template-file template.yaml
 
 # The checks a change to the template, the handlers' registry or the settings can fail, with no server or runtime:
-# the template, its tables, environment and IAM against the code (tests/infrastructure), the registry and settings.
-STATIC_TESTS := tests/infrastructure tests/unit/test_handler_registry.py tests/unit/test_settings.py
+# the template, its tables, environment and IAM against the code, settings (tests/deployment), the registry.
+DEPLOYMENT_ON_THE_STACK := tests/deployment/test_events.py tests/deployment/test_template.py
+STATIC_TESTS := tests/deployment tests/app/test_handler_registry.py
+# make test's tests after the static stage: the application's (each handler's own, the generic contract over HANDLERS),
+# the deployment's on the local stack, and the core's fast unit tests. make proof runs every other test, once.
+TEST_TESTS := tests/app tests/core/unit $(DEPLOYMENT_ON_THE_STACK)
+FUZZ_SAMPLE := tests/core/unit/test_fuzz_handler.py
+PROOF_TESTS := tests/core/reliability tests/core/concurrency tests/core/integration tests/core/test_contract.py \
+	$(FUZZ_SAMPLE) tests/tooling
 
 .PHONY: static
 static: venv ## [proof] the static checks' tests alone, short messages (TEMPLATE=<a copy> checks another template)
-	$(if $(TEMPLATE),STATIC_CHECKS_TEMPLATE=$(TEMPLATE)) $(PY) -m pytest -p no:xdist -q --tb=short $(STATIC_TESTS)
+	$(if $(TEMPLATE),STATIC_CHECKS_TEMPLATE=$(TEMPLATE)) $(PY) -m pytest -p no:xdist -q --tb=short \
+		$(STATIC_TESTS) $(addprefix --ignore=,$(DEPLOYMENT_ON_THE_STACK))
+
+# Side by side: the installs mostly wait on downloads, and the checks need only .venv and .venv-sam.
+INSTALLS := $(VENV)/.installed $(SAM_VENV)/.installed node_modules/.installed
+
+# Three workers on two cores: each waits on its own servers and runtimes as much as it computes, so a third keeps
+# both cores busy. A file goes whole to the next free worker, in collection order (longest first): the long tests
+# spread over the workers, and a module's fixtures are set up once.
+PYTEST_WORKERS := -n 3 --dist loadfile --no-loadscope-reorder
 
 .PHONY: test
-test: ## [proof] everything CI runs: the static checks first (lint, template, tables, IAM), then unit and integration tests
-	@# Side by side: the installs mostly wait on downloads, and the checks need only .venv and .venv-sam.
-	@$(MAKE) --no-print-directory -j3 --output-sync=target $(VENV)/.installed $(SAM_VENV)/.installed node_modules/.installed
+test: ## [proof] your loop, for a change to the application or the template: the static stage (lint, import contracts, template, tables, IAM), then your handlers' tests, the generic contract and the core's unit tests
+	@$(MAKE) --no-print-directory -j3 --output-sync=target $(INSTALLS)
 	@# The static stage: a mistake there stops make test here, before any server or runtime starts.
 	@$(MAKE) --no-print-directory -j3 --output-sync=target lint validate static lambda-venv
-	@# Three workers on two cores: each waits on its own servers and runtimes as much as it computes, so a third
-	@# keeps both cores busy. A file goes whole to the next free worker, in collection order (longest first): the long
-	@# tests spread over the workers, and a module's fixtures are set up once.
-	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder $(addprefix --ignore=,$(STATIC_TESTS))
+	$(PY) -m pytest $(PYTEST_WORKERS) $(TEST_TESTS) $(addprefix --ignore=,$(STATIC_TESTS) $(FUZZ_SAMPLE))
+
+.PHONY: proof
+proof: ## [proof] the core's proof, for a change to the core or an upgrade of it: concurrency, chaos, the contract table, the fuzz sample, the local stack, the runtime emulator, the CLI, the replacement trial
+	@$(MAKE) --no-print-directory -j3 --output-sync=target $(INSTALLS)
+	@$(MAKE) --no-print-directory lambda-venv
+	$(PY) -m pytest $(PYTEST_WORKERS) $(PROOF_TESTS)
 
 .PHONY: fuzz
 fuzz: venv ## [proof] the whole handler fuzzed with hostile batches for about 20 minutes (make test runs a bounded sample)
 	@# Ten processes of 700 batches each, seeded apart, so that no run leans on one process's memory for 20 minutes.
 	for seed in 1 2 3 4 5 6 7 8 9 10; do \
 		FUZZ_PROFILE=fuzz FUZZ_EXAMPLES=700 $(PY) -m pytest -p no:cacheprovider -o addopts= -q \
-			--hypothesis-seed=$$seed --hypothesis-show-statistics tests/unit/test_fuzz_handler.py || exit 1; \
+			--hypothesis-seed=$$seed --hypothesis-show-statistics tests/core/unit/test_fuzz_handler.py || exit 1; \
 	done
 
 # mutmut (config: pyproject's [tool.mutmut]) in mutants/, at the lowest priority; MUTANTS="consumer.envelope*" runs some.

@@ -27,7 +27,7 @@ from bench.costs import Backend, Draws, guarded, message_costs, moto_backend, ti
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.report import TARGET_BATCH, TARGET_LATENCY_MS, TARGET_MEMORY_MB, BenchResults, TimingKey
 from bench.systems import SYSTEM_ENV, SYSTEMS, settings_environment
-from bench.timing import POWERTOOLS_ENV, REPO_ROOT, invoke, system_functions, time_batches
+from bench.timing import POWERTOOLS_ENV, REPO_ROOT, Samples, invoke, system_functions, time_batches
 from consumer.config import Settings
 from service.registry import HANDLERS
 from testkit.aws import DUMMY_CREDENTIALS_ENV, client
@@ -36,7 +36,7 @@ from testkit.lambda_runtime import LambdaEnvironment
 from testkit.moto_server import MotoServer
 from testkit.payloads import valid_payloads
 from testkit.webhook import WebhookSink
-from tests.hostile import hostile_family
+from tests.core.hostile import hostile_family
 
 NARRATIVE = Path(__file__).resolve().parent / "methodology.md"
 _PACKAGES = ("boto3", "botocore", "moto", "aws-lambda-powertools", "pydantic")
@@ -159,31 +159,25 @@ class _Run:
     def time_hostile(self, function: LambdaEnvironment) -> None:
         """This consumer on each message at SQS's limits alone, against one valid message alone (no latency)."""
         _progress(f"{TARGET_MEMORY_MB} MB: each message at SQS's limits, alone, against one valid message")
-        # Bodies alone: the benchmark's events carry no message attributes.
         payload = valid_payloads(self.messages.handler, 1)[0]
+        # Bodies alone: the benchmark's events carry no message attributes.
         family = [m for m in hostile_family(self.messages.handler.event_type, payload) if not m.message_attributes]
         batches: dict[str, Callable[[], list[str]]] = {m.name: functools.partial(list, (m.body,)) for m in family}
-        batches[report.VALID] = lambda: self.messages.bodies(1)
-        for name, batch in batches.items():
-            self.results.hostile[name] = time_batches(
-                {name: function},
-                batch,
-                latency_ms=0,
-                min_repetitions=self.arguments.min_repetitions,
-                max_repetitions=self.arguments.max_repetitions,
-                precision=self.arguments.precision,
-            )[name]
+        for name, batch in {**batches, report.VALID: lambda: self.messages.bodies(1)}.items():
+            self.results.hostile[name] = self._timed({name: function}, batch, 0)[name]
 
     def time(self, functions: dict[str, LambdaEnvironment], key: TimingKey) -> None:
         _progress(f"{key.memory_mb} MB: batches of {key.batch_size} at {key.latency_ms} ms")
-        self.results.timings[key] = time_batches(
-            functions,
-            lambda: self.messages.bodies(key.batch_size),
-            latency_ms=key.latency_ms,
-            min_repetitions=self.arguments.min_repetitions,
-            max_repetitions=self.arguments.max_repetitions,
-            precision=self.arguments.precision,
-        )
+        self.results.timings[key] = self._timed(functions, lambda: self.messages.bodies(key.batch_size), key.latency_ms)
+
+    def _timed(
+        self, functions: dict[str, LambdaEnvironment], batch: Callable[[], list[str]], latency_ms: float
+    ) -> dict[str, Samples]:
+        repetitions = {
+            "min_repetitions": self.arguments.min_repetitions,
+            "max_repetitions": self.arguments.max_repetitions,
+        }
+        return time_batches(functions, batch, latency_ms=latency_ms, precision=self.arguments.precision, **repetitions)
 
 
 def _cpu_model() -> str:

@@ -270,7 +270,7 @@ def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str
             f"![Batch wall time against injected DynamoDB latency]({charts[0]})",
         ],
         "## CPU per record (batch of 10, 10 ms), ms [95% CI]": _cpu_table(results),
-        f"## Messages at SQS's limits (tests.hostile), this consumer at {_share(TARGET_MEMORY_MB)}, no latency": (
+        f"## Messages at SQS's limits (tests.core.hostile), this consumer at {_share(TARGET_MEMORY_MB)}, no latency": (
             hostile_section(results)
         ),
         "## Cold start (fresh processes from the built artifact: init, then one new message)": (

@@ -2,7 +2,7 @@
 accepted, dead letters, webhook calls), and the invariants they are checked against (DESIGN: "Invariants every
 reliability test checks"), each counted as a number of violations. They hold for any handler: whether a message
 was applied is read from its idempotency record and the commits seen at the conflict proxy, never from a table of
-the handler's; an example's own invariants (the payment ledger's balances) are its checks in ``tests/examples``."""
+the handler's; an example's own invariants (the payment ledger's balances) are its checks in ``tests/app``."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Copy this file to ``src/service/handlers/``, add the class to ``HANDLERS`` in
 ``src/service/registry.py``, and messages with ``"eventType": "RefundIssued"``
 are applied exactly once. It writes the ledger the template already has and grants;
 ``inventory_reserved.py`` is a handler with a table of its own. Each runs in its own
-``tests/examples/`` file.
+``tests/app/`` file.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Not registered: to use it, add it to ``HANDLERS``, a ``SubscriptionTable`` keyed
 ``subscriptionId`` (S) to template.yaml with its variable and grants (README's checklist "A
 handler with its own table"), and its settings (``BillingSettings``: ``BILLING_WEBHOOK_URL``, and
 ``BILLING_SECRET_ARN`` beyond loopback; README "A setting of your own"). Tests:
-``tests/examples/test_subscription_renewed.py``.
+``tests/app/test_subscription_renewed.py``.
 """
 
 from __future__ import annotations

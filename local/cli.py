@@ -53,9 +53,6 @@ def _running() -> state.StackState:
     return running
 
 
-# -- run ---------------------------------------------------------------------------------
-
-
 def _banner(stack: DeployedStack, sink: WebhookSink, pollers: int) -> str:
     credentials = " ".join(f"{name}={value}" for name, value in DUMMY_CREDENTIALS_ENV.items() if name != "AWS_REGION")
     aws = f"{credentials} \\\n    .venv/bin/aws"
@@ -73,6 +70,8 @@ def _banner(stack: DeployedStack, sink: WebhookSink, pollers: int) -> str:
         # A FIFO queue refuses a send without a group; content-based deduplication is off, so an id too.
         send_cli += " \\\n    --message-group-id acc-1 --message-deduplication-id $(uuidgen)"
     tables = "  ".join(f"{logical}={table.name}" for logical, table in stack.resources.tables.items())
+    quotas = [environment.quota for environment in stack.fleet.environments if environment.quota is not None]
+    cpu = quotas[0].describe() if quotas else "no CPU quota"
     return f"""
 Local stack "{stack.resources.stack_name}" is running. Ctrl-C stops it and every process it started.
   SQS (moto server)   {stack.servers.sqs_endpoint_url}
@@ -85,7 +84,7 @@ Local stack "{stack.resources.stack_name}" is running. Ctrl-C stops it and every
   function            {stack.function.handler}, Timeout {stack.function.timeout_s}s, \
 MemorySize {stack.function.memory_mb} MB, BatchSize {stack.trigger.batch_size}, {pollers} poller(s)
   runtime             Lambda's Runtime Interface Emulator + awslambdaric on Python 3.12, \
-one execution environment per poller, {_cpu_line(stack)}
+one execution environment per poller, {cpu}
   function logs       {FUNCTION_LOG}  (tail -f it)
   state file          {state.STATE_FILE}
 
@@ -99,11 +98,6 @@ Inspect and seed any table the same way (all in memory: `make run` starts empty 
   {aws} dynamodb scan {dynamodb}
   {aws} dynamodb put-item {dynamodb} --item {shlex.quote(item)}
 """
-
-
-def _cpu_line(stack: DeployedStack) -> str:
-    quotas = [environment.quota for environment in stack.fleet.environments if environment.quota is not None]
-    return quotas[0].describe() if quotas else "no CPU quota"
 
 
 def _batch_line(say: Callable[[str], None]) -> Callable[[BatchReport], None]:
@@ -145,9 +139,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         group.stop()
     say("stopped: no process of the local stack is left running")
     return 0
-
-
-# -- send ----------------------------------------------------------------------------------
 
 
 def _refuse(why: str) -> NoReturn:
@@ -206,19 +197,15 @@ def cmd_send(args: argparse.Namespace) -> int:
     for message in (m for m in outgoing if m.kind == "drawn"):  # its seeds (testkit.payloads) first, as make demo's
         seeds = payloads.seed_items(handlers[str(message.event_type)], message.payload or {})
         payloads.put_seeds(dynamodb, running.tables, seeds)
-    sqs = client("sqs", running.sqs_endpoint_url)
-    ids = messages.send_all(sqs, running.queue_url, outgoing)
+    ids = messages.send_all(client("sqs", running.sqs_endpoint_url), running.queue_url, outgoing)
     if len(ids) <= 10:
         print("message id(s):", *ids)  # as the function's logs and make dlq name them
     if args.file or args.bodies:
         print(f"sent the {len(ids)} message(s) of {args.file or args.bodies} to {running.queue_url}")
-        return 0
-    keys = {message.key for message in outgoing if message.key}
-    print(f"sent {len(ids)} message(s) to {running.queue_url} ({len(keys)} distinct idempotency keys)")
+    else:
+        keys = {message.key for message in outgoing if message.key}
+        print(f"sent {len(ids)} message(s) to {running.queue_url} ({len(keys)} distinct idempotency keys)")
     return 0
-
-
-# -- invoke --------------------------------------------------------------------------------
 
 
 def _answer(invocation: Invocation) -> Any:
@@ -236,29 +223,20 @@ def cmd_invoke(args: argparse.Namespace) -> int:
     running = state.read()
     notes: list[str] = []
     if running is not None:
-        with LambdaFleet(
-            running.function_spec(), running.function_environment, memory_mb=args.memory, log_sink=sys.stderr
-        ) as fleet:
+        spec, environment = running.function_spec(), running.function_environment
+        with LambdaFleet(spec, environment, memory_mb=args.memory, log_sink=sys.stderr) as fleet:
             answer = _answer(fleet.add().invoke(event))
     else:
         print("no local stack is running: starting one for this invocation", file=sys.stderr)
         with running_stack(stack_name=args.stack_name, memory_mb=args.memory, log_sink=sys.stderr) as (stack, sink):
             answer = _answer(stack.runtime.invoke(event))
-            notes += [
-                f"dead-lettered: {letter.reason}"
-                for letter in dead_letters.peek(stack.servers.client("sqs"), stack.dead_letter_queue.url)
-            ]
-            notes += [
-                f"webhook received POST {request.path} Idempotency-Key: {request.idempotency_key}"
-                for request in sink.received()
-            ]
+            parked = dead_letters.peek(stack.servers.client("sqs"), stack.dead_letter_queue.url)
+            notes += [f"dead-lettered: {letter.reason}" for letter in parked]
+            notes += [f"webhook received POST {r.path} Idempotency-Key: {r.idempotency_key}" for r in sink.received()]
     print(json.dumps(answer, indent=2))
     for note in notes:
         print(note, file=sys.stderr)
     return 1 if isinstance(answer, dict) and "errorType" in answer else 0
-
-
-# -- dlq, redrive --------------------------------------------------------------------------
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
@@ -269,8 +247,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         body = letter.body if len(letter.body) <= 160 else letter.body[:157] + "..."
         # The id the message had when it was sent, as the consumer's logs name it.
         print(f"- {letter.original_message_id} (in the DLQ as {letter.message_id})")
-        print(f"    ErrorType: {letter.error_type}\n    ErrorMessage: {letter.error_message}")
-        print(f"    body: {body}")
+        print(f"    ErrorType: {letter.error_type}\n    ErrorMessage: {letter.error_message}\n    body: {body}")
     return 0
 
 
@@ -280,9 +257,6 @@ def cmd_redrive(args: argparse.Namespace) -> int:
     moved = dead_letters.redrive(sqs, running.dead_letter_queue_url, running.queue_url)
     print(f"moved {moved} message(s) from the dead-letter queue back to {running.queue_url}")
     return 0
-
-
-# -- entry ---------------------------------------------------------------------------------
 
 
 def parser() -> argparse.ArgumentParser:

@@ -71,19 +71,26 @@ def _drain(stack: DeployedStack, say: Callable[[str], None], sent: int) -> tuple
     raise TimeoutError(f"the queue did not drain within {_DRAIN_TIMEOUT_S}s")
 
 
+def _poison(
+    event_type: str, key: str | None, payload: dict[str, Any], error: ErrorType, group: str | None = None
+) -> messages.Outgoing:
+    """A well-formed envelope the consumer must dead-letter for ``error``."""
+    return messages.Outgoing(messages.envelope(event_type, key, payload), "poison", key, error, group=group)
+
+
 def _workload(
     args: argparse.Namespace, stack: DeployedStack
 ) -> tuple[list[messages.Outgoing], list[messages.Outgoing]]:
     rng, run = random.Random(args.seed), f"{args.seed}"
-    tables = {table: stack.table_name(table) for table in declared_tables(HANDLERS)}
-    dynamodb = stack.servers.client("dynamodb")
+    tables, dynamodb = (
+        {table: stack.table_name(table) for table in declared_tables(HANDLERS)},
+        stack.servers.client("dynamodb"),
+    )
     valid: list[messages.Outgoing] = []
     late: list[messages.Outgoing] = []
     poison = [
         messages.Outgoing('{"eventType": "Cut", "payload": ', "poison", None, ErrorType.INVALID_JSON),
-        messages.Outgoing(
-            messages.envelope("NoSuchEvent", "nobody", {}), "poison", "nobody", ErrorType.UNKNOWN_EVENT_TYPE
-        ),
+        _poison("NoSuchEvent", "nobody", {}, ErrorType.UNKNOWN_EVENT_TYPE),
     ]
     for index, handler in enumerate(payloads.registered()):
         drawn = payloads.valid_payloads(handler, args.messages + 2, args.seed + index)
@@ -92,23 +99,10 @@ def _workload(
             payloads.put_seeds(dynamodb, tables, payloads.seed_items(handler, message.payload or {}))
         valid += ours
         refused = payloads.invalid_payloads(handler, args.seed)[0].payload
-        poison.append(
-            messages.Outgoing(
-                messages.envelope(handler.event_type, f"bad-{handler.event_type}", refused),
-                "poison",
-                f"bad-{handler.event_type}",
-                ErrorType.SCHEMA_VIOLATION,
-            )
-        )
+        poison.append(_poison(handler.event_type, f"bad-{handler.event_type}", refused, ErrorType.SCHEMA_VIOLATION))
         # Late: two applied keys reused for another payload (drawn, so distinct from theirs).
         late += [
-            messages.Outgoing(
-                messages.envelope(handler.event_type, m.key, other),
-                "poison",
-                m.key,
-                ErrorType.IDEMPOTENCY_KEY_REUSED,
-                group=m.group,
-            )
+            _poison(handler.event_type, m.key, other, ErrorType.IDEMPOTENCY_KEY_REUSED, m.group)
             for m, other in zip(ours[:2], drawn[:2], strict=False)
         ]
     first = [*messages.with_resends(valid, args.duplicates, rng), *poison]
@@ -121,7 +115,7 @@ def _workload(
 def example_checks(
     dynamodb: Any, table_name: Callable[[str], str], applied: Callable[[str], list[dict[str, Any]]]
 ) -> list[Check]:
-    """The registered examples' own checks (``tests/examples/<event type>_checks.py``) on the payloads each applied."""
+    """The registered examples' own checks (``tests/app/<event type>_checks.py``) on the payloads each applied."""
     registered, checks = {h.event_type for h in payloads.registered()}, []
     for path in sorted((Path(__file__).resolve().parent.parent / "tests").rglob("*_checks.py")):
         event_type = "".join(part.title() for part in path.stem.removesuffix("_checks").split("_"))
@@ -140,11 +134,8 @@ def _checks(
     dynamodb = stack.servers.client("dynamodb")
     valid = [m for m in sent if m.kind == "drawn"]
     keys = {m.key for m in valid if m.key}
-    records = [
-        i
-        for p in dynamodb.get_paginator("scan").paginate(TableName=stack.table_name("IdempotencyTable"))
-        for i in p["Items"]
-    ]
+    pages = dynamodb.get_paginator("scan").paginate(TableName=stack.table_name("IdempotencyTable"))
+    records = [item for page in pages for item in page["Items"]]
     applied = {r["id"]["S"].split("#", 1)[1] for r in records if r["status"]["S"] == "COMPLETED"}
     by_body = {letter.body: letter for letter in parked}
     refused = {m.key for m in valid if m.body in by_body and by_body[m.body].error_type}
@@ -240,14 +231,11 @@ def run_demo(args: argparse.Namespace) -> int:
         parked = dead_letters.peek(sqs, stack.dead_letter_queue.url)
         _summary(say, sent, outcome_counts(DEMO_LOG), parked, sink, throughput)
         checks, applied = _checks(stack, sink, by_id, parked)
+        ours = [m for m in sent if m.kind == "drawn" and m.key in applied]
         checks += example_checks(
             stack.servers.client("dynamodb"),
             stack.table_name,
-            lambda event: [
-                m.payload
-                for m in sent
-                if m.event_type == event and m.kind == "drawn" and m.key in applied and m.payload
-            ],
+            lambda event: [m.payload for m in ours if m.event_type == event and m.payload],
         )
         if stack.queue.fifo:
             checks += _fifo_checks(by_id, completions)

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 from typing import Any, Self
 
@@ -67,11 +67,9 @@ def reported_failures(response: Any, batch_ids: set[str]) -> tuple[set[str] | No
     Lambda's rules: a null or empty response, or an empty list, is full success; anything
     malformed, or an id that is not one of the batch's, fails the whole batch.
     """
-    if response is None:
-        return set(), ""
-    if not isinstance(response, dict):
+    if not isinstance(response, dict | None):
         return None, f"response is a {type(response).__name__}, not an object"
-    failures = response.get("batchItemFailures")
+    failures = (response or {}).get("batchItemFailures")
     if failures is None:
         return set(), ""
     if not isinstance(failures, list):
@@ -103,31 +101,24 @@ class PollerStats:
             self.verdicts[report.verdict.value] += 1
 
 
+@dataclass(eq=False)
 class Poller:
-    def __init__(
-        self,
-        sqs: Any,
-        queue: QueueResource,
-        trigger: SqsTrigger,
-        runtime: Invoker,
-        *,
-        on_batch: Callable[[BatchReport], None] | None = None,
-    ) -> None:
-        self._sqs = sqs
-        self._queue = queue
-        self._trigger = trigger
-        self._runtime = runtime
-        self._on_batch = on_batch
+    sqs: Any
+    queue: QueueResource
+    trigger: SqsTrigger
+    runtime: Invoker
+    _: KW_ONLY
+    on_batch: Callable[[BatchReport], None] | None = None
 
     def receive(self) -> list[dict[str, Any]]:
         """Up to BatchSize messages: one long poll, topped up within the batching window."""
         messages: list[dict[str, Any]] = []
-        window_ends = time.monotonic() + self._trigger.batching_window_s
-        while len(messages) < self._trigger.batch_size:
+        window_ends = time.monotonic() + self.trigger.batching_window_s
+        while len(messages) < self.trigger.batch_size:
             wait_s = _WAIT_TIME_S if not messages else max(0, round(window_ends - time.monotonic()))
-            answer = self._sqs.receive_message(
-                QueueUrl=self._queue.url,
-                MaxNumberOfMessages=min(_SQS_MAX, self._trigger.batch_size - len(messages)),
+            answer = self.sqs.receive_message(
+                QueueUrl=self.queue.url,
+                MaxNumberOfMessages=min(_SQS_MAX, self.trigger.batch_size - len(messages)),
                 WaitTimeSeconds=wait_s,
                 MessageSystemAttributeNames=["All"],
                 MessageAttributeNames=["All"],
@@ -143,10 +134,10 @@ class Poller:
         messages = self.receive()
         if not messages:
             return None
-        event = event_from_messages(messages, queue_arn=self._queue.arn, region=REGION)
-        report = self._settle(messages, self._runtime.invoke(event))
-        if self._on_batch is not None:
-            self._on_batch(report)
+        event = event_from_messages(messages, queue_arn=self.queue.arn, region=REGION)
+        report = self._settle(messages, self.runtime.invoke(event))
+        if self.on_batch is not None:
+            self.on_batch(report)
         return report
 
     def _verdict(self, invocation: Invocation, batch_ids: set[str]) -> tuple[BatchVerdict, set[str] | None, str]:
@@ -154,9 +145,9 @@ class Poller:
         if invocation.error is not None:
             return BatchVerdict.RAISED, None, f"{invocation.error_type}: {invocation.error}"
         if invocation.timed_out:
-            timeout_s = self._runtime.function.timeout_s
+            timeout_s = self.runtime.function.timeout_s
             return BatchVerdict.TIMED_OUT, None, f"ran {invocation.duration_s:.1f}s, Timeout is {timeout_s}s"
-        if not self._trigger.report_batch_item_failures:
+        if not self.trigger.report_batch_item_failures:
             return BatchVerdict.PARTIAL, set(), ""
         failures, problem = reported_failures(invocation.response, batch_ids)
         return (BatchVerdict.PARTIAL if failures is not None else BatchVerdict.INVALID_RESPONSE), failures, problem
@@ -172,8 +163,8 @@ class Poller:
         deleted = 0
         for start in range(0, len(messages), _SQS_MAX):
             chunk = messages[start : start + _SQS_MAX]
-            answer = self._sqs.delete_message_batch(
-                QueueUrl=self._queue.url,
+            answer = self.sqs.delete_message_batch(
+                QueueUrl=self.queue.url,
                 Entries=[{"Id": str(index), "ReceiptHandle": m["ReceiptHandle"]} for index, m in enumerate(chunk)],
             )
             deleted += len(answer.get("Successful") or [])

@@ -212,15 +212,13 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
         _negative_control(url, target, role, log_group),  # last: sam delete follows, so the grant stays away
     ]
     _run([str(REPO / ".venv-sam/bin/sam"), "delete", "--config-env", "rehearse", "--no-prompts"], env)
-    tables = client("dynamodb", url).list_tables()["TableNames"]
+    kept = client("dynamodb", url).list_tables()["TableNames"]
     groups = [group["logGroupName"] for group in client("logs", url).describe_log_groups()["logGroups"]]
     listeners = _listeners([pid, *children(pid)])
     checks += [
         Check(listeners == [f"{LOOPBACK}:{server.port}"], f"the emulator and its workers listen on {listeners} only"),
-        Check(
-            set(target.tables.values()) <= set(tables), "sam delete kept the declared tables (DeletionPolicy: Retain)"
-        ),
-        Check(outputs["IdempotencyTableName"] not in tables, "and removed the idempotency table (Delete)"),
+        Check(set(target.tables.values()) <= set(kept), "sam delete kept the declared tables (DeletionPolicy: Retain)"),
+        Check(outputs["IdempotencyTableName"] not in kept, "and removed the idempotency table (Delete)"),
         Check(any(STACK in group for group in groups), f"and kept the function's log group: {groups}"),
     ]
     return checks

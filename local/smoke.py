@@ -148,7 +148,7 @@ def run_smoke(target: Target, *, run_id: str | None = None, timeout_s: float = D
         idle = wait(lambda: sum(messages.queue_counts(target.sqs, target.queue_url)) == 0, deadline)
         resent = table_items(target.dynamodb, target.tables)
         letter = next(iter(_letters(target, poison)), None)
-        error_type = letter.error_type if letter else None
+        found = letter.error_type if letter else None
         return [
             *(
                 Check(bool(found), f"{event} ends {found or f'neither applied nor dead-lettered in {timeout_s:.0f}s'}")
@@ -157,9 +157,7 @@ def run_smoke(target: Target, *, run_id: str | None = None, timeout_s: float = D
             Check(ended and idle, f"the queue drained within {timeout_s:.0f}s, so every resend was handled"),
             Check(resent == applied, f"the resends changed no item of the declared tables {sorted(target.tables)}"),
             Check(parked, f"the poison message is in the dead-letter queue within {timeout_s:.0f}s"),
-            Check(
-                error_type == POISON_ERROR_TYPE, f"its ErrorType attribute is {POISON_ERROR_TYPE} (found {error_type})"
-            ),
+            Check(found == POISON_ERROR_TYPE, f"its ErrorType attribute is {POISON_ERROR_TYPE} (found {found})"),
         ]
     finally:
         clean_up(target, sent, [poison], before)

@@ -10,7 +10,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -23,8 +23,8 @@ _SEND_BATCH = 10
 NO_KEY_GROUP = "no-key"
 
 
-def envelope(event_type: str, key: str | None, payload: dict[str, Any]) -> str:
-    body: dict[str, Any] = {"eventType": event_type, "payload": payload}
+def envelope(event_type: str, key: str | None, payload: Mapping[str, Any]) -> str:
+    body: dict[str, Any] = {"eventType": event_type, "payload": dict(payload)}
     if key is not None:
         body["metadata"] = {"idempotencyKey": key}
     return json.dumps(body)

@@ -23,6 +23,9 @@ from testkit.servers import LocalServers
 from testkit.tables import IDEMPOTENCY_TABLE, create_template_tables
 from testkit.webhook import WebhookSink
 
+# The test kit for handlers (tests/kit.py): its fixtures serve every test, a user's too.
+pytest_plugins = ["tests.kit"]
+
 _INTEGRATION_FIXTURES = frozenset({"dynamodb_local", "local_servers", "make_stack", "stack"})
 
 

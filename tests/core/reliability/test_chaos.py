@@ -1,0 +1,85 @@
+"""The fault-injection harness, short, on the registered handlers and the core's guarded lock-mode handler. With
+every fault on, the real consumer keeps every invariant; pointed at consumers that get it wrong, the same harness
+reports violations (a harness that cannot fail proves nothing)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from chaos.faults import FaultKind
+from chaos.harness import ChaosConfig, ChaosReport, run
+from chaos.report import render
+from testkit.servers import LocalServers
+from tests.conftest import SHOWN
+from tests.core.chaos_handlers import GuardedPeriod
+
+GUARDED = f"{GuardedPeriod.__module__}:{GuardedPeriod.__name__}"
+# Short, at the default rates, and every kind of fault forced once in each execution environment (at its first
+# opportunity, whatever the draws): whether the run meets every kind never depends on luck. The crashes and
+# zombies land on the guarded handler's messages: before its call (after the claim) and after it.
+SHORT = ChaosConfig(
+    seed=20240917,
+    messages=160,
+    pollers=3,
+    forced=dict.fromkeys(FaultKind, 1),
+    handlers=(GUARDED,),
+    forced_on=GuardedPeriod.event_type,
+    # Generous: under a loaded CI machine (two test workers) draining takes longer, and a timeout proves nothing.
+    drain_timeout_s=180,
+)
+_ON_THE_GUARDED = (FaultKind.CRASH_AFTER_CLAIM, FaultKind.CRASH_BEFORE_COMMIT, FaultKind.CRASH_AFTER_COMMIT)
+
+
+def _violations(report: ChaosReport) -> dict[str, int]:
+    return {verdict.name: verdict.violations for verdict in report.verdicts}
+
+
+@pytest.mark.long(75)
+def test_every_fault_on_and_every_invariant_holds(
+    local_servers: LocalServers, record_property: Callable[[str, object], None]
+) -> None:
+    report = run(SHORT, local_servers)
+    table = render(report)
+    print(table)
+    injected = ", ".join(f"{kind.value} {report.history.faults[kind]}" for kind in FaultKind)
+    record_property(SHOWN, f"short chaos run, seed {SHORT.seed}, faults injected: {injected}")
+    assert report.violations == 0, table
+    missing = [kind.value for kind in FaultKind if report.history.faults[kind] == 0]
+    assert not missing, f"faults never injected, so never tested: {missing}\n{table}"
+    # A forced crash ends an invocation under way: its batch comes back.
+    assert report.history.crashed > 0 and report.history.redelivered_records > 0, table
+    guarded = [
+        faults
+        for record, faults in report.history.faults_by_record.items()
+        if record.startswith(f"{GuardedPeriod.event_type}#")
+    ]
+    missed = [kind.value for kind in _ON_THE_GUARDED if not any(faults[kind] for faults in guarded)]
+    assert not missed, f"the guarded handler never crashed at {missed}\n{table}"
+    assert sum(report.end.commits.values()) > 0, table
+
+
+@pytest.mark.long(30)
+def test_the_harness_catches_a_claim_without_its_condition(local_servers: LocalServers) -> None:
+    # A claim that takes any record: each resend is applied and committed again.
+    unconditional = "tests.core.chaos_handlers:unconditional_wire"
+    config = replace(SHORT, seed=SHORT.seed + 1, messages=60, duplicate_ratio=0.5, consumer=unconditional)
+    report = run(replace(config, forced={}), local_servers)
+    table = render(report)
+    print(table)
+    assert _violations(report)["no key committed twice (commits DynamoDB accepted)"] > 0, table
+
+
+@pytest.mark.long(25)
+def test_the_harness_catches_a_store_without_fencing(local_servers: LocalServers) -> None:
+    # Zombies only: each environment's first commit of the guarded handler, then drawn.
+    rates = dict.fromkeys(FaultKind, 0.0) | {FaultKind.ZOMBIE: 0.5}
+    unfenced = "tests.core.reliability.unfenced_consumer:unfenced_wire"
+    config = replace(SHORT, messages=60, poison_ratio=0.0, duplicate_ratio=0.0, rates=rates)
+    config = replace(config, forced={FaultKind.ZOMBIE: 1})
+    report = run(replace(config, consumer=unfenced), local_servers)
+    table = render(report)
+    print(table)
+    assert _violations(report)["no zombie commit or release over a newer owner"] > 0, table

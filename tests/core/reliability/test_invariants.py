@@ -1,0 +1,234 @@
+"""Each invariant of the chaos checker, on a hand-made history of the core's test handlers (``tests/core/handlers.py``):
+silent on a correct end state, and reporting the one violation planted in an otherwise correct one. An invariant
+that cannot fire would pass every run."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.faults import FaultKind
+from chaos.invariants import Checker, EndState, History
+from chaos.journal import Journal
+from consumer.envelope import payload_hash
+from consumer.errors import ErrorType
+from consumer.idempotency.record import Attr, Status
+from testkit.dead_letters import DeadLetter
+from testkit.messages import Outgoing
+from testkit.webhook import ReceivedRequest
+from tests.core.handlers import CALL_EVENT, TALLY_EVENT, call_body, call_payload, tally_body, tally_payload
+
+ADDED = Outgoing(tally_body("e-1", key="add-1"), "drawn", "add-1")
+# The key reused for another entry on another tally: a producer that regenerated its business id.
+REUSED = Outgoing(tally_body("e-2", "t-2", key="add-1"), "reused", "add-1")
+CALLED = Outgoing(call_body("c-1", key="call-1"), "drawn", "call-1")
+BROKEN = Outgoing('{"eventType": ', "poison", None, ErrorType.INVALID_JSON)
+SENT = {"m-added": ADDED, "m-resent": ADDED, "m-reused": REUSED, "m-called": CALLED, "m-broken": BROKEN}
+TALLY_RECORD, CALL_RECORD = f"{TALLY_EVENT}#add-1", f"{CALL_EVENT}#call-1"
+
+
+def _completed(record: str, payload: dict[str, Any]) -> dict[str, Any]:
+    return {Attr.ID: record, Attr.STATUS: Status.COMPLETED, Attr.PAYLOAD_HASH: payload_hash(payload)}
+
+
+def _call(key: str, status: int = 200) -> ReceivedRequest:
+    return ReceivedRequest("/calls", key, json.dumps(call_payload("c-1")), {"Idempotency-Key": key}, status, 0.0)
+
+
+CORRECT = EndState(
+    records=[_completed(TALLY_RECORD, tally_payload("e-1")), _completed(CALL_RECORD, call_payload("c-1"))],
+    commits={TALLY_RECORD: 1, CALL_RECORD: 1},
+    dead_letters=[
+        DeadLetter("m-reused", ErrorType.IDEMPOTENCY_KEY_REUSED),
+        DeadLetter("m-broken", ErrorType.INVALID_JSON),
+    ],
+    webhook_calls=[_call("call-1")],
+    drained=True,
+)
+
+
+def _verdicts(end: EndState, history: History | None = None) -> dict[str, int]:
+    checker = Checker(SENT, end, history or History())
+    return {verdict.name: verdict.violations for verdict in checker.all()}
+
+
+def _history(
+    results: dict[str, set[str]] | None = None, zombies: tuple[str, ...] = (), foreign: tuple[str, ...] = ()
+) -> History:
+    history = History(zombie_writes_accepted=list(zombies), foreign_failure_ids=list(foreign))
+    for message_id, outcomes in (results or {}).items():
+        history.results[message_id] |= outcomes
+    return history
+
+
+def test_a_correct_end_state_has_no_violation() -> None:
+    assert set(_verdicts(CORRECT).values()) == {0}
+    # The duplicates' and the refused key's outcomes as a run journals them change nothing.
+    history = _history(results={"m-added": {"applied"}, "m-resent": {"duplicate"}, "m-called": {"applied"}})
+    assert set(_verdicts(CORRECT, history).values()) == {0}
+
+
+_LOST_CALL = [record for record in CORRECT.records if record[Attr.ID] != CALL_RECORD]
+# name -> (the invariant that must report it, the end state, the history).
+PLANTED: dict[str, tuple[str, EndState, History]] = {
+    "not drained": ("queue drained before the time limit", replace(CORRECT, drained=False), History()),
+    "a message neither applied nor dead-lettered": (
+        "every message applied once, a duplicate, or in the DLQ with a reason",
+        replace(CORRECT, records=_LOST_CALL, commits={TALLY_RECORD: 1}),
+        History(),
+    ),
+    "a key committed twice": (
+        "no key committed twice (commits DynamoDB accepted)",
+        replace(CORRECT, commits={TALLY_RECORD: 2, CALL_RECORD: 1}),
+        History(),
+    ),
+    "a record COMPLETED with no commit seen": (
+        "no key committed twice (commits DynamoDB accepted)",
+        replace(CORRECT, commits={TALLY_RECORD: 1}),
+        History(),
+    ),
+    "the reused key's payload reported applied": (
+        "no key applied with two payloads",
+        CORRECT,
+        _history(results={"m-reused": {"applied"}}),
+    ),
+    "a healthy message dead-lettered": (
+        "no message dead-lettered for a reason it cannot have",
+        replace(CORRECT, dead_letters=[*CORRECT.dead_letters, DeadLetter("m-resent", ErrorType.SCHEMA_VIOLATION)]),
+        History(),
+    ),
+    "poison dead-lettered for another reason": (
+        "no message dead-lettered for a reason it cannot have",
+        replace(CORRECT, dead_letters=[CORRECT.dead_letters[0], DeadLetter("m-broken", ErrorType.SCHEMA_VIOLATION)]),
+        History(),
+    ),
+    "a dead letter never sent": (
+        "no message dead-lettered for a reason it cannot have",
+        replace(CORRECT, dead_letters=[*CORRECT.dead_letters, DeadLetter("m-ghost", ErrorType.INVALID_JSON)]),
+        History(),
+    ),
+    "a record stuck": (
+        "no record stuck IN_PROGRESS after its lease",
+        replace(CORRECT, records=[*CORRECT.records, {Attr.ID: f"{CALL_EVENT}#call-9", Attr.STATUS: "IN_PROGRESS"}]),
+        History(),
+    ),
+    "a zombie write accepted": (
+        "no zombie commit or release over a newer owner",
+        CORRECT,
+        _history(zombies=(f"commit of {CALL_RECORD} by overtaken owner t-1",)),
+    ),
+    "a foreign failure id": (
+        "batchItemFailures name only the batch's ids",
+        CORRECT,
+        _history(foreign=("not-in-the-batch",)),
+    ),
+    "a repeat call with no failed attempt": (
+        "webhook: a repeat call only after a failed attempt",
+        replace(CORRECT, webhook_calls=[_call("call-1"), _call("call-1")]),
+        History(),
+    ),
+    "a call with a key never sent": (
+        "every webhook call carries a key that was sent",
+        replace(CORRECT, webhook_calls=[_call("call-1"), _call("someone-else", status=503)]),
+        History(),
+    ),
+}
+
+
+def test_every_invariant_has_a_planted_violation() -> None:
+    assert {invariant for invariant, _, _ in PLANTED.values()} == set(_verdicts(CORRECT))
+
+
+@pytest.mark.parametrize("case", sorted(PLANTED))
+def test_each_planted_violation_is_reported_by_its_invariant(case: str) -> None:
+    invariant, end, history = PLANTED[case]
+    verdicts = _verdicts(end, history)
+    assert verdicts[invariant] == 1
+    assert sum(verdicts.values()) == 1, verdicts
+
+
+def test_a_reused_key_must_put_the_losing_payload_in_the_dead_letter_queue() -> None:
+    end = replace(CORRECT, dead_letters=[DeadLetter("m-broken", ErrorType.INVALID_JSON)])
+    assert _verdicts(end)["every message applied once, a duplicate, or in the DLQ with a reason"] == 1
+    # Dead-lettered as reused although its own payload is the one committed: a refusal it cannot have.
+    committed_reused = [_completed(TALLY_RECORD, tally_payload("e-2", "t-2")), CORRECT.records[1]]
+    verdicts = _verdicts(replace(CORRECT, records=committed_reused))
+    assert verdicts["no message dead-lettered for a reason it cannot have"] == 1
+
+
+def test_a_message_moved_by_the_redrive_policy_is_lost_only_if_never_applied() -> None:
+    moved = DeadLetter("m-resent", None)
+    assert set(_verdicts(replace(CORRECT, dead_letters=[*CORRECT.dead_letters, moved])).values()) == {0}
+    unapplied = replace(CORRECT, records=_LOST_CALL, commits={TALLY_RECORD: 1})
+    assert (
+        _verdicts(replace(unapplied, dead_letters=[*CORRECT.dead_letters, DeadLetter("m-called", None)]))[
+            "every message applied once, a duplicate, or in the DLQ with a reason"
+        ]
+        == 1
+    )
+
+
+def test_applied_payloads_are_one_per_key_and_only_those_committed() -> None:
+    checker = Checker(SENT, CORRECT, History())
+    assert checker.applied_payloads(TALLY_EVENT) == [tally_payload("e-1")]
+    assert checker.applied_payloads(CALL_EVENT) == [call_payload("c-1")]
+    lost = Checker(SENT, replace(CORRECT, records=_LOST_CALL), History())
+    assert lost.applied_payloads(CALL_EVENT) == []
+
+
+def _journaled(directory: Path, *entries: tuple[str, dict[str, Any]]) -> History:
+    """The history a runtime's journal of ``entries`` reads back as."""
+    journal = Journal(directory / "env-0.jsonl")
+    for event, fields in entries:
+        journal.write(event, **fields)
+    history = History()
+    history.read_journals(directory)
+    return history
+
+
+REPEAT = "webhook: a repeat call only after a failed attempt"
+
+
+def test_a_repeat_webhook_call_is_allowed_after_a_failed_attempt(tmp_path: Path) -> None:
+    history = _journaled(tmp_path, ("results", {"results": [["m-called", "retried", 0]]}))
+    end = replace(CORRECT, webhook_calls=[_call("call-1"), _call("call-1")])
+    assert set(_verdicts(end, history=history).values()) == {0}
+    assert _verdicts(replace(end, webhook_calls=[_call("call-1")] * 3), history=history)[REPEAT] == 1
+
+
+def test_a_repeat_webhook_call_is_allowed_after_a_fault_on_its_record(tmp_path: Path) -> None:
+    history = _journaled(tmp_path, ("fault", {"kind": FaultKind.WEBHOOK_TIMEOUT, "record": CALL_RECORD}))
+    end = replace(CORRECT, webhook_calls=[_call("call-1"), _call("call-1")])
+    assert set(_verdicts(end, history=history).values()) == {0}
+
+
+def test_a_repeat_webhook_call_after_an_absorbed_conflict_is_a_violation(tmp_path: Path) -> None:
+    history = _journaled(
+        tmp_path,
+        ("fault", {"kind": FaultKind.TRANSACTION_CONFLICT, "record": CALL_RECORD}),
+        ("results", {"results": [["m-called", "applied", 1]]}),
+    )
+    end = replace(CORRECT, webhook_calls=[_call("call-1"), _call("call-1")])
+    assert _verdicts(end, history=history)[REPEAT] == 1
+
+
+def test_a_repeat_webhook_call_is_allowed_after_a_delivery_that_ended_in_conflict(tmp_path: Path) -> None:
+    """Its commit was still refused when the invocation's time ran out: the next owner posts again."""
+    history = _journaled(
+        tmp_path,
+        ("fault", {"kind": FaultKind.TRANSACTION_CONFLICT, "record": CALL_RECORD}),
+        ("results", {"results": [["m-called", "conflict", 0]]}),
+        ("results", {"results": [["m-called", "applied", 0]]}),
+    )
+    end = replace(CORRECT, webhook_calls=[_call("call-1"), _call("call-1")])
+    assert set(_verdicts(end, history=history).values()) == {0}
+    assert _verdicts(replace(CORRECT, webhook_calls=[_call("call-1")] * 3), history=history)[REPEAT] == 1
+
+
+def test_a_failed_call_is_not_counted_as_an_accepted_one() -> None:
+    end = replace(CORRECT, webhook_calls=[_call("call-1", status=503), _call("call-1")])
+    assert set(_verdicts(end).values()) == {0}

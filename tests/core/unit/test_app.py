@@ -1,0 +1,194 @@
+"""The Lambda entry point as Lambda calls it: environment, logs and metrics.
+
+The entry point is given the core's test handlers (tests/core/handlers.py) here, not the application's:
+it builds whatever it is given.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from consumer import app
+from consumer.config import table_variable
+from consumer.errors import ConfigurationError
+from consumer.outcome import Outcome
+from testkit.aws import DUMMY_CREDENTIALS_ENV
+from testkit.lambda_sqs import LambdaContext, sqs_record
+from testkit.template import REPO_ROOT
+from tests.core.handlers import CallHandler, TallyHandler, tally_body
+from tests.core.unit.conftest import IDEMPOTENCY_TABLE, total
+from tests.utils import settings_for_tests
+
+
+@pytest.fixture
+def function_env(dynamodb: Any, sqs: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    dlq_url = sqs.create_queue(QueueName="consumer-dlq")["QueueUrl"]
+    for name, value in table_environment().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DEAD_LETTER_QUEUE_URL", dlq_url)
+    monkeypatch.setenv("MAX_WORKERS", "1")  # moto in process is not thread-safe
+    yield dlq_url
+
+
+TEST_REGISTRY = (TallyHandler, CallHandler)
+
+
+def function_tables() -> dict[str, str]:
+    """The function's tables by logical id (the idempotency table and the test handlers'), as the tests name them."""
+    tables = settings_for_tests().every_table()
+    return {table: tables[table] for table in ("IdempotencyTable", *(t for h in TEST_REGISTRY for t in h.tables))}
+
+
+def table_environment() -> dict[str, str]:
+    return {table_variable(table): name for table, name in function_tables().items()}
+
+
+def run(event: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Invoke; return the response and every JSON line: log records and the metrics blob."""
+    # The logger's handler holds the stdout of import time; point it at a buffer.
+    logs = io.StringIO()
+    previous = app.logger.registered_handler.setStream(logs)  # type: ignore[attr-defined]
+    try:
+        response = app.lambda_handler(TEST_REGISTRY)(event, LambdaContext())
+    finally:
+        app.logger.registered_handler.setStream(previous)  # type: ignore[attr-defined]
+    output = logs.getvalue() + capsys.readouterr().out
+    return response, [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+def test_the_handler_returns_the_partial_batch_response(
+    function_env: str, dynamodb: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    event = {"Records": [sqs_record("good", tally_body("p-1")), sqs_record("bad", "{oops")]}
+
+    response, _ = run(event, capsys)
+
+    assert response == {"batchItemFailures": []}
+    assert total(dynamodb, "t-1") == 1250
+
+
+def test_every_record_log_line_carries_its_message_id_and_key_but_never_the_body(
+    function_env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = tally_body("e-secret-777", key="key-42")
+
+    _, lines = run({"Records": [sqs_record("m-42", body)]}, capsys)
+
+    record_lines = [line for line in lines if line.get("message_id") == "m-42"]
+    assert record_lines
+    assert all(line["idempotency_key"] == "key-42" for line in record_lines)
+    assert all("e-secret-777" not in json.dumps(line) for line in lines)
+
+
+def test_one_metric_per_outcome_is_emitted(function_env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    event = {
+        "Records": [
+            sqs_record("a", tally_body("p-1")),
+            sqs_record("b", tally_body("p-1")),
+            sqs_record("c", "{oops"),
+        ]
+    }
+
+    _, lines = run(event, capsys)
+
+    (emf,) = [line for line in lines if "_aws" in line]
+    assert emf["_aws"]["CloudWatchMetrics"][0]["Namespace"]
+    counts = {outcome.value: emf[outcome.value] for outcome in Outcome}
+    # Powertools writes each metric as a list of the values added in this invocation.
+    assert counts == {
+        "applied": [1.0],
+        "duplicate": [1.0],
+        "poison": [1.0],
+        "in_flight": [0.0],
+        "retried": [0.0],
+        "conflict": [0.0],
+    }
+    assert emf["conflicts_absorbed"] == [0.0]
+
+
+def test_a_missing_setting_fails_the_invocation_with_its_name(
+    function_env: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TALLY_TABLE_NAME")
+
+    with pytest.raises(Exception, match="TALLY_TABLE_NAME"):
+        app.lambda_handler(TEST_REGISTRY)({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
+
+
+def test_settings_that_cannot_work_together_fail_the_first_invocation_before_any_record(
+    function_env: str, dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LEASE_MIN_MS", "5000")
+    monkeypatch.setenv("LEASE_MAX_MS", "1000")
+
+    with pytest.raises(ConfigurationError, match="LEASE_MIN_MS must not exceed LEASE_MAX_MS"):
+        app.lambda_handler(TEST_REGISTRY)({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
+
+    # Refused before the message was looked at: nothing applied, nothing claimed.
+    assert total(dynamodb, "t-1") == 0
+    assert dynamodb.scan(TableName=IDEMPOTENCY_TABLE)["Count"] == 0
+
+
+@pytest.mark.parametrize("event", [{}, {"Records": None}, {"Records": [{"body": "{}"}]}, [], "text"])
+def test_an_event_that_is_not_an_sqs_event_fails_the_invocation_loudly(function_env: str, event: Any) -> None:
+    with pytest.raises(ValueError, match="SQS"):
+        app.lambda_handler(TEST_REGISTRY)(event, LambdaContext())
+
+
+def test_a_runtime_sdk_too_old_for_the_store_fails_the_first_invocation_naming_the_version(
+    function_env: str, dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("consumer.sdk.missing_features", lambda model: ["UpdateItem"])
+
+    with pytest.raises(ConfigurationError, match="botocore>="):
+        app.lambda_handler(TEST_REGISTRY)({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
+
+    assert total(dynamodb, "t-1") == 0
+
+
+def test_a_table_that_does_not_exist_fails_the_first_invocation_naming_it_and_its_variable(
+    function_env: str, dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TALLY_TABLE_NAME", "talli")
+
+    with pytest.raises(ConfigurationError, match=r"table TallyTable \(TALLY_TABLE_NAME='talli'\) does not exist"):
+        app.lambda_handler(TEST_REGISTRY)({"Records": [sqs_record("a", tally_body("p-1"))]}, LambdaContext())
+
+    # Refused before the message was looked at: no claim to expire, no record to retry one by one.
+    assert dynamodb.scan(TableName=IDEMPOTENCY_TABLE)["Count"] == 0
+
+
+@pytest.mark.parametrize(
+    # A failing check (a setting, the SDK, a table) raises ConfigurationError alike: one such case stands for all.
+    ("tables_exist", "built_at_init"),
+    [(True, 1), (False, 0)],
+)
+def test_in_lambdas_runtime_the_consumer_is_built_at_init_unless_a_check_fails(
+    tables_exist: bool, built_at_init: int
+) -> None:
+    # A fresh interpreter: Lambda's runtime imports the handler's module once, with its variables set.
+    variables = {
+        **DUMMY_CREDENTIALS_ENV,
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": f"{REPO_ROOT / 'src'}{os.pathsep}{REPO_ROOT}",
+        "AWS_LAMBDA_FUNCTION_NAME": "ConsumerFunction",
+        **table_environment(),
+        "DEAD_LETTER_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/dlq",
+    }
+    tables = function_tables() if tables_exist else {}
+    script = (
+        "import boto3, moto; moto.mock_aws().start();"
+        " import tests.core.handlers as t;"
+        f" t.create_test_tables(boto3.client('dynamodb', region_name='us-east-1'), {tables!r});"
+        " from consumer import app; print(int(app.lambda_handler((t.TallyHandler, t.CallHandler)).built))"
+    )
+    answer = subprocess.run([sys.executable, "-c", script], env=variables, capture_output=True, text=True, check=True)
+    assert int(answer.stdout.strip().splitlines()[-1]) == built_at_init

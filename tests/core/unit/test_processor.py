@@ -1,0 +1,411 @@
+"""One message through the processor: what it logs, what a copy in its batch is told, what a guard holds,
+what a release takes back, and the time a handler is told it has.
+
+On the core's test handlers (tests/core/handlers.py), moto in process, a clock the test moves, and a log that
+records each line with its fields.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import boto3
+import pytest
+
+from consumer.envelope import payload_hash
+from consumer.errors import TransientError
+from consumer.handler import Effect, MessageContext
+from consumer.idempotency.record import Status
+from consumer.idempotency.store import Claimed
+from consumer.outcome import MessageResult, Outcome
+from testkit.dead_letters import reasons
+from testkit.lambda_sqs import REGION, sqs_record
+from tests.core.handlers import (
+    CALL_EVENT,
+    HOLD_EVENT,
+    TALLY_EVENT,
+    HoldHandler,
+    TallyAdded,
+    TallyHandler,
+    call_body,
+    hold_body,
+    hold_key,
+    tally_body,
+)
+from tests.core.unit.conftest import CALLS, Clock, Consumer, make_consumer
+from tests.core.unit.test_conflicts import Conflicts
+from tests.utils import settings_for_tests
+
+NOW_MS = 1_800_000_000_000  # the test clock's start
+LEASE_MS = 10_000
+HOLD_RECORD = f"{HOLD_EVENT}#hold-h-1"
+HOLD_TAKEN = "hold h-1 is taken"
+HOLD_CANCELLED = f"hold h-1 was cancelled (condition of a Put on {CALLS} failed: holdKey = :key AND #status = :held)"
+# A log line: (level, message, fields).
+Line = tuple[str, str, dict[str, object]]
+UNDO_REFUSED = f"hold h-1 is no longer ours (condition of a Delete on {CALLS} failed: holdKey = :key)"
+
+
+class RecordingLog:
+    """A ``consumer.outcome.Log`` that keeps every line."""
+
+    def __init__(self) -> None:
+        self.lines: list[Line] = []
+
+    def info(self, msg: str, *, extra: Mapping[str, object] | None = None) -> None:
+        self.lines.append(("info", msg, dict(extra or {})))
+
+    def warning(self, msg: str, *, extra: Mapping[str, object] | None = None) -> None:
+        self.lines.append(("warning", msg, dict(extra or {})))
+
+    def error(self, msg: str, *, extra: Mapping[str, object] | None = None) -> None:
+        self.lines.append(("error", msg, dict(extra or {})))
+
+    def exception(self, msg: str, *, extra: Mapping[str, object] | None = None) -> None:
+        self.lines.append(("exception", msg, dict(extra or {})))
+
+    def of(self, message_id: str) -> list[Line]:
+        return [line for line in self.lines if line[2].get("message_id") == message_id]
+
+
+class TellingTally(TallyHandler):
+    """The tally handler, noting what its context tells it: (message id, key, receive count, remaining ms)."""
+
+    def __init__(self) -> None:
+        super().__init__(settings_for_tests())
+        self.seen: list[tuple[str, str, int, int]] = []
+
+    def handle(self, payload: TallyAdded, context: MessageContext) -> Effect:
+        told = (context.message_id, context.idempotency_key, context.receive_count, context.remaining_ms())
+        self.seen.append(told)
+        return super().handle(payload, context)
+
+
+class ReleaseConflicts(Conflicts):
+    """Answers the next ``count`` releases (a transaction deleting the record, its first item) with a conflict."""
+
+    def _answer(self, params: dict[str, Any], **rest: Any) -> Any:
+        first = json.loads(params["body"])["TransactItems"][0]
+        return super()._answer(params, **rest) if "Delete" in first else None
+
+
+@pytest.fixture
+def log() -> RecordingLog:
+    return RecordingLog()
+
+
+@pytest.fixture
+def session(aws: None) -> boto3.session.Session:
+    return boto3.session.Session(region_name=REGION)
+
+
+def keys(message_id: str, key: str, event_type: str) -> dict[str, object]:
+    return {"message_id": message_id, "idempotency_key": key, "event_type": event_type}
+
+
+def hold_keys(message_id: str) -> dict[str, object]:
+    return keys(message_id, "hold-h-1", HOLD_EVENT)
+
+
+def run(consumer: Consumer, *records: dict[str, Any]) -> tuple[MessageResult, ...]:
+    return consumer.batch.process(list(records), consumer.remaining).results
+
+
+def holding(dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog, handler: HoldHandler, **options: Any) -> Consumer:
+    """The consumer with ``handler`` for holds, leases of ``LEASE_MS`` and 30 s left in the invocation."""
+    return make_consumer(
+        dynamodb, sqs, clock, extra_handlers={HOLD_EVENT: handler}, logger=log, lease_max_ms=LEASE_MS, **options
+    )
+
+
+def hold_item(dynamodb: Any) -> dict[str, str] | None:
+    key = {name: {"S": value} for name, value in hold_key("h-1").items()}
+    item = dynamodb.get_item(TableName=CALLS, Key=key, ConsistentRead=True).get("Item")
+    return None if item is None else {name: value["S"] for name, value in item.items()}
+
+
+def held_by(key: str, status: str = "HELD") -> dict[str, str]:
+    return {**hold_key("h-1"), "status": status, "holdKey": key}
+
+
+def set_the_hold(dynamodb: Any, key: str, status: str) -> None:
+    """What another part of the business does meanwhile: the hold cancelled, or given to another key."""
+    dynamodb.put_item(TableName=CALLS, Item={name: {"S": value} for name, value in held_by(key, status).items()})
+
+
+# -- copies inside one batch ---------------------------------------------------------------
+
+
+def test_a_copy_of_an_applied_message_is_a_duplicate_of_the_first_and_says_so(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog
+) -> None:
+    consumer = make_consumer(dynamodb, sqs, clock, logger=log)
+
+    results = run(consumer, sqs_record("first", tally_body("p-1")), sqs_record("copy", tally_body("p-1")))
+
+    assert results == (
+        MessageResult("first", Outcome.APPLIED),
+        MessageResult("copy", Outcome.DUPLICATE, "duplicate of first"),
+    )
+    assert log.of("copy") == [
+        ("info", "duplicate in batch", {**keys("copy", "add-p-1", TALLY_EVENT), "first": "first"})
+    ]
+
+
+def test_a_copy_of_a_message_in_flight_elsewhere_is_told_the_same_and_when_to_come_back(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog
+) -> None:
+    consumer = make_consumer(dynamodb, sqs, clock, logger=log)
+    busy = consumer.store.claim(f"{CALL_EVENT}#call-9", payload_hash(json.loads(call_body("9"))["payload"]), 60_000)
+    assert isinstance(busy, Claimed)
+
+    results = run(consumer, sqs_record("first", call_body("9")), sqs_record("copy", call_body("9")))
+
+    expected = MessageResult("copy", Outcome.IN_FLIGHT, "claimed by another worker", retry_at_ms=NOW_MS + 60_000)
+    assert results == (replace(expected, message_id="first"), expected)
+    assert log.of("copy") == [
+        ("info", "retry with the first copy", {**keys("copy", "call-9", CALL_EVENT), "first": "first"})
+    ]
+
+
+# -- what a handler is told and what is stored -----------------------------------------------
+
+
+def test_an_optimistic_handler_is_told_its_message_and_the_invocations_time_and_its_result_is_stored(
+    dynamodb: Any, sqs: Any, clock: Clock
+) -> None:
+    handler = TellingTally()
+    consumer = make_consumer(dynamodb, sqs, clock, extra_handlers={TALLY_EVENT: handler})
+    consumer.remaining.ms = 12_345
+
+    results = run(consumer, sqs_record("m", tally_body("p-1"), receive_count=3))
+
+    assert results == (MessageResult("m", Outcome.APPLIED),)
+    assert handler.seen == [("m", "add-p-1", 3, 12_345)]
+    record = consumer.store.get(f"{TALLY_EVENT}#add-p-1")
+    assert record is not None and record.result_value() == {"tallyId": "t-1", "added": 1250}
+
+
+def test_an_unexpected_error_in_a_handler_is_logged_with_its_trace_and_retried_under_its_type(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog
+) -> None:
+    class Buggy(TallyHandler):
+        def handle(self, payload: TallyAdded, context: MessageContext) -> Effect:
+            raise KeyError("tallyId")
+
+    consumer = make_consumer(
+        dynamodb, sqs, clock, logger=log, extra_handlers={TALLY_EVENT: Buggy(settings_for_tests())}
+    )
+
+    assert run(consumer, sqs_record("m", tally_body("p-1"))) == (
+        MessageResult("m", Outcome.RETRIED, "KeyError: 'tallyId'"),
+    )
+    assert log.of("m") == [
+        ("exception", "unexpected error", keys("m", "add-p-1", TALLY_EVENT)),
+        ("warning", "will retry", {**keys("m", "add-p-1", TALLY_EVENT), "reason": "KeyError: 'tallyId'"}),
+    ]
+
+
+def test_a_message_still_in_conflict_after_the_retries_says_why_and_how_many_were_absorbed(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog, session: boto3.session.Session
+) -> None:
+    Conflicts(session, "TransactWriteItems", 1_000)
+    consumer = make_consumer(dynamodb, sqs, clock, session=session, logger=log, conflict_retry_attempts=4)
+
+    (result,) = run(consumer, sqs_record("m", tally_body("p-1")))
+
+    assert (result.outcome, result.reason) == (Outcome.CONFLICT, "transaction cancelled: TransactionConflict")
+    assert log.of("m") == [
+        ("warning", "transaction conflict not absorbed", {**keys("m", "add-p-1", TALLY_EVENT), "absorbed": 3})
+    ]
+
+
+# -- a guarded lock-mode handler -----------------------------------------------------------
+
+
+def test_a_guard_reserves_with_the_claim_and_handle_is_told_the_time_left_under_its_lease(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog
+) -> None:
+    during_handle: list[object] = []
+
+    def look(context: MessageContext) -> None:
+        during_handle.append(hold_item(dynamodb))
+        clock.advance(4)
+        during_handle.append(context.remaining_ms())
+
+    handler = HoldHandler(settings_for_tests(), look)
+    consumer = holding(dynamodb, sqs, clock, log, handler)
+
+    assert run(consumer, sqs_record("h", hold_body("h-1"))) == (MessageResult("h", Outcome.APPLIED),)
+
+    # The guard is told the invocation's time; handle the lease's, which runs out first.
+    assert handler.seen == [("guard", 30_000), ("handle", LEASE_MS)]
+    assert during_handle == [held_by("hold-h-1"), LEASE_MS - 4_000]
+    assert hold_item(dynamodb) == held_by("hold-h-1", "DONE")
+    record = consumer.store.get(HOLD_RECORD)
+    assert record is not None and record.status is Status.COMPLETED and record.result_value() == {"holdId": "h-1"}
+
+
+def test_a_guard_that_refuses_claims_nothing_and_runs_no_handle(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog
+) -> None:
+    handler = HoldHandler(settings_for_tests())
+    consumer = holding(dynamodb, sqs, clock, log, handler)
+    set_the_hold(dynamodb, "hold-other", "HELD")
+
+    (result,) = run(consumer, sqs_record("h", hold_body("h-1")))
+
+    assert (result.outcome, result.reason) == (
+        Outcome.POISON,
+        f"BusinessConditionFailed: {HOLD_TAKEN} (condition of a Put on {CALLS} failed:"
+        " attribute_not_exists(callId) OR holdKey = :key)",
+    )
+    assert reasons(consumer.dead_letters()) == {"h": "BusinessConditionFailed"}
+    assert handler.seen == [("guard", 30_000)]
+    assert consumer.store.get(HOLD_RECORD) is None
+    assert hold_item(dynamodb) == held_by("hold-other")
+
+
+def test_a_failed_handle_releases_the_claim_and_its_reservation_quietly(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog
+) -> None:
+    def fail(_: MessageContext) -> None:
+        raise TransientError("downstream busy")
+
+    consumer = holding(dynamodb, sqs, clock, log, HoldHandler(settings_for_tests(), fail))
+
+    assert run(consumer, sqs_record("h", hold_body("h-1"))) == (MessageResult("h", Outcome.RETRIED, "downstream busy"),)
+
+    assert consumer.store.get(HOLD_RECORD) is None
+    assert hold_item(dynamodb) is None
+    assert log.of("h") == [("warning", "will retry", {**hold_keys("h"), "reason": "downstream busy"})]
+
+
+def test_a_release_that_meets_a_transaction_conflict_is_retried_until_it_goes_through(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog, session: boto3.session.Session
+) -> None:
+    conflicts = ReleaseConflicts(session, "TransactWriteItems", 1)
+
+    def fail(_: MessageContext) -> None:
+        raise TransientError("downstream busy")
+
+    consumer = holding(dynamodb, sqs, clock, log, HoldHandler(settings_for_tests(), fail), session=session)
+
+    assert run(consumer, sqs_record("h", hold_body("h-1")))[0].outcome is Outcome.RETRIED
+
+    assert conflicts.left == 0
+    assert consumer.store.get(HOLD_RECORD) is None
+    assert hold_item(dynamodb) is None
+    assert [line[1] for line in log.of("h")] == ["will retry"]
+
+
+def test_a_commit_refused_by_its_condition_is_dead_lettered_and_the_reservation_taken_back(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog, session: boto3.session.Session
+) -> None:
+    conflicts = ReleaseConflicts(session, "TransactWriteItems", 1)
+    handler = HoldHandler(settings_for_tests(), lambda _: set_the_hold(dynamodb, "hold-h-1", "CANCELLED"))
+    consumer = holding(dynamodb, sqs, clock, log, handler, session=session)
+
+    (result,) = run(consumer, sqs_record("h", hold_body("h-1")))
+
+    assert (result.outcome, result.reason) == (Outcome.POISON, f"BusinessConditionFailed: {HOLD_CANCELLED}")
+    assert reasons(consumer.dead_letters()) == {"h": "BusinessConditionFailed"}
+    # Released past a conflict, undo and all: the key is free and the cancelled hold is gone.
+    assert conflicts.left == 0
+    assert consumer.store.get(HOLD_RECORD) is None
+    assert hold_item(dynamodb) is None
+    assert log.of("h") == [
+        (
+            "warning",
+            "dead-lettered",
+            {**hold_keys("h"), "error_type": "BusinessConditionFailed", "reason": HOLD_CANCELLED},
+        )
+    ]
+
+
+def test_a_refused_commit_is_dead_lettered_even_when_its_release_fails(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog
+) -> None:
+    handler = HoldHandler(settings_for_tests(), lambda _: set_the_hold(dynamodb, "hold-other", "CANCELLED"))
+    consumer = holding(dynamodb, sqs, clock, log, handler)
+
+    (result,) = run(consumer, sqs_record("h", hold_body("h-1")))
+
+    assert (result.outcome, result.reason) == (Outcome.POISON, f"BusinessConditionFailed: {HOLD_CANCELLED}")
+    record = consumer.store.get(HOLD_RECORD)
+    assert record is not None and record.status is Status.IN_PROGRESS
+    assert hold_item(dynamodb) == held_by("hold-other", "CANCELLED")
+    assert log.of("h") == [
+        ("warning", "release failed", {**hold_keys("h"), "error": f"BusinessConditionFailed: {UNDO_REFUSED}"}),
+        (
+            "warning",
+            "dead-lettered",
+            {**hold_keys("h"), "error_type": "BusinessConditionFailed", "reason": HOLD_CANCELLED},
+        ),
+    ]
+
+
+FENCED = f"lease on {HOLD_RECORD} lost before commit; record is now held IN_PROGRESS by another owner"
+NO_CLAIM = "release found no claim of ours (taken over, or an earlier release lost its answer)"
+
+
+@pytest.mark.parametrize(
+    ("fail", "reason", "release_lines"),
+    [
+        # handle fails: the release finds the new owner's record, leaves it, and says so.
+        (True, "too slow", [("warning", NO_CLAIM, hold_keys("h"))]),
+        # handle returns: the commit is fenced, and nothing is released.
+        (False, FENCED, []),
+    ],
+)
+def test_a_message_whose_claim_is_taken_over_during_handle_leaves_the_key_to_its_new_owner(
+    dynamodb: Any,
+    sqs: Any,
+    clock: Clock,
+    log: RecordingLog,
+    fail: bool,
+    reason: str,
+    release_lines: list[Line],
+) -> None:
+    usurpers: list[object] = []
+
+    def outlive_the_lease(_: MessageContext) -> None:
+        clock.advance(LEASE_MS / 1000 + 1)  # while the message's redelivery claims it
+        usurpers.append(consumer.store.claim(HOLD_RECORD, payload_hash({"holdId": "h-1"}), 60_000))
+        if fail:
+            raise TransientError("too slow")
+
+    consumer = holding(dynamodb, sqs, clock, log, HoldHandler(settings_for_tests(), outlive_the_lease))
+
+    assert run(consumer, sqs_record("h", hold_body("h-1"))) == (MessageResult("h", Outcome.RETRIED, reason),)
+
+    (usurper,) = usurpers
+    assert isinstance(usurper, Claimed)
+    record = consumer.store.get(HOLD_RECORD)
+    assert record is not None and record.owner_token == usurper.owner_token
+    assert hold_item(dynamodb) == held_by("hold-h-1")  # the redelivery's now, under the same key
+    assert log.of("h") == [*release_lines, ("warning", "will retry", {**hold_keys("h"), "reason": reason})]
+
+
+def test_a_release_whose_undo_is_refused_releases_nothing_and_logs_why(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog
+) -> None:
+    def lose_the_hold(_: MessageContext) -> None:
+        set_the_hold(dynamodb, "hold-other", "HELD")
+        raise TransientError("downstream busy")
+
+    consumer = holding(dynamodb, sqs, clock, log, HoldHandler(settings_for_tests(), lose_the_hold))
+
+    assert run(consumer, sqs_record("h", hold_body("h-1"))) == (MessageResult("h", Outcome.RETRIED, "downstream busy"),)
+
+    # Nothing released: the lease runs out and frees the key.
+    record = consumer.store.get(HOLD_RECORD)
+    assert record is not None and record.status is Status.IN_PROGRESS
+    assert hold_item(dynamodb) == held_by("hold-other")
+    assert log.of("h") == [
+        ("warning", "release failed", {**hold_keys("h"), "error": f"BusinessConditionFailed: {UNDO_REFUSED}"}),
+        ("warning", "will retry", {**hold_keys("h"), "reason": "downstream busy"}),
+    ]

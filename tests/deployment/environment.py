@@ -1,0 +1,99 @@
+"""The function's environment against what the code reads, as mistakes a user can act on: each names the
+variable, the template's file:line, and the line to write there."""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cfnlint.decode import cfn_yaml
+
+from consumer.config import Settings, is_secret_arn, table_variable
+from consumer.handler import declared_settings, declared_tables
+from service.registry import HANDLERS
+from tests.deployment.source_scan import package_modules
+
+FUNCTION = "ConsumerFunction"
+_VARIABLE_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
+# The variables the function is documented to take from its stack, beside each declared table's and the handlers'.
+STACK_PROVIDED_VARIABLES = {
+    "IDEMPOTENCY_TABLE_NAME",
+    "DEAD_LETTER_QUEUE_URL",
+    "IDEMPOTENCY_TTL_SECONDS",
+    "POWERTOOLS_SERVICE_NAME",
+    "POWERTOOLS_METRICS_NAMESPACE",
+    "POWERTOOLS_LOG_LEVEL",
+}
+
+
+def handler_variables(only_stack_provided: bool = False) -> set[str]:
+    """The variables of the registered handlers' own settings; ``only_stack_provided``: those the stack must
+    give (a setting without a default, and one naming a secret, whose grant takes the same parameter)."""
+    return {
+        name.upper()
+        for model in declared_settings(HANDLERS)
+        for name, field in model.model_fields.items()
+        if not only_stack_provided or field.is_required() or is_secret_arn(model, name)
+    }
+
+
+def variables_the_code_reads() -> set[str]:
+    """Settings' fields (read as upper-case variables), the declared tables' variables, the handlers' own
+    settings, and names passed to ``env.get`` or ``os.environ.get``."""
+    names = {field.upper() for field in Settings.model_fields if field not in ("table_names", "handler_variables")}
+    names.update(table_variable(table) for table in declared_tables(HANDLERS))
+    names.update(handler_variables())
+    for tree in package_modules().values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+                names.update(
+                    arg.value
+                    for arg in node.args
+                    if isinstance(arg, ast.Constant)
+                    and isinstance(arg.value, str)
+                    and _VARIABLE_NAME.fullmatch(arg.value)
+                )
+    return names
+
+
+def _lines(template_path: Path) -> tuple[int, dict[str, int]]:
+    """The line of the function's ``Variables:`` and of each variable in it (1-based)."""
+    document = cfn_yaml.loads(template_path.read_text(encoding="utf-8"), str(template_path))
+    environment = document["Resources"][FUNCTION]["Properties"]["Environment"]
+    (key,) = [key for key in environment if key == "Variables"]
+    return key.start_mark.line + 1, {name: name.start_mark.line + 1 for name in environment["Variables"]}
+
+
+def environment_mistakes(template_path: Path, variables: Mapping[str, Any]) -> list[str]:
+    """What is wrong with ``variables`` (the function's, from ``template_path``), one sentence per mistake."""
+    variables_line, lines = _lines(template_path)
+    wanted: dict[str, str | None] = dict.fromkeys(
+        STACK_PROVIDED_VARIABLES | handler_variables(only_stack_provided=True)
+    )
+    wanted.update({table_variable(table): table for table in ("IdempotencyTable", *declared_tables(HANDLERS))})
+    read = variables_the_code_reads()
+    unread = sorted(name for name in variables if name not in read and not name.startswith("POWERTOOLS_"))
+    mistakes = []
+    for name, table in sorted(wanted.items()):
+        line = f'"{name}: !Ref {table}"' if table else f'"{name}: <value>"'
+        where = f"{template_path}:{lines.get(name, variables_line)}"
+        if name not in variables:
+            near = difflib.get_close_matches(name, unread, n=1, cutoff=0.8)
+            if near:
+                unread.remove(near[0])
+                where = f"{template_path}:{lines[near[0]]}"
+                mistakes.append(f"{where}: {FUNCTION} sets {near[0]}, which no code reads: rename it to {line}")
+            else:
+                mistakes.append(f"{where}: {FUNCTION}'s Environment.Variables lacks {name}: add {line} under it")
+        elif table and variables[name] != {"Ref": table}:
+            mistakes.append(f"{where}: {name} is {variables[name]}; the function needs {line}")
+    mistakes += [
+        f"{template_path}:{lines[name]}: {FUNCTION} sets {name}, which no code reads (a misspelt name is silently "
+        "ignored): remove the line or correct the name"
+        for name in unread
+    ]
+    return mistakes

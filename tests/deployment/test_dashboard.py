@@ -1,0 +1,176 @@
+"""The dashboard names only metrics the stack emits, under the namespaces and dimensions they carry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from testkit.aws import DUMMY_CREDENTIALS_ENV
+from testkit.template import REPO_ROOT, ResourceRef, Template
+from tests.deployment.lookups import properties, read, resources_of_type
+
+# AWS metrics the dashboard may chart: namespace -> metric -> (dimension, resource type it names).
+AWS_METRICS: dict[str, dict[str, tuple[str, str]]] = {
+    "AWS/SQS": {
+        metric: ("QueueName", "AWS::SQS::Queue")
+        for metric in (
+            "ApproximateNumberOfMessagesVisible",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateAgeOfOldestMessage",
+        )
+    },
+    "AWS/Lambda": {metric: ("FunctionName", "AWS::Lambda::Function") for metric in ("Duration", "Errors", "Throttles")},
+    "AWS/DynamoDB": {
+        metric: ("TableName", "AWS::DynamoDB::Table") for metric in ("WriteThrottleEvents", "TransactionConflict")
+    },
+}
+# What the dashboard must show, whatever else it shows.
+REQUIRED = {
+    ("AWS/SQS", "ApproximateNumberOfMessagesVisible", "ConsumerQueue"),
+    ("AWS/SQS", "ApproximateNumberOfMessagesVisible", "ConsumerDeadLetterQueue"),
+    ("AWS/SQS", "ApproximateAgeOfOldestMessage", "ConsumerQueue"),
+    ("AWS/Lambda", "Errors", "ConsumerFunction"),
+    ("AWS/Lambda", "Throttles", "ConsumerFunction"),
+    ("AWS/DynamoDB", "WriteThrottleEvents", "IdempotencyTable"),
+    ("AWS/DynamoDB", "TransactionConflict", "IdempotencyTable"),
+}
+
+# Runs the real handler on an empty batch in a process of its own, with the function's environment, and prints
+# the EMF documents it writes: every outcome is counted, at zero, under the namespace and dimensions it deploys with.
+_EMIT = """
+import boto3, moto
+from consumer.config import Settings
+from consumer.handler import declared_tables
+from service.registry import HANDLERS
+from testkit.tables import create_template_tables
+
+# The tables the function checks at cold start, in moto: this test is about what it prints.
+moto.mock_aws().start()
+create_template_tables(boto3.client("dynamodb"), Settings.from_env(tables=declared_tables(HANDLERS)).every_table())
+from service.lambda_function import handler
+
+class Context:
+    function_name = "ConsumerFunction"
+    memory_limit_in_mb = 512
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:ConsumerFunction"
+    aws_request_id = "dashboard-test"
+    def get_remaining_time_in_millis(self):
+        return 30_000
+
+handler({"Records": []}, Context())
+"""
+
+
+@pytest.fixture(scope="module")
+def dashboard(transformed_template: dict[str, Any], resolver: Template) -> dict[str, Any]:
+    (logical_id,) = resources_of_type(transformed_template, "AWS::CloudWatch::Dashboard")
+    return json.loads(resolver.resolve(properties(transformed_template, logical_id)["DashboardBody"]))
+
+
+@pytest.fixture(scope="module")
+def emitted(function_variables: dict[str, Any], resolver: Template) -> list[dict[str, Any]]:
+    """The ``_aws.CloudWatchMetrics`` directives of what the function prints, with their dimension values."""
+    variables = resolver.resolve(function_variables)
+    environment = {name: str(value) for name, value in variables.items()}
+    result = subprocess.run(
+        [sys.executable, "-c", _EMIT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=REPO_ROOT,
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONPATH": f"{REPO_ROOT / 'src'}{os.pathsep}{REPO_ROOT}",
+            **DUMMY_CREDENTIALS_ENV,
+            **environment,
+        },
+    )
+    documents = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{") and '"_aws"' in line]
+    directives = []
+    for document in documents:
+        for directive in document["_aws"]["CloudWatchMetrics"]:
+            dimensions = {name: document[name] for names in directive["Dimensions"] for name in names}
+            directives.append({**directive, "dimension_values": dimensions})
+    assert directives, result.stdout + result.stderr
+    return directives
+
+
+def _charted(dashboard: dict[str, Any]) -> list[tuple[str, str, dict[str, str]]]:
+    """(namespace, metric, dimensions) of every metric line; "..." repeats the line above, as CloudWatch reads it."""
+    charted = []
+    for widget in dashboard["widgets"]:
+        previous: list[Any] = []
+        for line in widget["properties"]["metrics"]:
+            fields = [field for field in line if not isinstance(field, dict)]
+            if fields and fields[0] == "...":
+                fields = previous[: len(previous) - len(fields) + 1] + fields[1:]
+            previous = fields
+            namespace, metric, *pairs = fields
+            charted.append((namespace, metric, dict(zip(pairs[::2], pairs[1::2], strict=True))))
+    return charted
+
+
+def test_every_custom_metric_charted_is_one_the_function_emits(
+    dashboard: dict[str, Any], emitted: list[dict[str, Any]]
+) -> None:
+    emitted_names = {
+        (directive["Namespace"], metric["Name"], tuple(sorted(directive["dimension_values"].items())))
+        for directive in emitted
+        for metric in directive["Metrics"]
+    }
+    namespaces = {directive["Namespace"] for directive in emitted}
+    custom = [
+        (namespace, metric, tuple(sorted(dimensions.items())))
+        for namespace, metric, dimensions in _charted(dashboard)
+        if namespace in namespaces
+    ]
+    assert set(custom) <= emitted_names
+    # And every outcome the function counts is on the dashboard.
+    assert {name for _, name, _ in emitted_names} == {metric for _, metric, _ in custom}
+
+
+def test_every_aws_metric_charted_exists_and_names_a_resource_of_the_stack(
+    dashboard: dict[str, Any], emitted: list[dict[str, Any]], transformed_template: dict[str, Any]
+) -> None:
+    custom_namespaces = {directive["Namespace"] for directive in emitted}
+    charted = set()
+    for namespace, metric, dimensions in _charted(dashboard):
+        if namespace in custom_namespaces:
+            continue
+        assert metric in AWS_METRICS.get(namespace, {}), (namespace, metric)
+        dimension, resource_type = AWS_METRICS[namespace][metric]
+        assert set(dimensions) == {dimension}, (namespace, metric, dimensions)
+        # Resource values come through Fn::Sub as "LogicalId" or "LogicalId.Attribute".
+        logical_id = dimensions[dimension].split(".")[0]
+        assert transformed_template["Resources"][logical_id]["Type"] == resource_type, (metric, logical_id)
+        if resource_type == "AWS::SQS::Queue":
+            assert dimensions[dimension] == str(ResourceRef(logical_id, "QueueName"))
+        charted.add((namespace, metric, logical_id))
+    assert charted >= REQUIRED, REQUIRED - charted
+
+
+def test_duration_is_charted_at_p50_and_p99(dashboard: dict[str, Any]) -> None:
+    stats = {
+        options.get("stat")
+        for widget in dashboard["widgets"]
+        for line in widget["properties"]["metrics"]
+        if "Duration" in line
+        for options in line
+        if isinstance(options, dict)
+    }
+    assert stats == {"p50", "p99"}
+
+
+def test_dashboard_follows_the_queue_type(transformed_template: dict[str, Any]) -> None:
+    (logical_id,) = resources_of_type(transformed_template, "AWS::CloudWatch::Dashboard")
+    body = read(transformed_template, QueueType="fifo").resolve(
+        properties(transformed_template, logical_id)["DashboardBody"]
+    )
+    # Queue names are the queues' own attributes, so a FIFO stack's dashboard watches its .fifo queues.
+    assert str(ResourceRef("ConsumerQueue", "QueueName")) in json.loads(body)["widgets"][1]["properties"]["metrics"][0]

@@ -1,0 +1,74 @@
+"""The function, its event source mapping, its environment and its logs."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumer.config import Settings
+from consumer.handler import declared_settings, declared_tables
+from service.registry import HANDLERS
+from testkit.template import REPO_ROOT, ResourceRef, Template
+from tests.deployment.environment import FUNCTION, environment_mistakes
+from tests.deployment.lookups import parameter_name, properties, read
+
+
+def _as_environment_value(value: Any) -> str:
+    """What Lambda would put in the variable, with a stand-in for values known only after deployment."""
+    if isinstance(value, ResourceRef):
+        return f"{value.logical_id}-after-deployment"
+    return str(value)
+
+
+def test_function_runs_the_handler_on_python_3_12_arm64(
+    source_template: dict[str, Any], transformed_template: dict[str, Any]
+) -> None:
+    function = properties(transformed_template, "ConsumerFunction")
+    assert function["Runtime"] == "python3.12"
+    # arm64 unless the stack is deployed with Architecture=x86_64 (the build step reads the same parameter).
+    assert function["Architectures"] == [{"Ref": "Architecture"}]
+    architecture = source_template["Parameters"]["Architecture"]
+    assert (architecture["Default"], architecture["AllowedValues"]) == ("arm64", ["arm64", "x86_64"])
+    assert function["Role"] == {"Fn::GetAtt": ["ConsumerFunctionRole", "Arn"]}
+
+    code_uri = properties(source_template, "ConsumerFunction")["CodeUri"]
+    module_name, _, attribute = function["Handler"].rpartition(".")
+    assert (REPO_ROOT / code_uri / (module_name.replace(".", "/") + ".py")).is_file()
+    assert callable(getattr(importlib.import_module(module_name), attribute))
+
+
+def test_environment_is_what_the_code_reads(transformed_template: dict[str, Any], template_path: Path) -> None:
+    # Every variable the code needs, each table's as a !Ref to it; and nothing it does not read: a misspelt name
+    # is silently ignored by the code, so here it is an error, with the line to fix.
+    variables = properties(transformed_template, FUNCTION)["Environment"]["Variables"]
+    mistakes = environment_mistakes(template_path, variables)
+    if mistakes:
+        pytest.fail("\n".join(mistakes), pytrace=False)
+
+
+def test_environment_at_the_defaults_is_accepted_by_the_settings(
+    function_variables: dict[str, Any], resolver: Template
+) -> None:
+    variables = resolver.resolve(function_variables)
+    environment = {name: _as_environment_value(value) for name, value in variables.items()}
+    settings = Settings.from_env(
+        environment, tables=declared_tables(HANDLERS), handler_settings=declared_settings(HANDLERS)
+    )
+    assert settings.idempotency_table_name == "IdempotencyTable-after-deployment"
+    assert settings.table_names == {table: f"{table}-after-deployment" for table in declared_tables(HANDLERS)}
+    assert settings.dead_letter_queue_url == "ConsumerDeadLetterQueue-after-deployment"
+    assert settings.idempotency_ttl_seconds == 7 * 24 * 3600
+
+
+def test_function_logs_to_its_own_log_group_with_bounded_retention(
+    transformed_template: dict[str, Any], resolver: Template
+) -> None:
+    function = resolver.resolve(properties(transformed_template, "ConsumerFunction"))
+    assert function["LoggingConfig"]["LogGroup"] == ResourceRef("ConsumerLogGroup")
+    log_group = properties(transformed_template, "ConsumerLogGroup")
+    assert resolver.resolve(log_group["RetentionInDays"]) == 30
+    retention_parameter = parameter_name(log_group["RetentionInDays"])
+    assert read(transformed_template, **{retention_parameter: 90}).resolve(log_group["RetentionInDays"]) == 90

@@ -1,0 +1,37 @@
+"""The tables: one per table a handler declares, and the keys and TTL attribute the code relies on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from consumer.handler import declared_tables
+from consumer.idempotency import store
+from service.registry import HANDLERS
+from tests.deployment.lookups import key_schema, properties, resources_of_type
+
+
+def test_each_table_a_handler_declares_is_a_template_table(transformed_template: dict[str, Any]) -> None:
+    # Its variable in the function's environment: test_function's test_environment_is_what_the_code_reads.
+    tables = resources_of_type(transformed_template, "AWS::DynamoDB::Table")
+    for table in ("IdempotencyTable", *declared_tables(HANDLERS)):
+        assert table in tables, f"a handler declares {table}: add an AWS::DynamoDB::Table of that name to template.yaml"
+    assert set(tables) == {"IdempotencyTable", *declared_tables(HANDLERS)}, (
+        "a table in template.yaml that no handler declares"
+    )
+
+
+def test_tables_are_on_demand_and_encrypted_with_kms(transformed_template: dict[str, Any]) -> None:
+    tables = resources_of_type(transformed_template, "AWS::DynamoDB::Table")
+    for name, table in tables.items():
+        assert table["Properties"]["BillingMode"] == "PAY_PER_REQUEST", name
+        assert table["Properties"]["SSESpecification"] == {"SSEEnabled": True}, name
+
+
+def test_idempotency_table_is_keyed_and_expired_by_the_attributes_the_store_writes(
+    transformed_template: dict[str, Any],
+) -> None:
+    table = properties(transformed_template, "IdempotencyTable")
+    # The store's expression attribute names are the attributes it reads and writes.
+    attribute = store._NAMES
+    assert key_schema(table) == {attribute["#id"]: ("HASH", "S")}
+    assert table["TimeToLiveSpecification"] == {"AttributeName": attribute["#expires"], "Enabled": True}

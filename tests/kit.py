@@ -1,0 +1,216 @@
+"""The test kit for your handlers: a pytest plugin (loaded by tests/conftest.py) and what its tests import.
+
+A handler's tests import this module and the application, nothing of the core's own tests::
+
+    from service.handlers.orders import OrderPlacedHandler
+    from tests.kit import Clock, consumer_of, settings_for, sqs_record, create_template_tables
+
+    def test_an_order_is_placed_once(dynamodb, sqs, clock: Clock) -> None:
+        create_template_tables(dynamodb, {"OrdersTable": "orders"})
+        settings = settings_for([OrderPlacedHandler], tables={"OrdersTable": "orders"})
+        consumer = consumer_of(dynamodb, sqs, clock, {"OrderPlaced": OrderPlacedHandler(settings)}, settings)
+        assert consumer.process([sqs_record("m-1", body), sqs_record("m-2", body)]) == {"batchItemFailures": []}
+
+Fixtures: ``aws`` (moto in process, dummy credentials, no endpoint of the caller's), ``dynamodb`` and
+``sqs`` (its clients), ``clock`` (wall time the test moves: leases and TTLs expire when it says so). The
+generic contract over every registered handler is ``tests/app/test_handler_contract.py``; drawing valid
+payloads from a model is ``testkit.payloads``. moto does not serialise concurrent writes: a claim about
+concurrency is proven on DynamoDB Local (the core's proof does), never here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import boto3
+import pytest
+from aws_lambda_powertools.utilities.parameters.constants import DEFAULT_PROVIDERS
+from moto import mock_aws
+
+from consumer.batch import BatchRunner
+from consumer.config import Settings
+from consumer.handler import MessageHandler, declared_settings, declared_tables
+from consumer.outcome import Log
+from consumer.wiring import wire
+from testkit.dead_letters import DeadLetter, drain, reasons
+from testkit.lambda_sqs import REGION, sqs_record
+from testkit.messages import envelope
+from testkit.tables import create_template_tables
+
+__all__ = [
+    "Clock",
+    "Consumer",
+    "DeadLetter",
+    "Remaining",
+    "consumer_of",
+    "create_template_tables",
+    "envelope",
+    "reasons",
+    "settings_for",
+    "sort_keys",
+    "sqs_record",
+    "table_name_for_tests",
+]
+
+DEAD_LETTER_QUEUE = "consumer-dlq"
+
+
+class Clock:
+    """Wall time the test controls: leases and TTLs expire when the test says so."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Remaining:
+    """A remaining time the test sets: fixed, or read from a script and then its last value."""
+
+    def __init__(self, ms: int = 30_000, then: list[int] | None = None) -> None:
+        self.ms = ms
+        self._script = list(then or [])
+
+    def __call__(self) -> int:
+        if self._script:
+            self.ms = self._script.pop(0)
+        return self.ms
+
+
+def table_name_for_tests(logical_id: str) -> str:
+    """What the tests call a template table: LedgerTable -> ledger, InventoryTable -> inventory."""
+    return logical_id.removesuffix("Table").lower()
+
+
+def settings_for(
+    handlers: Sequence[type[MessageHandler[Any]]], tables: Mapping[str, Any] | None = None, **overrides: Any
+) -> Settings:
+    """The function's settings for ``handlers``, as tests build them: each table they declare named by
+    ``table_name_for_tests`` or by ``tables`` (logical id -> a name, or a resource with a ``name``); an
+    override that is no field of ``Settings`` is a handler's own setting (``billing_url="http://..."``).
+
+    A required setting of a handler's own (no default) is given here, by its name in lower case: a test
+    that leaves it out fails with the handler's ``ConfigurationError``, naming the setting."""
+    own = {name.upper(): str(overrides.pop(name)) for name in set(overrides) - set(Settings.model_fields)}
+    declared = {name.upper() for model in declared_settings(handlers) for name in model.model_fields}
+    assert set(own) <= declared, f"no setting and no handler's own setting: {sorted(set(own) - declared)}"
+    given = {table: getattr(name, "name", name) for table, name in (tables or {}).items()}
+    every = dict.fromkeys(("IdempotencyTable", *declared_tables(handlers), *given))
+    names = {table: given.get(table, table_name_for_tests(table)) for table in every}
+    values: dict[str, Any] = {
+        "idempotency_table_name": names.pop("IdempotencyTable"),
+        "dead_letter_queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/test-dlq",
+        "table_names": names,
+        "handler_variables": own,
+    }
+    return Settings(**(values | overrides))
+
+
+@dataclass
+class Consumer:
+    """The function's consumer on moto, and what a test reads back."""
+
+    batch: BatchRunner
+    dynamodb: Any
+    sqs: Any
+    dlq_url: str
+    settings: Settings
+    remaining: Remaining = field(default_factory=Remaining)
+
+    def process(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        return self.batch.process(records, self.remaining).response()
+
+    def failed_ids(self, records: list[dict[str, Any]]) -> list[str]:
+        return [failure["itemIdentifier"] for failure in self.process(records)["batchItemFailures"]]
+
+    def dead_letters(self) -> list[DeadLetter]:
+        return drain(self.sqs, self.dlq_url)
+
+
+def consumer_of(
+    dynamodb: Any,
+    sqs: Any,
+    clock: Clock,
+    handlers: Mapping[str, MessageHandler[Any]],
+    settings: Settings,
+    *,
+    dlq_url: str | None = None,
+    session: boto3.session.Session | None = None,
+    logger: Log | None = None,
+) -> Consumer:
+    """The consumer of ``handlers`` (built, by event type) wired as the function wires it, on moto, with a
+    dead-letter queue of its own unless ``dlq_url`` names one (the settings' is replaced); the idempotency
+    table is made if missing."""
+    dlq_url = dlq_url or sqs.create_queue(QueueName=DEAD_LETTER_QUEUE)["QueueUrl"]
+    settings = settings.model_copy(update={"dead_letter_queue_url": dlq_url})
+    existing = set(dynamodb.list_tables()["TableNames"])
+    if settings.idempotency_table_name not in existing:
+        create_template_tables(dynamodb, {"IdempotencyTable": settings.idempotency_table_name})
+    batch = wire(
+        settings,
+        # A boto3 session is one (its ``client``); the stubs' per-service overloads hide that from mypy.
+        session or boto3.session.Session(region_name=REGION),
+        clock=clock,
+        logger=logger or _quiet_logger(),
+        handlers=handlers,
+    )
+    return Consumer(batch, dynamodb, sqs, dlq_url, settings)
+
+
+def sort_keys(dynamodb: Any, table: str, partition: str, value: str, sort: str = "entryId") -> list[str]:
+    """The sort keys under one partition key value, sorted, read consistently."""
+    items = dynamodb.query(
+        TableName=table,
+        KeyConditionExpression="#p = :v",
+        ExpressionAttributeNames={"#p": partition},
+        ExpressionAttributeValues={":v": {"S": value}},
+        ConsistentRead=True,
+    )["Items"]
+    return sorted(item[sort]["S"] for item in items)
+
+
+def _quiet_logger() -> Any:
+    logger = logging.getLogger("consumer.tests")
+    logger.addHandler(logging.NullHandler())
+    return logger
+
+
+# -- the fixtures (a pytest plugin: tests/conftest.py loads it) ------------------------------------
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in [name for name in os.environ if name.startswith("AWS_ENDPOINT_URL")] + ["AWS_PROFILE"]:
+        monkeypatch.delenv(name, raising=False)
+    # Powertools keeps one Secrets Manager client per process: one made by an earlier test on the local stack
+    # would read this test's secrets from the stack's server instead of moto in process.
+    DEFAULT_PROVIDERS.clear()
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        yield
+    DEFAULT_PROVIDERS.clear()
+
+
+@pytest.fixture
+def dynamodb(aws: None) -> Any:
+    return boto3.client("dynamodb", region_name=REGION)
+
+
+@pytest.fixture
+def sqs(aws: None) -> Any:
+    return boto3.client("sqs", region_name=REGION)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()

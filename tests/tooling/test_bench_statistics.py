@@ -1,0 +1,123 @@
+"""The benchmark's arithmetic: the median's confidence interval, cost per million, hot batches."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import cast
+
+import pytest
+
+from bench import timing
+from bench.costs import (
+    DYNAMODB_PER_WRITE_UNIT,
+    LAMBDA_ARM64_PER_GB_S,
+    Cost,
+    Draws,
+    cost_per_million,
+    guarded,
+    sqs_requests,
+    timed_handler,
+)
+from bench.report import VALID, BenchResults, hostile_section
+from bench.timing import median_ci
+from testkit.lambda_runtime import LambdaEnvironment
+from tests.core.handlers import CallHandler, TallyHandler
+
+
+def test_the_interval_of_twenty_samples_is_the_6th_and_15th_order_statistics() -> None:
+    # The binomial(20, 1/2) table: P(B <= 5) = 2.07% <= 2.5% < P(B <= 6), so ranks 6 and 15 (1-based).
+    values = [float(value) for value in range(1, 21)]
+    random.Random(3).shuffle(values)
+    assert median_ci(values) == (6.0, 15.0)
+
+
+def test_the_interval_covers_the_true_median_about_95_percent_of_the_time() -> None:
+    rng = random.Random(7)
+    trials, covered = 2000, 0
+    for _ in range(trials):
+        # Skewed like batch times: a lognormal whose median is exactly 1.
+        low, high = median_ci([rng.lognormvariate(0.0, 0.5) for _ in range(25)])
+        covered += low <= 1.0 <= high
+    assert 0.94 <= covered / trials <= 0.99
+
+
+def test_too_few_samples_give_the_whole_range() -> None:
+    assert median_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)
+
+
+def test_lambda_bills_each_batch_rounded_up_to_the_millisecond() -> None:
+    nothing = Cost(calls=0, write_units=0, read_units=0)
+    at_100_1 = cost_per_million(0.1001, 10, 1024, nothing)
+    at_101 = cost_per_million(0.101, 10, 1024, nothing)
+    assert at_100_1.lambda_usd == pytest.approx(at_101.lambda_usd)
+    # 100,000 batches of 101 ms at 1 GB, plus 100,000 requests.
+    assert at_101.lambda_usd == pytest.approx(100_000 * (0.101 * LAMBDA_ARM64_PER_GB_S + 0.2e-6))
+
+
+def test_dynamodb_cost_follows_the_write_units() -> None:
+    six = cost_per_million(0.05, 10, 512, Cost(calls=1, write_units=6, read_units=0))
+    four = cost_per_million(0.05, 10, 512, Cost(calls=4, write_units=4, read_units=0))
+    assert six.dynamodb_usd == pytest.approx(6 * DYNAMODB_PER_WRITE_UNIT * 1e6)
+    assert six.dynamodb_usd - four.dynamodb_usd == pytest.approx(2 * DYNAMODB_PER_WRITE_UNIT * 1e6)
+
+
+def test_sqs_requests_per_message_shrink_with_the_batch() -> None:
+    assert sum(sqs_requests(10).values()) == pytest.approx(1.2)
+    assert sum(sqs_requests(1).values()) == pytest.approx(3.0)
+
+
+def test_draws_are_distinct_messages_of_the_handler_each_seeded_once() -> None:
+    seeded: list[list[dict[str, object]]] = []
+    draws = Draws(TallyHandler, seeded.append)
+    bodies = [json.loads(body) for body in draws.bodies(10) + draws.bodies(10)]
+    assert {body["eventType"] for body in bodies} == {TallyHandler.event_type}
+    assert len({body["metadata"]["idempotencyKey"] for body in bodies}) == 20
+    assert len({json.dumps(body["payload"], sort_keys=True) for body in bodies}) == 20
+    assert [payload for batch in seeded for payload in batch] == [body["payload"] for body in bodies]
+
+
+def test_each_drawn_message_names_business_items_of_its_own() -> None:
+    # Polyfactory's identifiers are short and repeat within a few hundred draws: each message names a tally and
+    # an entry of its own, so that none is refused for another's unit or entry.
+    draws = Draws(TallyHandler)
+    payloads = [json.loads(body)["payload"] for _ in range(30) for body in draws.bodies(10)]
+    for field in ("tallyId", "entryId"):
+        assert len({payload[field] for payload in payloads}) == 300
+
+
+def test_a_failed_invocation_names_what_the_function_logged_as_warnings_and_errors() -> None:
+    function = cast(LambdaEnvironment, object())
+    timing._logs[function] = log = timing._LastLog()
+    log.write("START\n" + json.dumps({"level": "INFO", "message": "applied"}))
+    warning = {"level": "WARNING", "message": "dead-lettered", "idempotency_key": "k-1", "reason": "unit refused"}
+    log.write("START\n" + json.dumps(warning) + "\nEND\n")  # only the last invocation's log is kept
+    assert timing._why_failed(function) == "dead-lettered k-1 unit refused"
+
+
+def test_the_timed_handler_is_the_first_optimistic_one_and_a_guard_is_seen() -> None:
+    assert timed_handler((CallHandler, TallyHandler)) is TallyHandler
+    with pytest.raises(SystemExit, match="none is registered"):
+        timed_handler((CallHandler,))
+
+    class Guarded(TallyHandler):
+        def guard(self, payload: object, context: object) -> None:
+            return None
+
+    assert (guarded(TallyHandler), guarded(Guarded)) == (False, True)
+
+
+def test_messages_at_sqs_limits_are_listed_slowest_first_with_their_ratio_to_a_valid_message() -> None:
+    def samples(*seconds: float) -> timing.Samples:
+        return timing.Samples(wall_s=list(seconds))
+
+    results = BenchResults(memory_sizes_mb=[512], latencies_ms=[0])
+    # Fewer than six samples: the interval is the lowest and the highest.
+    results.hostile = {VALID: samples(0.01, 0.02), "wide": samples(0.2, 0.3), "long": samples(0.03, 0.05)}
+
+    table = hostile_section(results)
+
+    assert [row.split(" | ")[0].strip("| ") for row in table[2:]] == ["wide", "long", VALID]
+    # Medians 0.25 and 0.015: 16.7; the range pairs 0.2 with 0.02 and 0.3 with 0.01.
+    assert table[2].endswith("| 16.7 [10.0-30.0] |")
+    assert hostile_section(BenchResults(memory_sizes_mb=[512], latencies_ms=[0])) == []

@@ -1,0 +1,97 @@
+"""README's "Replacing the examples", followed to the letter on a copy of the project.
+
+A file of its own, so that make test (which deals whole files to its workers) runs this, its
+longest test, beside the other steps' tests rather than after them.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tooling.test_making_it_theirs import (
+    REPO_ROOT,
+    _copy_of_the_project,
+    _follow,
+    _pytest,
+    _register,
+    _routed,
+    _run,
+)
+
+
+def _delete_with_indented(path: Path, block: str) -> None:
+    """Each line of ``block`` deleted from ``path`` (where it must appear exactly once) with the lines
+    indented under it, as README's "Replacing the examples" asks."""
+    lines = path.read_text().splitlines(keepends=True)
+    for wanted in filter(str.strip, block.splitlines()):
+        found = [i for i, line in enumerate(lines) if line.rstrip("\n") == wanted]
+        assert len(found) == 1, f"{wanted!r} is {len(found)} times in {path.name}: update README's list"
+        start = end = found[0]
+        depth = len(wanted) - len(wanted.lstrip())
+        end += 1
+        while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > depth):
+            end += 1
+        del lines[start:end]
+    path.write_text("".join(lines))
+
+
+def _replace_the_examples(project: Path) -> None:
+    """README's "Replacing the examples" on ``project``: every example's files deleted, its registration
+    removed, its lines of template.yaml deleted with the lines indented under them."""
+    text = (project / "README.md").read_text()
+    section = text[text.index("\n## Replacing the examples\n") + 1 :]
+    section = section[: section.index("\n## ")]
+    for listed in re.findall(r"^- Files: ((?:.|\n  )*)", section, re.MULTILINE):
+        for name in re.findall(r"`([^`]+)`", listed):
+            (project / name).unlink()
+    removed = tuple(re.findall(r"^- Registration: `(\w+)`", section, re.MULTILINE))
+    assert len(removed) == 3, "README names each example's registration: update this test if that changed"
+    registry = project / "src/service/registry.py"
+    # A registered example's module goes with its registration (the refund's copy, when a user made one).
+    for module, name in re.findall(r"^from service\.handlers\.(\w+) import (\w+)$", registry.read_text(), re.MULTILINE):
+        if name in removed:
+            (registry.parent / "handlers" / f"{module}.py").unlink(missing_ok=True)
+    _register(registry, remove=removed)
+    for block in re.findall(r"^```yaml\n(.*?)^```", section, re.MULTILINE | re.DOTALL):
+        _delete_with_indented(project / "template.yaml", block)
+
+
+_LINT = (
+    ["ruff", "check", "."],
+    ["ruff", "format", "--check", "."],
+    ["mypy", "--strict", "src"],
+    ["mypy", "testkit", "local", "chaos", "bench", "tests"],
+)
+
+
+@pytest.mark.long(150)
+# Lint and the unit tests of a whole copy, beside the other workers' tests on two cores: about five minutes, more
+# than the suite's bound for one test; its own commands keep their bounds (_run), so a hang still stops it.
+@pytest.mark.timeout(600)
+def test_replacing_the_examples_as_the_readme_says_leaves_a_project_that_passes_lint_and_tests(
+    tmp_path: Path,
+) -> None:
+    """Both examples removed and the inventory example added, each as README says, on a copy: lint and the
+    static and unit tests pass there. The whole suite on a copy (the local stack, chaos) is too slow for
+    ``make test``; it is what a clone runs after this."""
+    _copy_of_the_project(tmp_path)
+    _replace_the_examples(tmp_path)
+    _follow(tmp_path)
+
+    assert sorted(_routed(tmp_path)) == ["InventoryReserved"]
+    template = (tmp_path / "template.yaml").read_text()
+    assert [name for name in ("LedgerTable", "ReceiptWebhookUrl", "WebhookSecretArn") if name in template] == []
+    # mypy checks its cache against each file's hash: the checkout's (make lint runs first) spares what is unchanged.
+    if (REPO_ROOT / ".mypy_cache").is_dir():
+        shutil.copytree(REPO_ROOT / ".mypy_cache", tmp_path / ".mypy_cache")
+    for command in _LINT:
+        done = _run(tmp_path, [str(Path(sys.executable).parent / command[0]), *command[1:]])
+        assert done.returncode == 0, (command, done.stdout[-4000:] + done.stderr[-2000:])
+    # The static and unit tests in one process, beside the other workers: over 240 s once here (run 16).
+    done = _pytest(tmp_path, ["tests/deployment", "tests/app", "tests/core/unit"], "-p", "no:xdist", timeout=480)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
