@@ -24,7 +24,7 @@ from chaos.transport_faults import install_faults
 from consumer.config import Settings
 from consumer.handler import build_handlers
 from consumer.idempotency.record import Attr
-from testkit.payloads import registered
+from service.registry import HANDLERS
 
 PLAN_VARIABLE = "CHAOS_PLAN"
 # The run's webhook sink, for a handler the run adds that calls out (its URL: any path under it).
@@ -81,7 +81,7 @@ class Environment:
         session = boto3.session.Session()
         install_faults(session, self.faults, services=("dynamodb", "sqs"))
         # The application's handlers and those the plan adds, built as the function builds them.
-        classes = (*registered(), *(pkgutil.resolve_name(name) for name in plan.handlers))
+        classes = (*HANDLERS, *(pkgutil.resolve_name(name) for name in plan.handlers))
         handlers = build_handlers(classes, settings)
         self.consumer = pkgutil.resolve_name(plan.consumer)(settings, session, clock=self.clock, handlers=handlers)
 
