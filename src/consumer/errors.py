@@ -49,11 +49,11 @@ class PoisonMessage(Exception):
 class BusinessConditionFailed(PoisonMessage):
     """A business write's own condition failed, so its transaction was cancelled."""
 
-    def __init__(self, write: Write) -> None:
+    def __init__(self, write: Write, *, then: str = "") -> None:
         super().__init__(
             ErrorType.BUSINESS_CONDITION_FAILED,
             f"{write.reason + ' (' if write.reason else ''}condition of a {type(write).__name__} on {write.table}"
-            f" failed: {write.condition}{')' if write.reason else ''}",
+            f" failed: {write.condition}{')' if write.reason else ''}{'; ' + then if then else ''}",
         )
 
 

@@ -44,6 +44,9 @@ from consumer.outcome import Log, MessageResult, Outcome
 from consumer.prepared import Parsed, Prepared, Rejected, prepare
 from consumer.report import Reporter
 
+# What a dead letter adds when its refusal took over a dead worker's claim: nothing of the message is left behind.
+ABANDONED_RELEASED = "the abandoned claim and its reservation were released"
+
 
 class MessageProcessor:
     def __init__(
@@ -117,7 +120,9 @@ class MessageProcessor:
         guard = parsed.handler.guard(parsed.payload, self._context(item, parsed, remaining_ms))
         reserve, undo = (tuple(guard.writes), tuple(guard.undo)) if guard else ((), ())
         parsed.check_tables((*reserve, *undo))
-        claim = self._store.claim(message.record_id, message.payload_hash, lease_ms, reserve, remaining_ms=remaining_ms)
+        claim = self._store.claim(
+            message.record_id, message.payload_hash, lease_ms, reserve, undo=undo, remaining_ms=remaining_ms
+        )
         if not isinstance(claim, Claimed):
             # Refused: nothing was claimed or reserved, and handle never ran: no call was made.
             return self._settle(item, claim)
@@ -157,7 +162,8 @@ class MessageProcessor:
                 reason = f"key {item.idempotency_key!r} was used before for a different payload"
                 result = self._report.dead_letter(item, PoisonMessage(ErrorType.IDEMPOTENCY_KEY_REUSED, reason))
             case Refused():
-                result = self._report.dead_letter(item, BusinessConditionFailed(answer.write))
+                then = ABANDONED_RELEASED if answer.abandoned_released else ""
+                result = self._report.dead_letter(item, BusinessConditionFailed(answer.write, then=then))
             case Fenced():
                 # Fenced out: whoever took the key over owns the outcome now.
                 result = self._report.retry(item, answer.reason)

@@ -85,6 +85,8 @@ def test_a_guard_that_fails_on_a_free_key_is_refused_with_its_write(stubbed: tup
             "CancellationReasons": [{"Code": "None"}, {"Code": "ConditionalCheckFailed"}, {"Code": "None"}]
         },
     )
+    # Then the record is read, consistently: a takeover's refusal would have an abandoned claim to release.
+    stubber.add_response("get_item", {}, {"TableName": TABLE, "Key": {"id": {"S": "Ev#k-1"}}, "ConsistentRead": True})
     assert store.claim("Ev#k-1", "h", 1000, GUARD) == Refused(GUARD[0])
 
 

@@ -146,9 +146,14 @@ class PayloadMismatch(_Answer):
 
 @dataclass(frozen=True)
 class Refused(_Answer):
-    """A guard's condition failed: nothing was claimed or written, and the message must not run."""
+    """A guard's condition failed: nothing was claimed or written, and the message must not run.
+
+    ``abandoned_released``: the refused claim was a takeover, and the dead worker's claim was released
+    (with the guard's undo, which takes its reservation back) so that nothing of the message is left.
+    """
 
     write: Write
+    abandoned_released: bool = False
 
 
 @dataclass(frozen=True)
@@ -223,6 +228,7 @@ class IdempotencyStore:
         lease_ms: int,
         guard: Sequence[Write] = (),
         *,
+        undo: Sequence[Write] = (),
         remaining_ms: Callable[[], int] | None = None,
     ) -> ClaimResult:
         """Lock mode, step 1: take the key for ``lease_ms`` (one round trip either way).
@@ -231,8 +237,26 @@ class IdempotencyStore:
         one transaction, the record first: ``Refused`` when a guard's condition failed and
         the key was free, in which case nothing at all was written. ``remaining_ms`` bounds
         the conflict retries (each a new claim).
+
+        A refusal may have met an abandoned claim of the same message (a worker that died after
+        its reservation): that claim is then released with ``undo``, fenced, in one transaction,
+        or nothing would ever settle its reservation (every later delivery is refused the same
+        way). That costs a consistent read of the record on every refusal, and the release when
+        one is found; a release that cannot land raises (``TransientError``), as the message must
+        come back rather than be dead-lettered with its reservation standing.
         """
-        return self._absorbing(lambda: self._claim(record_id, payload_hash, lease_ms, guard), remaining_ms)
+        answer = self._absorbing(lambda: self._claim(record_id, payload_hash, lease_ms, guard), remaining_ms)
+        if not isinstance(answer, Refused):
+            return answer
+        abandoned = self.get(record_id)
+        if abandoned is None or not self._abandoned(abandoned, payload_hash):
+            return answer
+        lease_end = abandoned.lease_expires_at_ms or 0
+        dead = Claimed(record_id, abandoned.owner_token, lease_end, abandoned.attempts)
+        released = self._absorbing(lambda: self._release_abandoned(dead, undo), remaining_ms, until_out_of_time=True)
+        if isinstance(released, Contended):
+            raise TransactionConflict(f"the abandoned claim of {record_id} could not be released: {released.reason}")
+        return replace(answer, abandoned_released=released)
 
     def _claim(self, record_id: str, payload_hash: str, lease_ms: int, guard: Sequence[Write]) -> ClaimResult:
         if lease_ms <= 0:
@@ -336,6 +360,15 @@ class IdempotencyStore:
         if isinstance(released, Contended):
             raise TransactionConflict(released.reason)
         return released
+
+    def _release_abandoned(self, dead: Claimed, undo: Sequence[Write]) -> bool:
+        """Release a dead worker's claim and its reservation with ``undo``, fenced on its owner token as its own
+        release would be; False when another worker took the key over meanwhile (left alone)."""
+        try:
+            return self._release(dead, undo)
+        except BusinessConditionFailed:
+            # The reservation is gone already (settled, or cleared by hand): only the claim is left to release.
+            return self._release(dead, ())
 
     def _release(self, claim: Claimed, undo: Sequence[Write]) -> bool:
         delete: dict[str, Any] = {
@@ -464,6 +497,16 @@ class IdempotencyStore:
         if absorbed and isinstance(answer, _Answer):
             return cast("_T", replace(answer, conflicts_absorbed=absorbed))
         return answer
+
+    def _abandoned(self, record: IdempotencyRecord, payload_hash: str) -> bool:
+        """A claim of the same message whose worker is gone: in progress, and its lease over."""
+        lease_end = record.lease_expires_at_ms
+        return (
+            record.status is Status.IN_PROGRESS
+            and record.payload_hash == payload_hash
+            and lease_end is not None
+            and lease_end < self._now_ms()
+        )
 
     @staticmethod
     def _existing(current: IdempotencyRecord, payload_hash: str) -> Existing:
