@@ -136,6 +136,8 @@ class MessageProcessor:
             # lands unless another worker took the key over, and this message cannot come back to
             # one before this invocation hands it back.
             commit = self._store.commit(claim, effect.result, tuple(effect.writes), remaining_ms=remaining_ms)
+        except PoisonMessage as poison:
+            return self._poison_once_released(item, claim, undo, poison, remaining_ms)
         except Exception:
             # Safe even when a commit was in fact applied: release is fenced on IN_PROGRESS. (A process
             # that dies releases nothing; its lease runs out, and the guard's reservation waits for the
@@ -143,9 +145,10 @@ class MessageProcessor:
             self._release_quietly(item, claim, undo, remaining_ms)
             raise
         if isinstance(commit, Refused):
-            self._release_quietly(item, claim, undo, remaining_ms)
-        # A Contended commit keeps its claim: until its lease ends nobody repeats the external call.
-        result = self._settle(item, commit)
+            result = self._poison_once_released(item, claim, undo, BusinessConditionFailed(commit.write), remaining_ms)
+        else:
+            # A Contended commit keeps its claim: until its lease ends nobody repeats the external call.
+            result = self._settle(item, commit)
         absorbed = claim.conflicts_absorbed + result.conflicts_absorbed
         return replace(result, conflicts_absorbed=absorbed) if absorbed else result
 
@@ -188,9 +191,28 @@ class MessageProcessor:
         parsed.check_tables(effect.writes)
         return effect
 
+    def _poison_once_released(
+        self,
+        item: Prepared,
+        claim: Claimed,
+        undo: Sequence[Write],
+        poison: PoisonMessage,
+        remaining_ms: Callable[[], int],
+    ) -> MessageResult:
+        """Dead-letter a claimed message once its claim and reservation are released; retry it while they stand.
+
+        Dead-lettered with its reservation standing, the message that alone could settle it would sit in the
+        DLQ (or be purged): retried, it comes back after the lease and its takeover releases them.
+        """
+        unreleased = self._release_quietly(item, claim, undo, remaining_ms)
+        if unreleased is not None:
+            return self._report.retry(item, f"release failed ({unreleased}), so not yet dead-lettered: {poison}")
+        return self._report.dead_letter(item, poison)
+
     def _release_quietly(
         self, item: Prepared, claim: Claimed, undo: Sequence[Write], remaining_ms: Callable[[], int]
-    ) -> None:
+    ) -> str | None:
+        """Release; the error when the claim and its reservation may still stand, None when nothing of ours does."""
         try:
             if not self._store.release(claim, undo, remaining_ms=remaining_ms):
                 self._logger.warning(
@@ -199,4 +221,8 @@ class MessageProcessor:
                 )
         except Exception as error:
             # The lease still runs out, so the key frees itself; nothing is stuck.
-            self._logger.warning("release failed", extra={**item.log_keys(), "error": bounded(str(error))})
+            reason = bounded(str(error))
+            self._logger.warning("release failed", extra={**item.log_keys(), "error": reason})
+            # An undo refused by its condition: the reservation is no longer this message's to take back.
+            return None if isinstance(error, BusinessConditionFailed) else reason
+        return None

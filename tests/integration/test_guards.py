@@ -472,7 +472,6 @@ def test_a_refused_takeover_whose_release_is_throttled_is_retried_with_its_reser
     assert accounts.state(account) == (500, False)
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: a release that fails")
 def test_a_poison_whose_release_meets_conflicts_past_the_attempt_limit_is_released_before_its_dead_letter(
     make: Make,
 ) -> None:
@@ -491,7 +490,6 @@ def test_a_poison_whose_release_meets_conflicts_past_the_attempt_limit_is_releas
     assert [letter["ErrorType"] for letter in rig.dead_letters.sent] == ["WebhookRejected"]
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: a release that fails")
 def test_a_poison_whose_release_fails_is_retried_with_its_reason_until_a_release_lands(make: Make) -> None:
     rig, billing, accounts = make()
     account = accounts.open(5000)

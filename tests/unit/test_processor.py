@@ -85,11 +85,18 @@ class TellingTally(TallyHandler):
 
 
 class ReleaseConflicts(Conflicts):
-    """Answers the next ``count`` releases (a transaction deleting the record, its first item) with a conflict."""
+    """Answers the next ``count`` releases (a transaction deleting the record, its first item) with a conflict,
+    or with the request's ``error`` when one is set (throttled)."""
+
+    error = ""
 
     def _answer(self, params: dict[str, Any], **rest: Any) -> Any:
         first = json.loads(params["body"])["TransactItems"][0]
-        return super()._answer(params, **rest) if "Delete" in first else None
+        answer = super()._answer(params, **rest) if "Delete" in first else None
+        if answer is not None and self.error:
+            answer[1]["Error"] = {"Code": self.error, "Message": "Rate of requests exceeds the allowed throughput"}
+            answer[1].pop("CancellationReasons")
+        return answer
 
 
 @pytest.fixture
@@ -324,6 +331,25 @@ def test_a_commit_refused_by_its_condition_is_dead_lettered_and_the_reservation_
             {**hold_keys("h"), "error_type": "BusinessConditionFailed", "reason": HOLD_CANCELLED},
         )
     ]
+
+
+def test_a_refused_commit_whose_release_is_throttled_is_retried_with_both_reasons_not_dead_lettered(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog, session: boto3.session.Session
+) -> None:
+    throttled = ReleaseConflicts(session, "TransactWriteItems", 1)
+    throttled.error = "ProvisionedThroughputExceededException"
+    handler = HoldHandler(settings_for_tests(), lambda _: set_the_hold(dynamodb, "hold-h-1", "CANCELLED"))
+    consumer = holding(dynamodb, sqs, clock, log, handler, session=session)
+
+    (result,) = run(consumer, sqs_record("h", hold_body("h-1")))
+
+    assert result.outcome is Outcome.RETRIED
+    assert (result.reason or "").startswith("release failed (DynamoDB ProvisionedThroughputExceededException")
+    assert (result.reason or "").endswith(f"so not yet dead-lettered: BusinessConditionFailed: {HOLD_CANCELLED}")
+    assert reasons(consumer.dead_letters()) == {}
+    record = consumer.store.get(HOLD_RECORD)
+    assert record is not None and record.status is Status.IN_PROGRESS
+    assert hold_item(dynamodb) == held_by("hold-h-1", "CANCELLED")
 
 
 def test_a_refused_commit_is_dead_lettered_even_when_its_release_fails(

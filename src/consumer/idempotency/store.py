@@ -353,10 +353,11 @@ class IdempotencyStore:
         False when the claim was already taken over: the newer owner's record, and the
         reservation it took over with it, are left alone. Raises ``BusinessConditionFailed``
         when an undo write's condition failed, and ``TransactionConflict`` when conflicts
-        outlasted the retries: nothing was released, and the lease runs out. (Release is a
-        failure's clean-up, which only logs what stops it: no answer would change its caller.)
+        outlasted ``remaining_ms`` (tried past the attempt limit, as a commit is: the same
+        request each time, and a reservation left standing costs more than the wait): nothing
+        was released, and the lease runs out.
         """
-        released = self._absorbing(lambda: self._release(claim, undo), remaining_ms)
+        released = self._absorbing(lambda: self._release(claim, undo), remaining_ms, until_out_of_time=True)
         if isinstance(released, Contended):
             raise TransactionConflict(released.reason)
         return released
