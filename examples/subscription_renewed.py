@@ -2,11 +2,11 @@
 
 The charge leaves DynamoDB, so the rule must hold before it, not only at the commit: the guard,
 committed in one transaction with the claim, requires the new period to be later than the paid
-one and marks the renewal pending under this idempotency key. A renewal that would move the
+one and marks the renewal pending with this message's reservation token. A renewal that would move the
 period backwards is dead-lettered (``BusinessConditionFailed``) and billing is never called, on
 its first delivery or a redrive. The commit sets the period and clears the mark; a failure
 before it clears the mark with the release; a worker that dies leaves the mark, and the
-redelivery that takes its claim over passes the guard with it (same key) and settles it.
+redelivery that takes its claim over passes the guard with it (same message, same token) and settles it.
 
 What stays at-least-once: a crash after the charge and before the commit charges again, with
 the same ``Idempotency-Key``, which billing must honour. While one renewal of a subscription is
@@ -79,7 +79,7 @@ class SubscriptionRenewedHandler(MessageHandler[SubscriptionRenewed]):
         return f"SubscriptionTable/{payload.subscriptionId}"
 
     def _write(self, payload: SubscriptionRenewed, context: MessageContext, expression: str, condition: str) -> Update:
-        values = {":key": context.idempotency_key, ":through": payload.paidThrough}
+        values = {":token": context.reservation_token, ":through": payload.paidThrough}
         return Update(
             table=self.table_names["SubscriptionTable"],
             key={"subscriptionId": payload.subscriptionId},
@@ -97,12 +97,13 @@ class SubscriptionRenewedHandler(MessageHandler[SubscriptionRenewed]):
         reserve = self._write(
             payload,
             context,
-            "SET pendingKey = :key, pendingThrough = :through",
-            # Its own mark passes: the redelivery that takes a dead worker's claim over.
-            "(attribute_not_exists(pendingKey) OR pendingKey = :key)"
-            " AND (attribute_not_exists(paidThrough) OR paidThrough < :through)",
+            "SET pendingToken = :token, pendingThrough = :through",
+            # The rule where nothing is pending; its own mark passes whatever the period says now: the
+            # redelivery that takes a dead worker's claim over settles the mark it left.
+            "(attribute_not_exists(pendingToken) AND (attribute_not_exists(paidThrough) OR paidThrough < :through))"
+            " OR pendingToken = :token",
         )
-        undo = self._write(payload, context, "REMOVE pendingKey, pendingThrough", "pendingKey = :key")
+        undo = self._write(payload, context, "REMOVE pendingToken, pendingThrough", "pendingToken = :token")
         return Guard(writes=(reserve,), undo=(undo,))
 
     def handle(self, payload: SubscriptionRenewed, context: MessageContext) -> Effect:
@@ -113,7 +114,7 @@ class SubscriptionRenewedHandler(MessageHandler[SubscriptionRenewed]):
         settle = self._write(
             payload,
             context,
-            "SET paidThrough = :through REMOVE pendingKey, pendingThrough",
-            "pendingKey = :key",
+            "SET paidThrough = :through REMOVE pendingToken, pendingThrough",
+            "pendingToken = :token",
         )
         return Effect(result={"paidThrough": payload.paidThrough, "billingStatus": status}, writes=(settle,))

@@ -24,6 +24,7 @@ from consumer.errors import (
 )
 from consumer.handler import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.lease import lease_duration
+from consumer.idempotency.record import reservation_token
 from consumer.idempotency.store import (
     Applied,
     ApplyResult,
@@ -179,11 +180,13 @@ class MessageProcessor:
 
     @staticmethod
     def _context(item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> MessageContext:
+        message = parsed.message
         return MessageContext(
             message_id=item.message_id,
-            idempotency_key=parsed.message.idempotency_key,
-            receive_count=parsed.message.receive_count,
+            idempotency_key=message.idempotency_key,
+            receive_count=message.receive_count,
             remaining_ms=remaining_ms,
+            reservation_token=reservation_token(message.record_id, message.payload_hash),
         )
 
     def _handle(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> Effect:

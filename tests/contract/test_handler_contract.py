@@ -54,7 +54,8 @@ class Hold(BaseModel):
 
 
 class GuardedCallHandler(MessageHandler[Hold]):
-    """Lock mode with a guard: holds an item under the key, calls the sink with the key, then settles the hold."""
+    """Lock mode with a guard: holds an item under its reservation token, calls the sink with the key, then settles
+    the hold."""
 
     event_type: ClassVar[str] = "ContractGuardedCall"
     mode: ClassVar[Mode] = Mode.LOCK
@@ -65,22 +66,22 @@ class GuardedCallHandler(MessageHandler[Hold]):
         super().__init__(settings)
         self.client = WebhookClient(f"{url}/{self.event_type}", "the contract's sink")
 
-    def _held(self, payload: Hold, key: str, expression: str, condition: str, **values: Any) -> Update:
+    def _held(self, payload: Hold, token: str, expression: str, condition: str, **values: Any) -> Update:
         table = self.table_names[HOLD_TABLE]
-        return Update(table, {"holdId": payload.holdId}, expression, condition, values={":key": key, **values})
+        return Update(table, {"holdId": payload.holdId}, expression, condition, values={":token": token, **values})
 
     def guard(self, payload: Hold, context: MessageContext) -> Guard:
-        key = context.idempotency_key
-        hold = self._held(payload, key, "SET heldBy = :key", "attribute_not_exists(heldBy) OR heldBy = :key")
-        return Guard((hold,), (self._held(payload, key, "REMOVE heldBy", "heldBy = :key"),))
+        token = context.reservation_token
+        hold = self._held(payload, token, "SET heldBy = :token", "attribute_not_exists(heldBy) OR heldBy = :token")
+        return Guard((hold,), (self._held(payload, token, "REMOVE heldBy", "heldBy = :token"),))
 
     def handle(self, payload: Hold, context: MessageContext) -> Effect:
         status = self.client.post(json.dumps(payload.model_dump()).encode(), context.idempotency_key, 2.0)
         settle = self._held(
             payload,
-            context.idempotency_key,
+            context.reservation_token,
             "REMOVE heldBy SET amount = :amount, callStatus = :status",
-            "heldBy = :key",
+            "heldBy = :token",
             **{":amount": payload.amount, ":status": status},
         )
         return Effect({"status": status}, (settle,))

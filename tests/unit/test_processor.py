@@ -18,7 +18,7 @@ import pytest
 from consumer.envelope import payload_hash
 from consumer.errors import TransientError
 from consumer.handler import Effect, MessageContext
-from consumer.idempotency.record import Status
+from consumer.idempotency.record import Status, reservation_token
 from consumer.idempotency.store import Claimed
 from consumer.outcome import MessageResult, Outcome
 from testkit.dead_letters import reasons
@@ -43,10 +43,12 @@ NOW_MS = 1_800_000_000_000  # the test clock's start
 LEASE_MS = 10_000
 HOLD_RECORD = f"{HOLD_EVENT}#hold-h-1"
 HOLD_TAKEN = "hold h-1 is taken"
-HOLD_CANCELLED = f"hold h-1 was cancelled (condition of a Put on {CALLS} failed: holdKey = :key AND #status = :held)"
+HOLD_CANCELLED = (
+    f"hold h-1 was cancelled (condition of a Put on {CALLS} failed: holdToken = :token AND #status = :held)"
+)
 # A log line: (level, message, fields).
 Line = tuple[str, str, dict[str, object]]
-UNDO_REFUSED = f"hold h-1 is no longer ours (condition of a Delete on {CALLS} failed: holdKey = :key)"
+UNDO_REFUSED = f"hold h-1 is no longer ours (condition of a Delete on {CALLS} failed: holdToken = :token)"
 
 
 class RecordingLog:
@@ -135,7 +137,9 @@ def hold_item(dynamodb: Any) -> dict[str, str] | None:
 
 
 def held_by(key: str, status: str = "HELD") -> dict[str, str]:
-    return {**hold_key("h-1"), "status": status, "holdKey": key}
+    """The hold h-1 as the message of ``key`` holds it: marked with that message's reservation token."""
+    token = reservation_token(f"{HOLD_EVENT}#{key}", payload_hash({"holdId": "h-1"}))
+    return {**hold_key("h-1"), "status": status, "holdToken": token}
 
 
 def set_the_hold(dynamodb: Any, key: str, status: str) -> None:
@@ -268,7 +272,7 @@ def test_a_guard_that_refuses_claims_nothing_and_runs_no_handle(
     assert (result.outcome, result.reason) == (
         Outcome.POISON,
         f"BusinessConditionFailed: {HOLD_TAKEN} (condition of a Put on {CALLS} failed:"
-        " attribute_not_exists(callId) OR holdKey = :key)",
+        " attribute_not_exists(callId) OR holdToken = :token)",
     )
     assert reasons(consumer.dead_letters()) == {"h": "BusinessConditionFailed"}
     assert handler.seen == [("guard", 30_000)]
