@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, StrictInt
@@ -66,12 +67,15 @@ class GuardedPeriod(MessageHandler[Period]):
 
     def guard(self, payload: Period, context: MessageContext) -> Guard:
         token = context.reservation_token
-        reserve = self._write(
-            payload,
-            token,
-            "SET pendingToken = :token",
-            "(attribute_not_exists(pendingToken) AND (attribute_not_exists(through) OR through < :through))"
-            " OR pendingToken = :token",
+        reserve = replace(
+            self._write(
+                payload,
+                token,
+                "SET pendingToken = :token",
+                "(attribute_not_exists(pendingToken) AND (attribute_not_exists(through) OR through < :through))"
+                " OR pendingToken = :token",
+            ),
+            held_by="pendingToken",
         )
         return Guard((reserve,), undo=(self._write(payload, token, "REMOVE pendingToken", "pendingToken = :token"),))
 

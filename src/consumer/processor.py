@@ -47,6 +47,8 @@ from consumer.report import Reporter
 
 # What a dead letter adds when its refusal took over a dead worker's claim: nothing of the message is left behind.
 ABANDONED_RELEASED = "the abandoned claim and its reservation were released"
+# What a message met that waits for another message's hold to settle: back to the queue, with backoff.
+BUSY = "held by another message, so not refused"
 
 
 class MessageProcessor:
@@ -165,6 +167,9 @@ class MessageProcessor:
             case PayloadMismatch():
                 reason = f"key {item.idempotency_key!r} was used before for a different payload"
                 result = self._report.dead_letter(item, PoisonMessage(ErrorType.IDEMPOTENCY_KEY_REUSED, reason))
+            case Refused(busy=True):
+                # Held by another message still at work (or a dead one whose lease will end): it settles soon.
+                result = self._report.retry(item, f"{BUSY}: {BusinessConditionFailed(answer.write).message}")
             case Refused():
                 then = ABANDONED_RELEASED if answer.abandoned_released else ""
                 result = self._report.dead_letter(item, BusinessConditionFailed(answer.write, then=then))

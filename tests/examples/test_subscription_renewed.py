@@ -144,3 +144,25 @@ def test_a_crash_after_the_mark_is_taken_over_and_settled(trial: Trial, monkeypa
     assert trial.billing.keys() == ["renew-07", "renew-07"]
     assert trial.state() == (202407, False)
     assert trial.record_status("renew-07") is Status.COMPLETED
+
+
+def test_a_renewal_meeting_another_pending_one_waits_and_applies_once_it_is_settled(
+    trial: Trial, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def die(*args: Any, **kwargs: Any) -> int:
+        raise Crash
+
+    monkeypatch.setattr(trial.handler._billing, "post", die)
+    with pytest.raises(Crash):
+        trial.renew("renew-07", 202407)
+    monkeypatch.undo()
+
+    assert trial.renew("renew-08", 202408) is Outcome.RETRIED
+    assert trial.rig.dead_letters.sent == []
+    assert trial.billing.keys() == []
+
+    trial.rig.advance_past_the_lease()
+    assert trial.renew("renew-07", 202407, receive_count=2) is Outcome.APPLIED
+    assert trial.renew("renew-08", 202408, receive_count=2) is Outcome.APPLIED
+    assert trial.billing.keys() == ["renew-07", "renew-08"]
+    assert trial.state() == (202408, False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import pytest
@@ -25,7 +26,7 @@ from consumer.idempotency.record import IdempotencyRecord, Status, reservation_t
 from consumer.idempotency.store import Claimed, IdempotencyStore, Refused
 from consumer.idempotency.writes import ConditionCheck, Update, Write
 from consumer.outcome import Outcome
-from consumer.processor import ABANDONED_RELEASED
+from consumer.processor import ABANDONED_RELEASED, BUSY
 from testkit.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
 from tests.lock_rig import Crash, LockRig, Refusals, claim, release
@@ -100,8 +101,15 @@ class ChargeHandler(MessageHandler[Charge]):
             # Its own hold passes: the redelivery that takes a dead worker's claim over.
             else "(attribute_not_exists(holdToken) AND balanceCents >= :amount) OR holdToken = :token"
         )
-        hold = self._hold_write(
-            payload, token, "SET holdToken = :token, holdCents = :amount", condition, **{":amount": payload.amountCents}
+        hold = replace(
+            self._hold_write(
+                payload,
+                token,
+                "SET holdToken = :token, holdCents = :amount",
+                condition,
+                **{":amount": payload.amountCents},
+            ),
+            held_by="holdToken",
         )
         undo = self._hold_write(payload, token, "REMOVE holdToken, holdCents", "holdToken = :token")
         return Guard(writes=(hold,), undo=(undo,))
@@ -510,16 +518,23 @@ def test_a_poison_whose_release_fails_is_retried_with_its_reason_until_a_release
     assert billing.calls == [k, k]
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: busy is not refused")
 def test_a_charge_meeting_the_hold_of_another_message_waits_and_is_not_dead_lettered(make: Make) -> None:
-    rig, billing, accounts, account, _ = crashed_holding(make)
+    rig, billing, accounts, account, k = crashed_holding(make)
 
-    result = rig.deliver(key(), {"accountId": account, "amountCents": 100})
+    waiting = {"accountId": account, "amountCents": 100}
+    result = rig.deliver(later := key(), waiting)
 
     assert result.outcome is Outcome.RETRIED
+    assert (result.reason or "").startswith(f"{BUSY}: balance of {account} below 100 cents, or held by another charge")
     assert rig.dead_letters.sent == []
     assert billing.calls == []
     assert accounts.state(account) == (5000, True)
+    # Once the hold is settled (the first charge's takeover), the waiting charge applies.
+    rig.advance_past_the_lease()
+    assert rig.deliver(k, {"accountId": account, "amountCents": 1000}, receive_count=2).outcome is Outcome.APPLIED
+    assert rig.deliver(later, waiting, receive_count=2).outcome is Outcome.APPLIED
+    assert accounts.state(account) == (3900, False)
+    assert billing.calls == [k, later]
 
 
 def test_the_same_key_with_other_content_after_its_record_expired_does_not_pass_the_old_hold(make: Make) -> None:

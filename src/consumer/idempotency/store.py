@@ -39,7 +39,7 @@ from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
 from consumer.conflicts import ConflictRetry
 from consumer.errors import BusinessConditionFailed, TransactionConflict, TransientError
-from consumer.idempotency.record import Attr, IdempotencyRecord, Status, encode_result
+from consumer.idempotency.record import Attr, IdempotencyRecord, Status, encode_result, reservation_token
 from consumer.idempotency.writes import MAX_BUSINESS_WRITES, Write
 
 if TYPE_CHECKING:
@@ -154,6 +154,9 @@ class Refused(_Answer):
 
     write: Write
     abandoned_released: bool = False
+    # The write's item was held by another message (its ``held_by`` attribute carried another token): busy,
+    # not refused; nothing was claimed, and the message is to come back later.
+    busy: bool = False
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,15 @@ Existing = Duplicate | InFlight | PayloadMismatch
 ClaimResult = Claimed | Existing | Refused | Contended
 ApplyResult = Applied | Existing | Refused | Contended
 CommitResult = Committed | Fenced | Refused | Contended
+
+
+def _held_by_another(write: Write, reason: Mapping[str, Any], holder: str) -> bool:
+    """Whether a write's item, as its failed condition found it, carried another message's hold."""
+    item = reason.get("Item")
+    if write.held_by is None or not isinstance(item, Mapping):
+        return False
+    held = item.get(write.held_by)
+    return isinstance(held, Mapping) and held.get("S") not in (None, holder)
 
 
 def _new_token() -> str:
@@ -246,7 +258,8 @@ class IdempotencyStore:
         come back rather than be dead-lettered with its reservation standing.
         """
         answer = self._absorbing(lambda: self._claim(record_id, payload_hash, lease_ms, guard), remaining_ms)
-        if not isinstance(answer, Refused):
+        if not isinstance(answer, Refused) or answer.busy:
+            # Busy: an abandoned claim of this message holds nothing on that item; its takeover comes later.
             return answer
         abandoned = self.get(record_id)
         if abandoned is None or not self._abandoned(abandoned, payload_hash):
@@ -269,7 +282,8 @@ class IdempotencyStore:
         )
         if guard:
             # ClientRequestToken: the claim's own token, new for every claim.
-            cancelled = self._transact_with_record({"Update": claim_write}, guard, token)
+            holder = reservation_token(record_id, payload_hash)
+            cancelled = self._transact_with_record({"Update": claim_write}, guard, token, holder=holder)
             if cancelled is None:
                 return Claimed(record_id, token, lease_end, None)
             if isinstance(cancelled, Refused):
@@ -525,7 +539,7 @@ class IdempotencyStore:
         return Fenced(claim.record_id, current)
 
     def _transact_with_record(
-        self, record_item: dict[str, Any], writes: Sequence[Write], token: str
+        self, record_item: dict[str, Any], writes: Sequence[Write], token: str, *, holder: str | None = None
     ) -> _RecordRefused | Refused | None:
         """Apply one transaction: the record's own item (first), then the business writes.
 
@@ -533,7 +547,8 @@ class IdempotencyStore:
         with the record as it was (None when no item came back, e.g. released by the owner
         that took a zombie's key over); ``Refused`` when a business write's condition failed.
         ``ClientRequestToken`` makes a retried transaction idempotent for ten minutes, which
-        settles most ambiguous successes at the source.
+        settles most ambiguous successes at the source. ``holder``, a claim's reservation token:
+        a failed write whose ``held_by`` attribute carried another token is ``Refused(busy=True)``.
         """
         if len(writes) > MAX_BUSINESS_WRITES:
             raise ValueError(f"at most {MAX_BUSINESS_WRITES} business writes per message, got {len(writes)}")
@@ -548,9 +563,9 @@ class IdempotencyStore:
             if record_reason.get("Code") == "ConditionalCheckFailed":
                 item = record_reason.get("Item")
                 return _RecordRefused(IdempotencyRecord.from_item(item) if isinstance(item, Mapping) and item else None)
-            for index, reason in enumerate(reasons[1 : len(writes) + 1]):
+            for write, reason in zip(writes, reasons[1:], strict=False):
                 if reason.get("Code") == "ConditionalCheckFailed":
-                    return Refused(writes[index])
+                    return Refused(write, busy=holder is not None and _held_by_another(write, reason, holder))
             codes = sorted({str(reason.get("Code")) for reason in reasons} - {"None"})
             if "TransactionConflict" in codes:
                 raise TransactionConflict(f"transaction cancelled: {', '.join(codes)}") from None
