@@ -31,6 +31,9 @@ class ErrorType(StrEnum):
     # Reading the message itself failed in a way no retry can change (a defect the
     # contract checks did not foresee): dead-lettered with the exception, not retried.
     UNPROCESSABLE_RECORD = "UnprocessableRecord"
+    # A handler's guard or effect that DynamoDB can never take as one transaction (over the item limit,
+    # two actions on one item, an expression it rejects): the handler's mistake, the same on every delivery.
+    INVALID_HANDLER_TRANSACTION = "InvalidHandlerTransaction"
 
 
 # The longest reason a dead letter carries (its ErrorMessage attribute): a reason is written to fit it.

@@ -570,7 +570,6 @@ def test_another_event_type_reusing_a_held_key_does_not_pass_the_hold(make: Make
     assert billing.calls == [k]
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: mixed cancellation reasons")
 def test_a_conflict_on_the_record_beside_a_failed_guard_condition_is_retried_not_refused(make: Make) -> None:
     rig, billing, accounts = make()
     account = accounts.open(5000)
@@ -584,7 +583,6 @@ def test_a_conflict_on_the_record_beside_a_failed_guard_condition_is_retried_not
     assert rig.dead_letters.sent == []
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: invalid transactions")
 def test_a_guard_with_two_actions_on_one_item_is_dead_lettered_at_once_as_the_handlers_mistake(make: Make) -> None:
     rig, billing, accounts = make()
     account = accounts.open(5000)
@@ -601,13 +599,12 @@ def test_a_guard_with_two_actions_on_one_item_is_dead_lettered_at_once_as_the_ha
     result = rig.deliver(k := key(), {"accountId": account, "amountCents": 1000})
 
     assert result.outcome is Outcome.POISON
-    assert [letter["ErrorType"] for letter in rig.dead_letters.sent] == ["InvalidTransaction"]
+    assert [letter["ErrorType"] for letter in rig.dead_letters.sent] == ["InvalidHandlerTransaction"]
     assert "one item" in rig.dead_letters.sent[0]["ErrorMessage"]
     assert billing.calls == []
     assert rig.store.get(f"ChargeRequested#{k}") is None
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: invalid transactions")
 def test_an_effect_over_the_item_limit_is_dead_lettered_at_once_and_its_claim_released(make: Make) -> None:
     rig, billing, accounts = make()
     account = accounts.open(5000)
@@ -624,7 +621,7 @@ def test_an_effect_over_the_item_limit_is_dead_lettered_at_once_and_its_claim_re
     result = rig.deliver(k := key(), {"accountId": account, "amountCents": 1000})
 
     assert result.outcome is Outcome.POISON
-    assert [letter["ErrorType"] for letter in rig.dead_letters.sent] == ["InvalidTransaction"]
+    assert [letter["ErrorType"] for letter in rig.dead_letters.sent] == ["InvalidHandlerTransaction"]
     assert "at most 99" in rig.dead_letters.sent[0]["ErrorMessage"]
     assert billing.calls == [k]
     assert accounts.state(account) == (5000, False)

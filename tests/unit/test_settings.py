@@ -67,7 +67,6 @@ def test_settings_that_cannot_work_together_are_refused_with_their_names(overrid
         Settings.from_env({**REQUIRED, **overrides}, tables=TABLES)
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: the record TTL rule")
 @pytest.mark.parametrize(("ttl_s", "lease_max_ms"), [("900", "900000"), ("60", "900000"), ("1", "1001")])
 def test_a_record_ttl_that_does_not_outlive_the_longest_lease_is_refused_naming_both(
     ttl_s: str, lease_max_ms: str

@@ -38,7 +38,7 @@ from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
 from consumer.conflicts import ConflictRetry
-from consumer.errors import BusinessConditionFailed, TransactionConflict, TransientError
+from consumer.errors import BusinessConditionFailed, ErrorType, PoisonMessage, TransactionConflict, TransientError
 from consumer.idempotency.record import Attr, IdempotencyRecord, Status, encode_result, reservation_token
 from consumer.idempotency.writes import MAX_BUSINESS_WRITES, Write
 
@@ -551,18 +551,34 @@ class IdempotencyStore:
         a failed write whose ``held_by`` attribute carried another token is ``Refused(busy=True)``.
         """
         if len(writes) > MAX_BUSINESS_WRITES:
-            raise ValueError(f"at most {MAX_BUSINESS_WRITES} business writes per message, got {len(writes)}")
+            raise PoisonMessage(
+                ErrorType.INVALID_HANDLER_TRANSACTION,
+                f"at most {MAX_BUSINESS_WRITES} business writes per message (a transaction holds 100 items with"
+                f" the record), got {len(writes)}",
+            )
         items = [record_item, *(write.to_transact_item() for write in writes)]
         try:
             self._call(self._client.transact_write_items, TransactItems=items, ClientRequestToken=token)
         except ClientError as error:
-            if error.response["Error"]["Code"] != "TransactionCanceledException":
+            code = error.response["Error"]["Code"]
+            if code == "ValidationException":
+                # The record's item is the core's own, the same for every message: what DynamoDB cannot take is
+                # in the handler's writes (two actions on one item, an expression it rejects), on every delivery.
+                message = (
+                    f"DynamoDB refused the transaction of the handler's writes: {error.response['Error']['Message']}"
+                )
+                raise PoisonMessage(ErrorType.INVALID_HANDLER_TRANSACTION, message) from None
+            if code != "TransactionCanceledException":
                 raise
             reasons: list[Mapping[str, Any]] = list(error.response.get("CancellationReasons") or [])
             record_reason = reasons[0] if reasons else {}
             if record_reason.get("Code") == "ConditionalCheckFailed":
                 item = record_reason.get("Item")
                 return _RecordRefused(IdempotencyRecord.from_item(item) if isinstance(item, Mapping) and item else None)
+            if record_reason.get("Code") == "TransactionConflict":
+                # DynamoDB may judge the business items against a state the conflicting transaction is changing:
+                # a business condition failed beside it settles nothing, so the whole transaction is tried again.
+                raise TransactionConflict("transaction cancelled: TransactionConflict on the record") from None
             for write, reason in zip(writes, reasons[1:], strict=False):
                 if reason.get("Code") == "ConditionalCheckFailed":
                     return Refused(write, busy=holder is not None and _held_by_another(write, reason, holder))
