@@ -32,7 +32,7 @@ class ErrorType(StrEnum):
     # contract checks did not foresee): dead-lettered with the exception, not retried.
     UNPROCESSABLE_RECORD = "UnprocessableRecord"
     # A handler's guard or effect that DynamoDB can never take as one transaction (over the item limit,
-    # two actions on one item, an expression it rejects): the handler's mistake, the same on every delivery.
+    # two actions on one item): the handler's mistake, the same on every delivery.
     INVALID_HANDLER_TRANSACTION = "InvalidHandlerTransaction"
 
 

@@ -605,6 +605,20 @@ def test_a_guard_with_two_actions_on_one_item_is_dead_lettered_at_once_as_the_ha
     assert rig.store.get(f"ChargeRequested#{k}") is None
 
 
+def test_another_rejection_of_a_guarded_claim_is_retried_not_blamed_on_the_handler(make: Make) -> None:
+    rig, billing, accounts = make()
+    account = accounts.open(5000)
+    Refusals(rig, claim, 1, error="ValidationException")
+
+    result = rig.deliver(k := key(), {"accountId": account, "amountCents": 1000})
+
+    # Not a shape DynamoDB can never take: it may be the core's own request (or a proxy's), so it is retried.
+    assert result.outcome is Outcome.RETRIED
+    assert rig.dead_letters.sent == []
+    assert rig.deliver(k, {"accountId": account, "amountCents": 1000}, receive_count=2).outcome is Outcome.APPLIED
+    assert billing.calls == [k]
+
+
 def test_an_effect_over_the_item_limit_is_dead_lettered_at_once_and_its_claim_released(make: Make) -> None:
     rig, billing, accounts = make()
     account = accounts.open(5000)

@@ -93,6 +93,8 @@ _TRANSIENT_CODES = frozenset(
 )
 # A single-item write to an item that an in-flight transaction holds.
 _CONFLICT_CODE = "TransactionConflictException"
+# What DynamoDB's ValidationException says of a transaction with two actions on one item.
+_ONE_ITEM_TWICE = "multiple operations on one item"
 
 _COMMIT_TOKEN_NAMESPACE = uuid.UUID("6f1c2f4e-4b0a-4a53-9a43-1c3c8e0e9d11")
 _RELEASE_TOKEN_NAMESPACE = uuid.UUID("d67b0bae-1ab0-4361-b58c-7d489a5dd5fc")
@@ -560,13 +562,12 @@ class IdempotencyStore:
         try:
             self._call(self._client.transact_write_items, TransactItems=items, ClientRequestToken=token)
         except ClientError as error:
-            code = error.response["Error"]["Code"]
-            if code == "ValidationException":
-                # The record's item is the core's own, the same for every message: what DynamoDB cannot take is
-                # in the handler's writes (two actions on one item, an expression it rejects), on every delivery.
-                message = (
-                    f"DynamoDB refused the transaction of the handler's writes: {error.response['Error']['Message']}"
-                )
+            code, text = error.response["Error"]["Code"], str(error.response["Error"].get("Message", ""))
+            if code == "ValidationException" and _ONE_ITEM_TWICE in text:
+                # The record is the only item of the core's own, and it is never a business write's: two actions
+                # on one item are the handler's writes, on every delivery. (Other rejections are retried: a
+                # request DynamoDB refuses may be the core's, and the redrive policy bounds it.)
+                message = f"the handler's writes put two actions on one item in a transaction: {text}"
                 raise PoisonMessage(ErrorType.INVALID_HANDLER_TRANSACTION, message) from None
             if code != "TransactionCanceledException":
                 raise
