@@ -50,7 +50,9 @@ class Guard:
     reservation into the final state. Mark the reservation with ``context.reservation_token``
     and let the guard accept a reservation carrying it, whatever the rule says (``(rule AND no
     reservation) OR reservation = :token``): a worker that crashed leaves its reservation, and
-    the redelivery that takes its claim over must pass its own guard.
+    the redelivery that takes its claim over must pass its own guard. Name the attribute that
+    carries the token with the write's ``held_by``: a failure while it carries another message's
+    token is "busy" (the message comes back with the retry backoff), not a refusal.
     """
 
     writes: Sequence[Write]

@@ -10,7 +10,9 @@
 
 A lock-mode claim may carry a guard (conditions and reservations on business items): then
 the claim and the guard are one transaction, the record first, and commit and release carry
-what settles the reservation under the same fence.
+what settles the reservation under the same fence. A guard refused on a takeover releases the
+abandoned claim with the guard's undo (a read, then a release fenced on that claim's owner), so
+no reservation outlives its message.
 
 Every transition is a single conditional write, so DynamoDB, which applies each
 item's conditional writes one at a time, is the arbiter. Commit and release are
