@@ -130,10 +130,14 @@ class LockRig:
         """Past the record's expiry: its key counts as never seen."""
         self.now += PAST_THE_LEASE_S + RECORD_TTL_S
 
-    def deliver(self, key: str, payload: dict[str, Any], receive_count: int = 1) -> MessageResult:
+    def deliver(
+        self, key: str, payload: dict[str, Any], receive_count: int = 1, remaining_ms: int = REMAINING_MS
+    ) -> MessageResult:
+        """One delivery, with ``remaining_ms`` of the invocation left throughout (conflicts are retried while
+        more than the rig's margin, 1 s, is left)."""
         body = {"eventType": self.handler.event_type, "metadata": {"idempotencyKey": key}, "payload": payload}
         record = sqs_record(f"m-{uuid.uuid4().hex[:8]}", json.dumps(body), receive_count=receive_count)
-        return self.processor.execute(self.processor.prepare(record), lambda: REMAINING_MS)
+        return self.processor.execute(self.processor.prepare(record), lambda: remaining_ms)
 
     def crash(self, key: str, payload: dict[str, Any]) -> None:
         """Deliver, expecting the handler to raise ``Crash`` (the worker dies mid-record)."""

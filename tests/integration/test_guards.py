@@ -477,6 +477,22 @@ def test_a_refused_takeover_whose_release_is_throttled_is_retried_with_its_reser
     assert accounts.state(account) == (500, False)
 
 
+def test_a_refused_takeover_whose_release_meets_conflicts_until_out_of_time_is_retried(make: Make) -> None:
+    rig, _, accounts, account, k = crashed_holding(make, rule_always=True)
+    accounts.debit(account, 4500)
+    rig.advance_past_the_lease()
+    conflicts = Refusals(rig, release, 5, reasons=("None", "TransactionConflict"))
+
+    # No time beyond the margin: the first conflict is the last try.
+    result = rig.deliver(k, {"accountId": account, "amountCents": 1000}, receive_count=2, remaining_ms=1_000)
+
+    assert conflicts.left == 4
+    assert result.outcome is Outcome.RETRIED
+    assert "could not be released" in (result.reason or "")
+    assert rig.dead_letters.sent == []
+    assert accounts.state(account) == (500, True)
+
+
 def test_a_poison_whose_release_meets_conflicts_past_the_attempt_limit_is_released_before_its_dead_letter(
     make: Make,
 ) -> None:
