@@ -53,6 +53,7 @@ class BusinessConditionFailed(PoisonMessage):
     """A business write's own condition failed, so its transaction was cancelled."""
 
     def __init__(self, write: Write, *, then: str = "") -> None:
+        self.write = write
         super().__init__(
             ErrorType.BUSINESS_CONDITION_FAILED,
             f"{write.reason + ' (' if write.reason else ''}condition of a {type(write).__name__} on {write.table}"

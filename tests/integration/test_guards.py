@@ -432,6 +432,35 @@ def test_a_refused_takeover_whose_reservation_is_already_gone_still_releases_the
     assert accounts.state(account) == (500, False)
 
 
+def test_a_refused_takeover_releases_what_is_left_of_a_reservation_on_two_items(make: Make) -> None:
+    rig, billing, accounts = make(rule_always=True)
+    account, second = accounts.open(5000), accounts.open(0)
+    guard = rig.handler.guard
+
+    def on_two_accounts(payload: Any, context: MessageContext) -> Guard:
+        built = guard(payload, context)
+        assert built is not None
+        table, token = rig.handler.table_names["AccountTable"], {":token": context.reservation_token}
+        also = Update(table, {"id": second}, "SET holdToken = :token", condition="attribute_not_exists(holdToken)")
+        undo = Update(table, {"id": second}, "REMOVE holdToken", condition="holdToken = :token")
+        return Guard((*built.writes, replace(also, values=token)), (*built.undo, replace(undo, values=token)))
+
+    rig.handler.guard = on_two_accounts  # type: ignore[method-assign]
+    billing.fail_next("crash before the call")
+    rig.crash(k := key(), charge := {"accountId": account, "amountCents": 1000})
+    assert (accounts.state(account), accounts.state(second)) == ((5000, True), (0, True))
+    accounts.clear_hold(account)
+    accounts.debit(account, 4500)
+    rig.advance_past_the_lease()
+
+    result = rig.deliver(k, charge, receive_count=2)
+
+    # The first account's part is gone already; the second's is released with the claim, not left behind.
+    assert (accounts.state(account), accounts.state(second)) == ((500, False), (0, False))
+    assert rig.store.get(f"ChargeRequested#{k}") is None
+    assert (result.outcome, ABANDONED_RELEASED in (result.reason or "")) == (Outcome.POISON, True)
+
+
 def test_a_refused_takeover_leaves_alone_a_claim_another_worker_took_over_meanwhile(
     make: Make, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -383,11 +383,14 @@ class IdempotencyStore:
     def _release_abandoned(self, dead: Claimed, undo: Sequence[Write]) -> bool:
         """Release a dead worker's claim and its reservation with ``undo``, fenced on its owner token as its own
         release would be; False when another worker took the key over meanwhile (left alone)."""
-        try:
-            return self._release(dead, undo)
-        except BusinessConditionFailed:
-            # The reservation is gone already (settled, or cleared by hand): only the claim is left to release.
-            return self._release(dead, ())
+        left = list(undo)
+        while True:
+            try:
+                return self._release(dead, left)
+            except BusinessConditionFailed as refused:
+                # That part of the reservation is gone already (settled, or cleared by hand): the claim and the
+                # rest of the reservation are still to be released. One write fewer each time, so this ends.
+                left.remove(refused.write)
 
     def _release(self, claim: Claimed, undo: Sequence[Write]) -> bool:
         delete: dict[str, Any] = {
