@@ -2,16 +2,17 @@
 
 The charge leaves DynamoDB, so the rule must hold before it, not only at the commit: the guard,
 committed in one transaction with the claim, requires the new period to be later than the paid
-one and marks the renewal pending under this idempotency key. A renewal that would move the
-period backwards is dead-lettered (``BusinessConditionFailed``) and billing is never called, on
-its first delivery or a redrive. The commit sets the period and clears the mark; a failure
-before it clears the mark with the release; a worker that dies leaves the mark, and the
-redelivery that takes its claim over passes the guard with it (same key) and settles it.
+one and marks the renewal pending with this message's reservation token. A renewal that would
+move the period backwards is dead-lettered (``BusinessConditionFailed``) and billing is never
+called, on its first delivery or a redrive. The commit sets the period and clears the mark; a
+failure before it clears the mark with the release; a worker that dies leaves the mark, and the
+redelivery that takes its claim over passes the guard with it (same message, same token) and
+settles it.
 
 What stays at-least-once: a crash after the charge and before the commit charges again, with
 the same ``Idempotency-Key``, which billing must honour. While one renewal of a subscription is
-pending, another (under another key) is refused as well: renewals of one subscription are
-serial, and a refused one can be redriven once the first is settled.
+pending, another waits: it comes back with the retry backoff (``held_by``) rather than being
+refused, so renewals of one subscription are serial.
 
 Not registered: to use it, add it to ``HANDLERS``, a ``SubscriptionTable`` keyed by
 ``subscriptionId`` (S) to template.yaml with its variable and grants (README's checklist "A
@@ -23,6 +24,7 @@ handler with its own table"), and its settings (``BillingSettings``: ``BILLING_W
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, StrictInt
@@ -79,7 +81,7 @@ class SubscriptionRenewedHandler(MessageHandler[SubscriptionRenewed]):
         return f"SubscriptionTable/{payload.subscriptionId}"
 
     def _write(self, payload: SubscriptionRenewed, context: MessageContext, expression: str, condition: str) -> Update:
-        values = {":key": context.idempotency_key, ":through": payload.paidThrough}
+        values = {":token": context.reservation_token, ":through": payload.paidThrough}
         return Update(
             table=self.table_names["SubscriptionTable"],
             key={"subscriptionId": payload.subscriptionId},
@@ -94,15 +96,20 @@ class SubscriptionRenewedHandler(MessageHandler[SubscriptionRenewed]):
         )
 
     def guard(self, payload: SubscriptionRenewed, context: MessageContext) -> Guard:
-        reserve = self._write(
-            payload,
-            context,
-            "SET pendingKey = :key, pendingThrough = :through",
-            # Its own mark passes: the redelivery that takes a dead worker's claim over.
-            "(attribute_not_exists(pendingKey) OR pendingKey = :key)"
-            " AND (attribute_not_exists(paidThrough) OR paidThrough < :through)",
+        reserve = replace(
+            self._write(
+                payload,
+                context,
+                "SET pendingToken = :token, pendingThrough = :through",
+                # The rule where nothing is pending; its own mark passes whatever the period says now: the
+                # redelivery that takes a dead worker's claim over settles the mark it left.
+                "(attribute_not_exists(pendingToken) AND (attribute_not_exists(paidThrough) OR paidThrough < :through))"
+                " OR pendingToken = :token",
+            ),
+            # Another renewal's mark: busy, so this one comes back later instead of being refused.
+            held_by="pendingToken",
         )
-        undo = self._write(payload, context, "REMOVE pendingKey, pendingThrough", "pendingKey = :key")
+        undo = self._write(payload, context, "REMOVE pendingToken, pendingThrough", "pendingToken = :token")
         return Guard(writes=(reserve,), undo=(undo,))
 
     def handle(self, payload: SubscriptionRenewed, context: MessageContext) -> Effect:
@@ -113,7 +120,7 @@ class SubscriptionRenewedHandler(MessageHandler[SubscriptionRenewed]):
         settle = self._write(
             payload,
             context,
-            "SET paidThrough = :through REMOVE pendingKey, pendingThrough",
-            "pendingKey = :key",
+            "SET paidThrough = :through REMOVE pendingToken, pendingThrough",
+            "pendingToken = :token",
         )
         return Effect(result={"paidThrough": payload.paidThrough, "billingStatus": status}, writes=(settle,))

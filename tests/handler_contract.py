@@ -32,7 +32,7 @@ from consumer.app import wire
 from consumer.config import Settings
 from consumer.envelope import payload_hash
 from consumer.handler import Effect, Guard, MessageContext, MessageHandler
-from consumer.idempotency.record import Attr
+from consumer.idempotency.record import Attr, reservation_token
 from consumer.idempotency.store import COMMIT_UPDATE
 from consumer.idempotency.writes import ConditionCheck, Write
 from consumer.outcome import MessageResult, Outcome
@@ -255,6 +255,8 @@ REUSED = "the same key with other content changes nothing and is dead-lettered a
 CONCURRENT = "concurrent deliveries of one key leave the state one delivery leaves"
 CRASH = "a crash after the claim and before the commit, then the redelivery, leave one delivery's state"
 GUARD = "a message refused by its guard makes no call, first delivery and redrive"
+TAKEOVER_REFUSED = "a crash after the guard's reservation, then a takeover its guard refuses, leave nothing of it"
+BUSY = "a message meeting another message's reservation waits: retried, never dead-lettered"
 SCHEMA = "a payload the model refuses is dead-lettered as SchemaViolation with nothing written"
 PURE = "an optimistic handler makes no call outside DynamoDB"
 TABLES = "every write targets a declared table"
@@ -427,17 +429,11 @@ def planted_refusal(rig: Rig, guard: Guard) -> Guard:
     return Guard((*guard.writes, check), guard.undo)
 
 
-def refused_guard_makes_no_call(rig: Rig, subject: Subject, payload: Payload) -> str | None:
-    """Lock mode with a guard: the handler's own guard, with a refusal the contract plants in it."""
-    key = _fresh_key()
-    rig.seed(subject, payload)
-    before = rig.items()
-    rig.sink.clear()
-    calls = rig.calls.setdefault(subject.name, Calls())
-    handled = calls.handled
+def refusing(rig: Rig, subject: Subject) -> Subject:
+    """The subject with a refusal the contract plants in its own guard."""
     original = subject.make
 
-    def refusing(settings: Settings, url: str) -> MessageHandler[Any]:
+    def make(settings: Settings, url: str) -> MessageHandler[Any]:
         handler = original(settings, url)
         guard = handler.guard
 
@@ -447,7 +443,18 @@ def refused_guard_makes_no_call(rig: Rig, subject: Subject, payload: Payload) ->
         handler.guard = refused  # type: ignore[method-assign]
         return handler
 
-    refused_subject = Subject(subject.handler, refusing)
+    return Subject(subject.handler, make)
+
+
+def refused_guard_makes_no_call(rig: Rig, subject: Subject, payload: Payload) -> str | None:
+    """Lock mode with a guard: the handler's own guard, with a refusal the contract plants in it."""
+    key = _fresh_key()
+    rig.seed(subject, payload)
+    before = rig.items()
+    rig.sink.clear()
+    calls = rig.calls.setdefault(subject.name, Calls())
+    handled = calls.handled
+    refused_subject = refusing(rig, subject)
     for delivery, record in (
         ("first delivery", rig.message(subject, key, payload)),
         ("redrive", rig.message(subject, key, payload)),
@@ -461,6 +468,68 @@ def refused_guard_makes_no_call(rig: Rig, subject: Subject, payload: Payload) ->
         if rig.items() != before or rig.record_status(subject, key) is not None:
             what = f"the {delivery} refused by the guard wrote: {differences(before, rig.items())}"
             return line(subject, GUARD, payload, what)
+    return None
+
+
+def _crashed_at_the_commit(rig: Rig, subject: Subject, key: str, payload: Payload) -> Any:
+    """The message delivered by a worker that dies as it sends the commit (its reservation standing): its record,
+    or None when no commit was reached (refused, or poison: nothing left to take over)."""
+    rig.seed(subject, payload)
+    record = rig.message(subject, key, payload)
+    try:
+        rig.deliver(subject, record, session=dying_at_the_commit())
+    except Crash:
+        rig.crashes += 1
+        return record
+    return None
+
+
+def _left_of(rig: Rig, subject: Subject, key: str, payload: Payload) -> list[str]:
+    """The declared tables' items that still carry the message: its reservation token or its key."""
+    token = reservation_token(f"{subject.name}#{key}", payload_hash(payload))
+    return [item for items in rig.items().values() for item in items if token in item or key in item]
+
+
+def refused_takeover_leaves_nothing(rig: Rig, subject: Subject, payload: Payload) -> str | None:
+    """Lock mode with a guard: the redelivery that takes a dead worker's claim over is refused by its guard (the
+    rule changed meanwhile; here a refusal the contract plants), and the core must release the abandoned claim with
+    the handler's ``undo``: no reservation, no record left."""
+    key = _fresh_key()
+    record = _crashed_at_the_commit(rig, subject, key, payload)
+    if record is None:
+        return None
+    rig.advance_past_the_lease()
+    again = rig.message(subject, key, payload, record["messageId"], receives=2)
+    result = rig.deliver(refusing(rig, subject), again)
+    if result.outcome is not Outcome.POISON or not (result.reason or "").startswith("BusinessConditionFailed"):
+        return line(subject, TAKEOVER_REFUSED, payload, f"the refused takeover ended {_ending(result)}")
+    if (status := rig.record_status(subject, key)) is not None:
+        return line(subject, TAKEOVER_REFUSED, payload, f"the abandoned claim was left {status}")
+    if left := _left_of(rig, subject, key, payload):
+        what = f"the message's reservation outlived it: {left[0][:300]}"
+        return line(subject, TAKEOVER_REFUSED, payload, what, "let undo take back every write of the guard")
+    return None
+
+
+def busy_waits(rig: Rig, subject: Subject, payload: Payload) -> str | None:
+    """Lock mode with a guard: while a dead worker's reservation stands (its lease running), the same payload under
+    another key meets it, and must come back later, not be dead-lettered; the first is then settled."""
+    first = _fresh_key()
+    record = _crashed_at_the_commit(rig, subject, first, payload)
+    if record is None:
+        return None
+    before, calls = rig.items(), len(rig.called_keys())
+    waiting = rig.deliver(subject, rig.message(subject, _fresh_key(), payload))
+    after, called = rig.items(), len(rig.called_keys()) - calls
+    rig.advance_past_the_lease()
+    rig.deliver(subject, rig.message(subject, first, payload, record["messageId"], receives=2))
+    if waiting.outcome is Outcome.POISON:
+        what = f"the message meeting another's reservation ended {_ending(waiting)}"
+        advice = "mark the reserving write with held_by=<the attribute carrying context.reservation_token>"
+        return line(subject, BUSY, payload, what, advice)
+    if waiting.outcome.is_failure and (after != before or called):
+        what = f"the message that waits wrote {differences(before, after)} and made {called} call(s)"
+        return line(subject, BUSY, payload, what)
     return None
 
 

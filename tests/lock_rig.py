@@ -12,7 +12,11 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
+
+from botocore.awsrequest import AWSResponse
+from botocore.compat import HTTPHeaders
 
 from consumer.config import Settings
 from consumer.conflicts import ConflictRetry
@@ -30,10 +34,58 @@ if TYPE_CHECKING:
 # The invocation's time left at each delivery: the lease is this less the margin.
 REMAINING_MS = 60_000
 PAST_THE_LEASE_S = REMAINING_MS / 1000 + 1
+RECORD_TTL_S = 3600
 
 
 class Crash(BaseException):
     """The worker dies here: no ``except Exception`` stops it, so nothing is released."""
+
+
+# Which of the store's transactions a request is, by its first item (the record's).
+Transition = Callable[[dict[str, Any]], bool]
+
+
+def release(first: dict[str, Any]) -> bool:
+    return "Delete" in first
+
+
+def claim(first: dict[str, Any]) -> bool:
+    return "Update" in first and first["Update"]["ConditionExpression"].startswith("attribute_not_exists")
+
+
+class Refusals:
+    """Answers the next ``count`` transactions of one kind (``release``, ``claim``) as DynamoDB refuses them,
+    without sending them: ``reasons`` gives each item's cancellation code by position (the record first),
+    or ``error`` a whole request's error code (throttled). A fault put where the test says, never by chance."""
+
+    def __init__(
+        self,
+        rig: LockRig,
+        transition: Transition,
+        count: int,
+        *,
+        reasons: tuple[str, ...] = (),
+        error: str = "TransactionCanceledException",
+    ) -> None:
+        self.left = count
+        self._transition = transition
+        self._reasons = reasons
+        self._error = error
+        rig.dynamodb.meta.events.register("before-call.dynamodb.TransactWriteItems", self._answer)
+
+    def _answer(self, params: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict[str, Any]] | None:
+        items = json.loads(params["body"])["TransactItems"]
+        if self.left <= 0 or not self._transition(items[0]):
+            return None
+        self.left -= 1
+        answer: dict[str, Any] = {
+            "ResponseMetadata": {"HTTPStatusCode": 400},
+            "Error": {"Code": self._error, "Message": f"{self._error} (planted)"},
+        }
+        if self._error == "TransactionCanceledException":
+            codes = [*self._reasons, *["None"] * len(items)][: len(items)]
+            answer["CancellationReasons"] = [{"Code": code} for code in codes]
+        return AWSResponse("", 400, HTTPHeaders(), None), answer
 
 
 class DeadLetters:
@@ -55,7 +107,7 @@ class LockRig:
         self.dynamodb = dynamodb_local.client()
         conflicts = ConflictRetry(base_ms=5, max_ms=50, attempts=10, margin_ms=1_000)
         self.store = IdempotencyStore(
-            self.dynamodb, idempotency_table, ttl_seconds=3600, clock=self.clock, conflicts=conflicts
+            self.dynamodb, idempotency_table, ttl_seconds=RECORD_TTL_S, clock=self.clock, conflicts=conflicts
         )
         self.dead_letters = DeadLetters()
         self.handler = handler
@@ -74,10 +126,18 @@ class LockRig:
     def advance_past_the_lease(self) -> None:
         self.now += PAST_THE_LEASE_S
 
-    def deliver(self, key: str, payload: dict[str, Any], receive_count: int = 1) -> MessageResult:
+    def advance_past_the_record(self) -> None:
+        """Past the record's expiry: its key counts as never seen."""
+        self.now += PAST_THE_LEASE_S + RECORD_TTL_S
+
+    def deliver(
+        self, key: str, payload: dict[str, Any], receive_count: int = 1, remaining_ms: int = REMAINING_MS
+    ) -> MessageResult:
+        """One delivery, with ``remaining_ms`` of the invocation left throughout (conflicts are retried while
+        more than the rig's margin, 1 s, is left)."""
         body = {"eventType": self.handler.event_type, "metadata": {"idempotencyKey": key}, "payload": payload}
         record = sqs_record(f"m-{uuid.uuid4().hex[:8]}", json.dumps(body), receive_count=receive_count)
-        return self.processor.execute(self.processor.prepare(record), lambda: REMAINING_MS)
+        return self.processor.execute(self.processor.prepare(record), lambda: remaining_ms)
 
     def crash(self, key: str, payload: dict[str, Any]) -> None:
         """Deliver, expecting the handler to raise ``Crash`` (the worker dies mid-record)."""

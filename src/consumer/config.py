@@ -119,6 +119,12 @@ class Settings(BaseModel):
             raise refuse("retry_backoff_base_seconds", "retry_backoff_max_seconds", "the cap would undercut the base")
         if self.conflict_retry_base_ms > self.conflict_retry_max_ms:
             raise refuse("conflict_retry_base_ms", "conflict_retry_max_ms", "the cap would undercut the base")
+        if self.idempotency_ttl_seconds * 1000 <= self.lease_max_ms:
+            # A record expired under its owner's lease counts as absent: a duplicate would be applied meanwhile.
+            raise ConfigurationError(
+                f"IDEMPOTENCY_TTL_SECONDS={self.idempotency_ttl_seconds} must outlive LEASE_MAX_MS={self.lease_max_ms}"
+                " (the longest lease): a record expiring under its owner's lease lets a duplicate run meanwhile"
+            )
         return self
 
     def every_table(self) -> dict[str, str]:

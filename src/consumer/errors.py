@@ -34,6 +34,9 @@ class ErrorType(StrEnum):
     # Reading the message itself failed in a way no retry can change (a defect the
     # contract checks did not foresee): dead-lettered with the exception, not retried.
     UNPROCESSABLE_RECORD = "UnprocessableRecord"
+    # A handler's guard or effect that DynamoDB can never take as one transaction (over the item limit,
+    # two actions on one item): the handler's mistake, the same on every delivery.
+    INVALID_HANDLER_TRANSACTION = "InvalidHandlerTransaction"
 
 
 # The longest reason a dead letter carries (its ErrorMessage attribute): a reason is written to fit it.
@@ -67,11 +70,12 @@ class PoisonMessage(Exception):
 class BusinessConditionFailed(PoisonMessage):
     """A business write's own condition failed, so its transaction was cancelled."""
 
-    def __init__(self, write: Write) -> None:
+    def __init__(self, write: Write, *, then: str = "") -> None:
+        self.write = write
         super().__init__(
             ErrorType.BUSINESS_CONDITION_FAILED,
             f"{write.reason + ' (' if write.reason else ''}condition of a {type(write).__name__} on {write.table}"
-            f" failed: {write.condition}{')' if write.reason else ''}",
+            f" failed: {write.condition}{')' if write.reason else ''}{'; ' + then if then else ''}",
         )
 
 

@@ -8,6 +8,7 @@ list as input (``consumer.lambda_handler``); it never imports your code.
 
 from __future__ import annotations
 
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,13 +49,20 @@ class Guard:
     dead-lettered as ``BusinessConditionFailed`` with that write's ``reason``. ``undo`` takes
     the reservation back; it is applied with the release, in the same transaction fenced on
     the claim, when the message fails before its commit. The commit's own writes must turn the
-    reservation into the final state. Mark the reservation with the idempotency key and let
-    the guard accept a reservation carrying it: a worker that crashed leaves its reservation,
-    and the redelivery that takes its claim over must pass its own guard.
+    reservation into the final state. Mark the reservation with ``context.reservation_token``
+    and let the guard accept a reservation carrying it, whatever the rule says (``(rule AND no
+    reservation) OR reservation = :token``): a worker that crashed leaves its reservation, and
+    the redelivery that takes its claim over must pass its own guard. Name the attribute that
+    carries the token with the write's ``held_by``: a failure while it carries another message's
+    token is "busy" (the message comes back with the retry backoff), not a refusal.
     """
 
     writes: Sequence[Write]
     undo: Sequence[Write] = field(default_factory=tuple)
+
+
+def _unbound_token() -> str:
+    return f"unbound:{uuid.uuid4()}"
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,11 @@ class MessageContext:
     receive_count: int
     # Milliseconds left before the lease (lock mode) or the invocation runs out.
     remaining_ms: Callable[[], int]
+    # Mark a guard's reservation with this and let the guard pass a reservation carrying it: the core derives
+    # it from the message's record (event type and key) and payload hash, so only a delivery of the same
+    # message passes. A context the core did not build (a tool calling ``handle`` alone) gets one that no
+    # reservation carries, never one that passes another message's.
+    reservation_token: str = field(default_factory=_unbound_token)
 
 
 PayloadT = TypeVar("PayloadT", bound=BaseModel)

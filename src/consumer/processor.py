@@ -24,6 +24,7 @@ from consumer.errors import (
 )
 from consumer.handler import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.lease import lease_duration
+from consumer.idempotency.record import reservation_token
 from consumer.idempotency.store import (
     Applied,
     ApplyResult,
@@ -43,6 +44,11 @@ from consumer.idempotency.writes import Write
 from consumer.outcome import Log, MessageResult, Outcome
 from consumer.prepared import Parsed, Prepared, Rejected, prepare
 from consumer.report import Reporter
+
+# What a dead letter adds when its refusal took over a dead worker's claim: nothing of the message is left behind.
+ABANDONED_RELEASED = "the abandoned claim and its reservation were released"
+# What a message met that waits for another message's hold to settle: back to the queue, with backoff.
+BUSY = "held by another message, so not refused"
 
 
 class MessageProcessor:
@@ -117,7 +123,9 @@ class MessageProcessor:
         guard = parsed.handler.guard(parsed.payload, self._context(item, parsed, remaining_ms))
         reserve, undo = (tuple(guard.writes), tuple(guard.undo)) if guard else ((), ())
         parsed.check_tables((*reserve, *undo))
-        claim = self._store.claim(message.record_id, message.payload_hash, lease_ms, reserve, remaining_ms=remaining_ms)
+        claim = self._store.claim(
+            message.record_id, message.payload_hash, lease_ms, reserve, undo=undo, remaining_ms=remaining_ms
+        )
         if not isinstance(claim, Claimed):
             # Refused: nothing was claimed or reserved, and handle never ran: no call was made.
             return self._settle(item, claim)
@@ -131,6 +139,8 @@ class MessageProcessor:
             # lands unless another worker took the key over, and this message cannot come back to
             # one before this invocation hands it back.
             commit = self._store.commit(claim, effect.result, tuple(effect.writes), remaining_ms=remaining_ms)
+        except PoisonMessage as poison:
+            return self._poison_once_released(item, claim, undo, poison, remaining_ms)
         except Exception:
             # Safe even when a commit was in fact applied: release is fenced on IN_PROGRESS. (A process
             # that dies releases nothing; its lease runs out, and the guard's reservation waits for the
@@ -138,9 +148,10 @@ class MessageProcessor:
             self._release_quietly(item, claim, undo, remaining_ms)
             raise
         if isinstance(commit, Refused):
-            self._release_quietly(item, claim, undo, remaining_ms)
-        # A Contended commit keeps its claim: until its lease ends nobody repeats the external call.
-        result = self._settle(item, commit)
+            result = self._poison_once_released(item, claim, undo, BusinessConditionFailed(commit.write), remaining_ms)
+        else:
+            # A Contended commit keeps its claim: until its lease ends nobody repeats the external call.
+            result = self._settle(item, commit)
         absorbed = claim.conflicts_absorbed + result.conflicts_absorbed
         return replace(result, conflicts_absorbed=absorbed) if absorbed else result
 
@@ -156,8 +167,12 @@ class MessageProcessor:
             case PayloadMismatch():
                 reason = f"key {item.idempotency_key!r} was used before for a different payload"
                 result = self._report.dead_letter(item, PoisonMessage(ErrorType.IDEMPOTENCY_KEY_REUSED, reason))
+            case Refused(busy=True):
+                # Held by another message still at work (or a dead one whose lease will end): it settles soon.
+                result = self._report.retry(item, f"{BUSY}: {BusinessConditionFailed(answer.write).message}")
             case Refused():
-                result = self._report.dead_letter(item, BusinessConditionFailed(answer.write))
+                then = ABANDONED_RELEASED if answer.abandoned_released else ""
+                result = self._report.dead_letter(item, BusinessConditionFailed(answer.write, then=then))
             case Fenced():
                 # Fenced out: whoever took the key over owns the outcome now.
                 result = self._report.retry(item, answer.reason)
@@ -170,11 +185,13 @@ class MessageProcessor:
 
     @staticmethod
     def _context(item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> MessageContext:
+        message = parsed.message
         return MessageContext(
             message_id=item.message_id,
-            idempotency_key=parsed.message.idempotency_key,
-            receive_count=parsed.message.receive_count,
+            idempotency_key=message.idempotency_key,
+            receive_count=message.receive_count,
             remaining_ms=remaining_ms,
+            reservation_token=reservation_token(message.record_id, message.payload_hash),
         )
 
     def _handle(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> Effect:
@@ -182,9 +199,28 @@ class MessageProcessor:
         parsed.check_tables(effect.writes)
         return effect
 
+    def _poison_once_released(
+        self,
+        item: Prepared,
+        claim: Claimed,
+        undo: Sequence[Write],
+        poison: PoisonMessage,
+        remaining_ms: Callable[[], int],
+    ) -> MessageResult:
+        """Dead-letter a claimed message once its claim and reservation are released; retry it while they stand.
+
+        Dead-lettered with its reservation standing, the message that alone could settle it would sit in the
+        DLQ (or be purged): retried, it comes back after the lease and its takeover releases them.
+        """
+        unreleased = self._release_quietly(item, claim, undo, remaining_ms)
+        if unreleased is not None:
+            return self._report.retry(item, f"release failed ({unreleased}), so not yet dead-lettered: {poison}")
+        return self._report.dead_letter(item, poison)
+
     def _release_quietly(
         self, item: Prepared, claim: Claimed, undo: Sequence[Write], remaining_ms: Callable[[], int]
-    ) -> None:
+    ) -> str | None:
+        """Release; the error when the claim and its reservation may still stand, None when nothing of ours does."""
         try:
             if not self._store.release(claim, undo, remaining_ms=remaining_ms):
                 self._logger.warning(
@@ -193,4 +229,8 @@ class MessageProcessor:
                 )
         except Exception as error:
             # The lease still runs out, so the key frees itself; nothing is stuck.
-            self._logger.warning("release failed", extra={**item.log_keys(), "error": bounded(str(error))})
+            reason = bounded(str(error))
+            self._logger.warning("release failed", extra={**item.log_keys(), "error": reason})
+            # An undo refused by its condition: the reservation is no longer this message's to take back.
+            return None if isinstance(error, BusinessConditionFailed) else reason
+        return None

@@ -16,6 +16,7 @@ import json
 import socket
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import pytest
@@ -63,7 +64,8 @@ class Hold(BaseModel):
 
 
 class GuardedCallHandler(MessageHandler[Hold]):
-    """Lock mode with a guard: holds an item under the key, calls the sink with the key, then settles the hold."""
+    """Lock mode with a guard: holds an item under its reservation token, calls the sink with the key, then settles
+    the hold."""
 
     event_type: ClassVar[str] = "ContractGuardedCall"
     mode: ClassVar[Mode] = Mode.LOCK
@@ -74,22 +76,25 @@ class GuardedCallHandler(MessageHandler[Hold]):
         super().__init__(settings)
         self.client = WebhookClient(f"{url}/{self.event_type}", "the contract's sink")
 
-    def _held(self, payload: Hold, key: str, expression: str, condition: str, **values: Any) -> Update:
+    def _held(self, payload: Hold, token: str, expression: str, condition: str, **values: Any) -> Update:
         table = self.table_names[HOLD_TABLE]
-        return Update(table, {"holdId": payload.holdId}, expression, condition, values={":key": key, **values})
+        return Update(table, {"holdId": payload.holdId}, expression, condition, values={":token": token, **values})
 
     def guard(self, payload: Hold, context: MessageContext) -> Guard:
-        key = context.idempotency_key
-        hold = self._held(payload, key, "SET heldBy = :key", "attribute_not_exists(heldBy) OR heldBy = :key")
-        return Guard((hold,), (self._held(payload, key, "REMOVE heldBy", "heldBy = :key"),))
+        token = context.reservation_token
+        hold = replace(
+            self._held(payload, token, "SET heldBy = :token", "attribute_not_exists(heldBy) OR heldBy = :token"),
+            held_by="heldBy",
+        )
+        return Guard((hold,), (self._held(payload, token, "REMOVE heldBy", "heldBy = :token"),))
 
     def handle(self, payload: Hold, context: MessageContext) -> Effect:
         status = self.client.post(json.dumps(payload.model_dump()).encode(), context.idempotency_key, 2.0)
         settle = self._held(
             payload,
-            context.idempotency_key,
+            context.reservation_token,
             "REMOVE heldBy SET amount = :amount, callStatus = :status",
-            "heldBy = :key",
+            "heldBy = :token",
             **{":amount": payload.amount, ":status": status},
         )
         return Effect({"status": status}, (settle,))
@@ -191,16 +196,31 @@ def test_concurrent_deliveries_leave_one_deliverys_state(rig: Rig, subject: Subj
     _holds(contract.concurrent_deliveries_leave_one, rig, subject, _cases(subject, contract.CONCURRENT))
 
 
+def _holds_past_a_crash(rule: Callable[..., str | None], rig: Rig, subject: Subject, name: str) -> None:
+    """A rule that crashes a delivery at its commit: it holds, and at least one drawn payload reached the commit."""
+    crashes = rig.crashes
+    _holds(rule, rig, subject, _cases(subject, name))
+    assert rig.crashes > crashes, f"{subject.name}: no drawn payload reached its commit; {contract.SEEDS}"
+
+
 @lock_handlers
 def test_a_crash_before_the_commit_then_the_redelivery_leave_one_deliverys_state(rig: Rig, subject: Subject) -> None:
-    crashes = rig.crashes
-    _holds(contract.crash_before_commit_leaves_one, rig, subject, _cases(subject, contract.CRASH))
-    assert rig.crashes > crashes, f"{subject.name}: no drawn payload reached its commit; {contract.SEEDS}"
+    _holds_past_a_crash(contract.crash_before_commit_leaves_one, rig, subject, contract.CRASH)
 
 
 @guarded_handlers
 def test_a_message_refused_by_its_guard_makes_no_call(rig: Rig, subject: Subject) -> None:
     _holds(contract.refused_guard_makes_no_call, rig, subject, _cases(subject, contract.GUARD))
+
+
+@guarded_handlers
+def test_a_takeover_refused_by_its_guard_leaves_nothing_of_the_message(rig: Rig, subject: Subject) -> None:
+    _holds_past_a_crash(contract.refused_takeover_leaves_nothing, rig, subject, contract.TAKEOVER_REFUSED)
+
+
+@guarded_handlers
+def test_a_message_meeting_another_messages_reservation_waits(rig: Rig, subject: Subject) -> None:
+    _holds_past_a_crash(contract.busy_waits, rig, subject, contract.BUSY)
 
 
 @every_handler
@@ -286,6 +306,21 @@ def test_control_guard_skipped(rig: Rig, subject: Subject, monkeypatch: pytest.M
 
     monkeypatch.setattr(IdempotencyStore, "claim", unguarded)
     _broken(contract.refused_guard_makes_no_call, rig, subject, _cases(subject, CONTROL + contract.GUARD))
+
+
+@guarded_handlers
+def test_control_takeover_refused_without_releasing_the_abandoned_claim(
+    rig: Rig, subject: Subject, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(IdempotencyStore, "_release_abandoned", lambda self, dead, undo: False)
+    cases = _cases(subject, CONTROL + contract.TAKEOVER_REFUSED)
+    _broken(contract.refused_takeover_leaves_nothing, rig, subject, cases)
+
+
+@guarded_handlers
+def test_control_busy_read_as_refused(rig: Rig, subject: Subject, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store, "_held_by_another", lambda write, reason, holder: False)
+    _broken(contract.busy_waits, rig, subject, _cases(subject, CONTROL + contract.BUSY))
 
 
 @every_handler

@@ -58,11 +58,11 @@ class Trial:
         payload = {"subscriptionId": self.subscription, "paidThrough": through, "amountCents": 990}
         return self.rig.deliver(key, payload, receive_count).outcome
 
-    def state(self) -> tuple[int, str | None]:
-        """The paid-up period and the key of the renewal pending on it, if any."""
+    def state(self) -> tuple[int, bool]:
+        """The paid-up period, and whether a renewal is pending on it."""
         item = self.rig.item(self.table, {"subscriptionId": {"S": self.subscription}})
         assert item is not None
-        return int(item["paidThrough"]["N"]), item.get("pendingKey", {}).get("S")
+        return int(item["paidThrough"]["N"]), "pendingToken" in item
 
     def record_status(self, key: str) -> Status | None:
         record = self.rig.store.get(f"SubscriptionRenewed#{key}")
@@ -86,7 +86,7 @@ def refused_renewal(trial: Trial) -> list[str | None]:
     assert trial.renew("renew-back", 202405) is Outcome.POISON
     letters = trial.rig.dead_letters.sent
     assert [letter["ErrorType"] for letter in letters] == ["BusinessConditionFailed"] * 2
-    assert trial.state() == (202406, None)
+    assert trial.state() == (202406, False)
     assert trial.record_status("renew-back") is None
     return trial.billing.keys()
 
@@ -107,7 +107,7 @@ def test_negative_control_without_the_guard_the_refused_renewal_is_charged(
 def test_an_accepted_renewal_charges_once_and_commits(trial: Trial) -> None:
     assert trial.renew("renew-07", 202407) is Outcome.APPLIED
     assert trial.billing.keys() == ["renew-07"]
-    assert trial.state() == (202407, None)
+    assert trial.state() == (202407, False)
     assert trial.record_status("renew-07") is Status.COMPLETED
     assert trial.renew("renew-07", 202407) is Outcome.DUPLICATE
     assert trial.billing.keys() == ["renew-07"]
@@ -117,11 +117,11 @@ def test_a_transient_failure_releases_the_claim_and_the_pending_mark_together(tr
     trial.billing.answer_next(Answer(status=503))
     assert trial.renew("renew-07", 202407) is Outcome.RETRIED
     assert trial.record_status("renew-07") is None
-    assert trial.state() == (202406, None)
+    assert trial.state() == (202406, False)
 
     assert trial.renew("renew-07", 202407, receive_count=2) is Outcome.APPLIED
     assert trial.billing.keys() == ["renew-07", "renew-07"]
-    assert trial.state() == (202407, None)
+    assert trial.state() == (202407, False)
 
 
 def test_a_crash_after_the_mark_is_taken_over_and_settled(trial: Trial, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,7 +134,7 @@ def test_a_crash_after_the_mark_is_taken_over_and_settled(trial: Trial, monkeypa
     monkeypatch.setattr(trial.handler._billing, "post", charge_then_die)
     with pytest.raises(Crash):
         trial.renew("renew-07", 202407)
-    assert trial.state() == (202406, "renew-07")
+    assert trial.state() == (202406, True)
     monkeypatch.undo()
 
     assert trial.renew("renew-07", 202407, receive_count=2) is Outcome.IN_FLIGHT
@@ -142,5 +142,27 @@ def test_a_crash_after_the_mark_is_taken_over_and_settled(trial: Trial, monkeypa
     assert trial.renew("renew-07", 202407, receive_count=3) is Outcome.APPLIED
     # At-least-once across the crash: charged again, with the same key for billing to recognise.
     assert trial.billing.keys() == ["renew-07", "renew-07"]
-    assert trial.state() == (202407, None)
+    assert trial.state() == (202407, False)
     assert trial.record_status("renew-07") is Status.COMPLETED
+
+
+def test_a_renewal_meeting_another_pending_one_waits_and_applies_once_it_is_settled(
+    trial: Trial, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def die(*args: Any, **kwargs: Any) -> int:
+        raise Crash
+
+    monkeypatch.setattr(trial.handler._billing, "post", die)
+    with pytest.raises(Crash):
+        trial.renew("renew-07", 202407)
+    monkeypatch.undo()
+
+    assert trial.renew("renew-08", 202408) is Outcome.RETRIED
+    assert trial.rig.dead_letters.sent == []
+    assert trial.billing.keys() == []
+
+    trial.rig.advance_past_the_lease()
+    assert trial.renew("renew-07", 202407, receive_count=2) is Outcome.APPLIED
+    assert trial.renew("renew-08", 202408, receive_count=2) is Outcome.APPLIED
+    assert trial.billing.keys() == ["renew-07", "renew-08"]
+    assert trial.state() == (202408, False)

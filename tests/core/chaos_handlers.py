@@ -2,8 +2,8 @@
 
 ``GuardedPeriod``: a lock-mode handler with a guard, whatever the examples are. Its rule, a paid-up period that
 only moves forward, is checked with the claim, before its outside call (to the run's webhook sink): the guard
-marks the item pending under the idempotency key, the commit settles it, a release undoes it. Its table is not
-in the template: the harness makes it in the idempotency table's shape (key ``id``).
+marks the item pending with the message's reservation token, the commit settles it, a release undoes it. Its
+table is not in the template: the harness makes it in the idempotency table's shape (key ``id``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, StrictInt
@@ -53,8 +54,8 @@ class GuardedPeriod(MessageHandler[Period]):
     def contention_key(self, payload: Period) -> str:
         return payload.itemId
 
-    def _write(self, payload: Period, key: str, expression: str, condition: str) -> Update:
-        values = {":key": key, ":through": payload.through}
+    def _write(self, payload: Period, token: str, expression: str, condition: str) -> Update:
+        values = {":token": token, ":through": payload.through}
         return Update(
             self.table_names["ChaosPeriodTable"],
             {"id": payload.itemId},
@@ -65,21 +66,24 @@ class GuardedPeriod(MessageHandler[Period]):
         )
 
     def guard(self, payload: Period, context: MessageContext) -> Guard:
-        key = context.idempotency_key
-        reserve = self._write(
-            payload,
-            key,
-            "SET pendingKey = :key",
-            "(attribute_not_exists(pendingKey) OR pendingKey = :key)"
-            " AND (attribute_not_exists(through) OR through < :through)",
+        token = context.reservation_token
+        reserve = replace(
+            self._write(
+                payload,
+                token,
+                "SET pendingToken = :token",
+                "(attribute_not_exists(pendingToken) AND (attribute_not_exists(through) OR through < :through))"
+                " OR pendingToken = :token",
+            ),
+            held_by="pendingToken",
         )
-        return Guard((reserve,), undo=(self._write(payload, key, "REMOVE pendingKey", "pendingKey = :key"),))
+        return Guard((reserve,), undo=(self._write(payload, token, "REMOVE pendingToken", "pendingToken = :token"),))
 
     def handle(self, payload: Period, context: MessageContext) -> Effect:
         deadline_s = max(0.1, min(self._timeout_ms, context.remaining_ms()) / 1000)
         self._webhook.post(json.dumps(payload.model_dump()).encode(), context.idempotency_key, deadline_s)
         settle = self._write(
-            payload, context.idempotency_key, "SET through = :through REMOVE pendingKey", "pendingKey = :key"
+            payload, context.reservation_token, "SET through = :through REMOVE pendingToken", "pendingToken = :token"
         )
         return Effect(result={"through": payload.through}, writes=(settle,))
 

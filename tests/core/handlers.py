@@ -11,7 +11,7 @@ tests' own, with tables of their own (created by the tests, not in ``template.ya
 - ``CallHandler`` (lock, ``CallRequested``): POSTs to a webhook through ``WebhookClient`` with the
   ``Idempotency-Key``, then records the call (its status and key) in its table.
 - ``HoldHandler`` (lock with a guard, ``HoldRequested``): its claim reserves a hold in the calls table
-  under the message's key, refused while another key holds it; its commit turns the reservation into
+  under the message's reservation token, refused while another message holds it; its commit turns the reservation into
   the final state, refused if the hold was cancelled meanwhile, and a release takes it back. Not in
   ``handlers_for_tests``: the processor's tests pass it as an extra handler, with a hook (``during``)
   that fails ``handle`` or plays another worker inside it.
@@ -165,15 +165,15 @@ class HoldHandler(MessageHandler[HoldRequested]):
     def guard(self, payload: HoldRequested, context: MessageContext) -> Guard:
         self.seen.append(("guard", context.remaining_ms()))
         table, key = self.table_names[CALL_TABLE], hold_key(payload.holdId)
-        ours = {":key": context.idempotency_key}
+        ours = {":token": context.reservation_token}
         reserve = Put(
             table,
-            {**key, "status": "HELD", "holdKey": context.idempotency_key},
-            condition="attribute_not_exists(callId) OR holdKey = :key",
+            {**key, "status": "HELD", "holdToken": context.reservation_token},
+            condition="attribute_not_exists(callId) OR holdToken = :token",
             values=ours,
             reason=f"hold {payload.holdId} is taken",
         )
-        undo = Delete(table, key, "holdKey = :key", values=ours, reason=f"hold {payload.holdId} is no longer ours")
+        undo = Delete(table, key, "holdToken = :token", values=ours, reason=f"hold {payload.holdId} is no longer ours")
         return Guard((reserve,), (undo,))
 
     def handle(self, payload: HoldRequested, context: MessageContext) -> Effect:
@@ -183,10 +183,10 @@ class HoldHandler(MessageHandler[HoldRequested]):
         # Final only over this message's reservation, still held: a hold cancelled meanwhile refuses the commit.
         done = Put(
             self.table_names[CALL_TABLE],
-            {**hold_key(payload.holdId), "status": "DONE", "holdKey": context.idempotency_key},
-            condition="holdKey = :key AND #status = :held",
+            {**hold_key(payload.holdId), "status": "DONE", "holdToken": context.reservation_token},
+            condition="holdToken = :token AND #status = :held",
             names={"#status": "status"},
-            values={":key": context.idempotency_key, ":held": "HELD"},
+            values={":token": context.reservation_token, ":held": "HELD"},
             reason=f"hold {payload.holdId} was cancelled",
         )
         return Effect(result={"holdId": payload.holdId}, writes=(done,))

@@ -27,9 +27,9 @@ def test_defaults_apply_when_only_the_required_variables_are_set() -> None:
 
 
 def test_tuning_variables_override_the_defaults() -> None:
-    settings = Settings.from_env({**REQUIRED, "IDEMPOTENCY_TTL_SECONDS": "60", "MAX_WORKERS": "4"}, tables=TABLES)
+    settings = Settings.from_env({**REQUIRED, "IDEMPOTENCY_TTL_SECONDS": "3600", "MAX_WORKERS": "4"}, tables=TABLES)
 
-    assert settings.idempotency_ttl_seconds == 60
+    assert settings.idempotency_ttl_seconds == 3600
     assert settings.max_workers == 4
 
 
@@ -66,6 +66,24 @@ def test_an_unknown_setting_name_cannot_slip_in_through_the_model() -> None:
 def test_settings_that_cannot_work_together_are_refused_with_their_names(overrides: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigurationError, match=named):
         Settings.from_env({**REQUIRED, **overrides}, tables=TABLES)
+
+
+@pytest.mark.parametrize(("ttl_s", "lease_max_ms"), [("900", "900000"), ("60", "900000"), ("1", "1001")])
+def test_a_record_ttl_that_does_not_outlive_the_longest_lease_is_refused_naming_both(
+    ttl_s: str, lease_max_ms: str
+) -> None:
+    # A record that expired under its owner's lease counts as absent: a duplicate would be applied meanwhile.
+    env = {**REQUIRED, "IDEMPOTENCY_TTL_SECONDS": ttl_s, "LEASE_MAX_MS": lease_max_ms}
+    with pytest.raises(
+        ConfigurationError,
+        match=f"IDEMPOTENCY_TTL_SECONDS={ttl_s} must outlive LEASE_MAX_MS={lease_max_ms}",
+    ):
+        Settings.from_env(env, tables=TABLES)
+
+
+def test_a_record_ttl_just_past_the_longest_lease_is_accepted() -> None:
+    env = {**REQUIRED, "IDEMPOTENCY_TTL_SECONDS": "901", "LEASE_MAX_MS": "900000"}
+    assert Settings.from_env(env, tables=TABLES).idempotency_ttl_seconds == 901
 
 
 def test_the_defaults_satisfy_every_cross_field_rule() -> None:

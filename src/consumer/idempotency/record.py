@@ -57,6 +57,17 @@ class IdempotencyRecord:
         return None if self.result is None else json.loads(self.result)
 
 
+def reservation_token(record_id: str, payload_hash: str) -> str:
+    """What a guard marks its reservation with, so that only the delivery of the same message passes it.
+
+    Bound to the record (event type and key) and to the payload's hash: another event type reusing the key,
+    or other content under it (after its record expired), gets another token and is held out. Opaque, so a
+    key (which may name a customer's thing) is not copied onto business items.
+    """
+    digest = hashlib.sha256(f"{record_id}\n{payload_hash}".encode()).hexdigest()
+    return f"r1:{digest[:40]}"
+
+
 def encode_result(result: object, max_bytes: int) -> str:
     """JSON text of a result, or a digest of it when it would bloat the item.
 

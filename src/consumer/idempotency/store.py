@@ -10,7 +10,9 @@
 
 A lock-mode claim may carry a guard (conditions and reservations on business items): then
 the claim and the guard are one transaction, the record first, and commit and release carry
-what settles the reservation under the same fence.
+what settles the reservation under the same fence. A guard refused on a takeover releases the
+abandoned claim with the guard's undo (a read, then a release fenced on that claim's owner), so
+no reservation outlives its message.
 
 Every transition is a single conditional write, so DynamoDB, which applies each
 item's conditional writes one at a time, is the arbiter. Commit and release are
@@ -38,8 +40,8 @@ from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
 from consumer.conflicts import ConflictRetry
-from consumer.errors import BusinessConditionFailed, TransactionConflict, TransientError
-from consumer.idempotency.record import Attr, IdempotencyRecord, Status, encode_result
+from consumer.errors import BusinessConditionFailed, ErrorType, PoisonMessage, TransactionConflict, TransientError
+from consumer.idempotency.record import Attr, IdempotencyRecord, Status, encode_result, reservation_token
 from consumer.idempotency.writes import MAX_BUSINESS_WRITES, Write
 
 if TYPE_CHECKING:
@@ -93,6 +95,8 @@ _TRANSIENT_CODES = frozenset(
 )
 # A single-item write to an item that an in-flight transaction holds.
 _CONFLICT_CODE = "TransactionConflictException"
+# What DynamoDB's ValidationException says of a transaction with two actions on one item.
+_ONE_ITEM_TWICE = "multiple operations on one item"
 
 _COMMIT_TOKEN_NAMESPACE = uuid.UUID("6f1c2f4e-4b0a-4a53-9a43-1c3c8e0e9d11")
 _RELEASE_TOKEN_NAMESPACE = uuid.UUID("d67b0bae-1ab0-4361-b58c-7d489a5dd5fc")
@@ -146,9 +150,17 @@ class PayloadMismatch(_Answer):
 
 @dataclass(frozen=True)
 class Refused(_Answer):
-    """A guard's condition failed: nothing was claimed or written, and the message must not run."""
+    """A guard's condition failed: nothing was claimed or written, and the message must not run.
+
+    ``abandoned_released``: the refused claim was a takeover, and the dead worker's claim was released
+    (with the guard's undo, which takes its reservation back) so that nothing of the message is left.
+    """
 
     write: Write
+    abandoned_released: bool = False
+    # The write's item was held by another message (its ``held_by`` attribute carried another token): busy,
+    # not refused; nothing was claimed, and the message is to come back later.
+    busy: bool = False
 
 
 @dataclass(frozen=True)
@@ -189,6 +201,15 @@ ApplyResult = Applied | Existing | Refused | Contended
 CommitResult = Committed | Fenced | Refused | Contended
 
 
+def _held_by_another(write: Write, reason: Mapping[str, Any], holder: str) -> bool:
+    """Whether a write's item, as its failed condition found it, carried another message's hold."""
+    item = reason.get("Item")
+    if write.held_by is None or not isinstance(item, Mapping):
+        return False
+    held = item.get(write.held_by)
+    return isinstance(held, Mapping) and held.get("S") not in (None, holder)
+
+
 def _new_token() -> str:
     return str(uuid.uuid4())
 
@@ -223,6 +244,7 @@ class IdempotencyStore:
         lease_ms: int,
         guard: Sequence[Write] = (),
         *,
+        undo: Sequence[Write] = (),
         remaining_ms: Callable[[], int] | None = None,
     ) -> ClaimResult:
         """Lock mode, step 1: take the key for ``lease_ms`` (one round trip either way).
@@ -231,8 +253,27 @@ class IdempotencyStore:
         one transaction, the record first: ``Refused`` when a guard's condition failed and
         the key was free, in which case nothing at all was written. ``remaining_ms`` bounds
         the conflict retries (each a new claim).
+
+        A refusal may have met an abandoned claim of the same message (a worker that died after
+        its reservation): that claim is then released with ``undo``, fenced, in one transaction,
+        or nothing would ever settle its reservation (every later delivery is refused the same
+        way). That costs a consistent read of the record on every refusal, and the release when
+        one is found; a release that cannot land raises (``TransientError``), as the message must
+        come back rather than be dead-lettered with its reservation standing.
         """
-        return self._absorbing(lambda: self._claim(record_id, payload_hash, lease_ms, guard), remaining_ms)
+        answer = self._absorbing(lambda: self._claim(record_id, payload_hash, lease_ms, guard), remaining_ms)
+        if not isinstance(answer, Refused) or answer.busy:
+            # Busy: an abandoned claim of this message holds nothing on that item; its takeover comes later.
+            return answer
+        abandoned = self.get(record_id)
+        if abandoned is None or not self._abandoned(abandoned, payload_hash):
+            return answer
+        lease_end = abandoned.lease_expires_at_ms or 0
+        dead = Claimed(record_id, abandoned.owner_token, lease_end, abandoned.attempts)
+        released = self._absorbing(lambda: self._release_abandoned(dead, undo), remaining_ms, until_out_of_time=True)
+        if isinstance(released, Contended):
+            raise TransactionConflict(f"the abandoned claim of {record_id} could not be released: {released.reason}")
+        return replace(answer, abandoned_released=released)
 
     def _claim(self, record_id: str, payload_hash: str, lease_ms: int, guard: Sequence[Write]) -> ClaimResult:
         if lease_ms <= 0:
@@ -245,7 +286,8 @@ class IdempotencyStore:
         )
         if guard:
             # ClientRequestToken: the claim's own token, new for every claim.
-            cancelled = self._transact_with_record({"Update": claim_write}, guard, token)
+            holder = reservation_token(record_id, payload_hash)
+            cancelled = self._transact_with_record({"Update": claim_write}, guard, token, holder=holder)
             if cancelled is None:
                 return Claimed(record_id, token, lease_end, None)
             if isinstance(cancelled, Refused):
@@ -329,13 +371,26 @@ class IdempotencyStore:
         False when the claim was already taken over: the newer owner's record, and the
         reservation it took over with it, are left alone. Raises ``BusinessConditionFailed``
         when an undo write's condition failed, and ``TransactionConflict`` when conflicts
-        outlasted the retries: nothing was released, and the lease runs out. (Release is a
-        failure's clean-up, which only logs what stops it: no answer would change its caller.)
+        outlasted ``remaining_ms`` (tried past the attempt limit, as a commit is: the same
+        request each time, and a reservation left standing costs more than the wait): nothing
+        was released, and the lease runs out.
         """
-        released = self._absorbing(lambda: self._release(claim, undo), remaining_ms)
+        released = self._absorbing(lambda: self._release(claim, undo), remaining_ms, until_out_of_time=True)
         if isinstance(released, Contended):
             raise TransactionConflict(released.reason)
         return released
+
+    def _release_abandoned(self, dead: Claimed, undo: Sequence[Write]) -> bool:
+        """Release a dead worker's claim and its reservation with ``undo``, fenced on its owner token as its own
+        release would be; False when another worker took the key over meanwhile (left alone)."""
+        left = list(undo)
+        while True:
+            try:
+                return self._release(dead, left)
+            except BusinessConditionFailed as refused:
+                # That part of the reservation is gone already (settled, or cleared by hand): the claim and the
+                # rest of the reservation are still to be released. One write fewer each time, so this ends.
+                left.remove(refused.write)
 
     def _release(self, claim: Claimed, undo: Sequence[Write]) -> bool:
         delete: dict[str, Any] = {
@@ -465,6 +520,16 @@ class IdempotencyStore:
             return cast("_T", replace(answer, conflicts_absorbed=absorbed))
         return answer
 
+    def _abandoned(self, record: IdempotencyRecord, payload_hash: str) -> bool:
+        """A claim of the same message whose worker is gone: in progress, and its lease over."""
+        lease_end = record.lease_expires_at_ms
+        return (
+            record.status is Status.IN_PROGRESS
+            and record.payload_hash == payload_hash
+            and lease_end is not None
+            and lease_end < self._now_ms()
+        )
+
     @staticmethod
     def _existing(current: IdempotencyRecord, payload_hash: str) -> Existing:
         """What the key's existing record says of a refused message: done, held, or used for another payload."""
@@ -481,7 +546,7 @@ class IdempotencyStore:
         return Fenced(claim.record_id, current)
 
     def _transact_with_record(
-        self, record_item: dict[str, Any], writes: Sequence[Write], token: str
+        self, record_item: dict[str, Any], writes: Sequence[Write], token: str, *, holder: str | None = None
     ) -> _RecordRefused | Refused | None:
         """Apply one transaction: the record's own item (first), then the business writes.
 
@@ -489,24 +554,40 @@ class IdempotencyStore:
         with the record as it was (None when no item came back, e.g. released by the owner
         that took a zombie's key over); ``Refused`` when a business write's condition failed.
         ``ClientRequestToken`` makes a retried transaction idempotent for ten minutes, which
-        settles most ambiguous successes at the source.
+        settles most ambiguous successes at the source. ``holder``, a claim's reservation token:
+        a failed write whose ``held_by`` attribute carried another token is ``Refused(busy=True)``.
         """
         if len(writes) > MAX_BUSINESS_WRITES:
-            raise ValueError(f"at most {MAX_BUSINESS_WRITES} business writes per message, got {len(writes)}")
+            raise PoisonMessage(
+                ErrorType.INVALID_HANDLER_TRANSACTION,
+                f"at most {MAX_BUSINESS_WRITES} business writes per message (a transaction holds 100 items with"
+                f" the record), got {len(writes)}",
+            )
         items = [record_item, *(write.to_transact_item() for write in writes)]
         try:
             self._call(self._client.transact_write_items, TransactItems=items, ClientRequestToken=token)
         except ClientError as error:
-            if error.response["Error"]["Code"] != "TransactionCanceledException":
+            code, text = error.response["Error"]["Code"], str(error.response["Error"].get("Message", ""))
+            if code == "ValidationException" and _ONE_ITEM_TWICE in text:
+                # The record is the only item of the core's own, and it is never a business write's: two actions
+                # on one item are the handler's writes, on every delivery. (Other rejections are retried: a
+                # request DynamoDB refuses may be the core's, and the redrive policy bounds it.)
+                message = f"the handler's writes put two actions on one item in a transaction: {text}"
+                raise PoisonMessage(ErrorType.INVALID_HANDLER_TRANSACTION, message) from None
+            if code != "TransactionCanceledException":
                 raise
             reasons: list[Mapping[str, Any]] = list(error.response.get("CancellationReasons") or [])
             record_reason = reasons[0] if reasons else {}
             if record_reason.get("Code") == "ConditionalCheckFailed":
                 item = record_reason.get("Item")
                 return _RecordRefused(IdempotencyRecord.from_item(item) if isinstance(item, Mapping) and item else None)
-            for index, reason in enumerate(reasons[1 : len(writes) + 1]):
+            if record_reason.get("Code") == "TransactionConflict":
+                # DynamoDB may judge the business items against a state the conflicting transaction is changing:
+                # a business condition failed beside it settles nothing, so the whole transaction is tried again.
+                raise TransactionConflict("transaction cancelled: TransactionConflict on the record") from None
+            for write, reason in zip(writes, reasons[1:], strict=False):
                 if reason.get("Code") == "ConditionalCheckFailed":
-                    return Refused(writes[index])
+                    return Refused(write, busy=holder is not None and _held_by_another(write, reason, holder))
             codes = sorted({str(reason.get("Code")) for reason in reasons} - {"None"})
             if "TransactionConflict" in codes:
                 raise TransactionConflict(f"transaction cancelled: {', '.join(codes)}") from None

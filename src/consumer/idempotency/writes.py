@@ -17,10 +17,15 @@ from consumer.idempotency.attribute_values import attribute_map
 MAX_BUSINESS_WRITES = 99
 
 
-def _expression_fields(condition: str | None, names: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, Any]:
+def _expression_fields(
+    condition: str | None, names: Mapping[str, str], values: Mapping[str, Any], held_by: str | None = None
+) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     if condition:
         fields["ConditionExpression"] = condition
+    if held_by:
+        # The item as it was when the condition failed: whose hold it carried tells busy from refused.
+        fields["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
     if names:
         fields["ExpressionAttributeNames"] = dict(names)
     if values:
@@ -37,13 +42,17 @@ class Put:
     values: Mapping[str, Any] = field(default_factory=dict)
     # Said in the dead letter when the condition fails (each kind has it), e.g. "stock of SKU x below 3".
     reason: str = ""
+    # In a guard: the attribute that carries a hold's reservation token. A failed condition while it
+    # carries another message's token means "busy, wait" (the message comes back with backoff), not
+    # "refused" (dead-lettered); without it, every failure refuses.
+    held_by: str | None = None
 
     def to_transact_item(self) -> dict[str, Any]:
         return {
             "Put": {
                 "TableName": self.table,
                 "Item": attribute_map(self.item),
-                **_expression_fields(self.condition, self.names, self.values),
+                **_expression_fields(self.condition, self.names, self.values, self.held_by),
             }
         }
 
@@ -57,6 +66,7 @@ class Update:
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
     reason: str = ""
+    held_by: str | None = None
 
     def to_transact_item(self) -> dict[str, Any]:
         return {
@@ -64,7 +74,7 @@ class Update:
                 "TableName": self.table,
                 "Key": attribute_map(self.key),
                 "UpdateExpression": self.expression,
-                **_expression_fields(self.condition, self.names, self.values),
+                **_expression_fields(self.condition, self.names, self.values, self.held_by),
             }
         }
 
@@ -77,13 +87,14 @@ class Delete:
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
     reason: str = ""
+    held_by: str | None = None
 
     def to_transact_item(self) -> dict[str, Any]:
         return {
             "Delete": {
                 "TableName": self.table,
                 "Key": attribute_map(self.key),
-                **_expression_fields(self.condition, self.names, self.values),
+                **_expression_fields(self.condition, self.names, self.values, self.held_by),
             }
         }
 
@@ -96,13 +107,14 @@ class ConditionCheck:
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
     reason: str = ""
+    held_by: str | None = None
 
     def to_transact_item(self) -> dict[str, Any]:
         return {
             "ConditionCheck": {
                 "TableName": self.table,
                 "Key": attribute_map(self.key),
-                **_expression_fields(self.condition, self.names, self.values),
+                **_expression_fields(self.condition, self.names, self.values, self.held_by),
             }
         }
 

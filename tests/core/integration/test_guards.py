@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from consumer.config import Settings
-from consumer.errors import BusinessConditionFailed, ConfigurationError, TransientError
+from consumer.errors import BusinessConditionFailed, ConfigurationError, ErrorType, PoisonMessage, TransientError
 from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
-from consumer.idempotency.record import Status
+from consumer.idempotency.record import IdempotencyRecord, Status, reservation_token
 from consumer.idempotency.store import Claimed, IdempotencyStore, Refused
-from consumer.idempotency.writes import Update, Write
+from consumer.idempotency.writes import ConditionCheck, Update, Write
 from consumer.outcome import Outcome
+from consumer.processor import ABANDONED_RELEASED, BUSY
 from testkit.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
-from tests.lock_rig import Crash, LockRig
+from tests.lock_rig import Crash, LockRig, Refusals, claim, release
 from tests.utils import settings_for_tests
 
 LEASE_MS = 30_000
@@ -55,6 +57,8 @@ class Billing:
         if how == "crash before the call":
             raise Crash
         self.calls.append(key)
+        if how == "rejected":
+            raise PoisonMessage(ErrorType.WEBHOOK_REJECTED, "HTTP 422")
         if how == "transient":
             raise TransientError("billing answered 503")
         if how == "crash after the call":
@@ -67,34 +71,47 @@ class ChargeHandler(MessageHandler[Charge]):
     payload_model: ClassVar[type[BaseModel]] = Charge
     tables: ClassVar[tuple[str, ...]] = ("AccountTable",)
 
-    def __init__(self, settings: Settings, billing: Billing, *, guarded: bool = True) -> None:
+    def __init__(
+        self, settings: Settings, billing: Billing, *, guarded: bool = True, rule_always: bool = False
+    ) -> None:
         super().__init__(settings)
         self.billing = billing
         self.guarded = guarded
+        # The rule checked on every delivery, the takeover's too (the renewal example's shape), instead of
+        # only where no hold stands.
+        self.rule_always = rule_always
 
-    def _hold_write(self, payload: Charge, key: str, expression: str, condition: str, **values: Any) -> Update:
+    def _hold_write(self, payload: Charge, token: str, expression: str, condition: str, **values: Any) -> Update:
         return Update(
             self.table_names["AccountTable"],
             {"id": payload.accountId},
             expression,
             condition=condition,
-            values={":key": key, **values},
+            values={":token": token, **values},
             reason=f"balance of {payload.accountId} below {payload.amountCents} cents, or held by another charge",
         )
 
     def guard(self, payload: Charge, context: MessageContext) -> Guard | None:
         if not self.guarded:
             return None
-        key = context.idempotency_key
-        hold = self._hold_write(
-            payload,
-            key,
-            "SET holdKey = :key, holdCents = :amount",
+        token = context.reservation_token
+        condition = (
+            "(attribute_not_exists(holdToken) OR holdToken = :token) AND balanceCents >= :amount"
+            if self.rule_always
             # Its own hold passes: the redelivery that takes a dead worker's claim over.
-            "(attribute_not_exists(holdKey) AND balanceCents >= :amount) OR holdKey = :key",
-            **{":amount": payload.amountCents},
+            else "(attribute_not_exists(holdToken) AND balanceCents >= :amount) OR holdToken = :token"
         )
-        undo = self._hold_write(payload, key, "REMOVE holdKey, holdCents", "holdKey = :key")
+        hold = replace(
+            self._hold_write(
+                payload,
+                token,
+                "SET holdToken = :token, holdCents = :amount",
+                condition,
+                **{":amount": payload.amountCents},
+            ),
+            held_by="holdToken",
+        )
+        undo = self._hold_write(payload, token, "REMOVE holdToken, holdCents", "holdToken = :token")
         return Guard(writes=(hold,), undo=(undo,))
 
     def handle(self, payload: Charge, context: MessageContext) -> Effect:
@@ -103,9 +120,9 @@ class ChargeHandler(MessageHandler[Charge]):
         if self.guarded:
             settle = self._hold_write(
                 payload,
-                context.idempotency_key,
-                "ADD balanceCents :minus REMOVE holdKey, holdCents",
-                "holdKey = :key",
+                context.reservation_token,
+                "ADD balanceCents :minus REMOVE holdToken, holdCents",
+                "holdToken = :token",
                 **minus,
             )
         else:
@@ -132,11 +149,26 @@ class Accounts:
         )
         return account
 
-    def state(self, account: str) -> tuple[int, str | None]:
-        """The balance and the key holding it, if any."""
+    def state(self, account: str) -> tuple[int, bool]:
+        """The balance, and whether a hold stands on it."""
         item = self.rig.item(self.table, {"id": {"S": account}})
         assert item is not None
-        return int(item["balanceCents"]["N"]), item.get("holdKey", {}).get("S")
+        return int(item["balanceCents"]["N"]), "holdToken" in item
+
+    def clear_hold(self, account: str) -> None:
+        """A hold taken off by hand (an operator's fix)."""
+        self.rig.dynamodb.update_item(
+            TableName=self.table, Key={"id": {"S": account}}, UpdateExpression="REMOVE holdToken, holdCents"
+        )
+
+    def debit(self, account: str, cents: int) -> None:
+        """Another writer's debit, which knows nothing of holds."""
+        self.rig.dynamodb.update_item(
+            TableName=self.table,
+            Key={"id": {"S": account}},
+            UpdateExpression="ADD balanceCents :minus",
+            ExpressionAttributeValues={":minus": {"N": str(-cents)}},
+        )
 
 
 Make = Callable[..., tuple[LockRig, Billing, Accounts]]
@@ -149,11 +181,14 @@ def tables(id_table: TableFactory) -> tuple[str, str]:
 
 @pytest.fixture
 def make(dynamodb_local: DynamoDBLocal, tables: tuple[str, str]) -> Make:
-    def build(*, guarded: bool = True) -> tuple[LockRig, Billing, Accounts]:
+    def build(
+        *, handler: type[ChargeHandler] = ChargeHandler, guarded: bool = True, rule_always: bool = False
+    ) -> tuple[LockRig, Billing, Accounts]:
         records, accounts = tables
         settings = settings_for_tests(table_names={"AccountTable": accounts})
         billing = Billing()
-        rig = LockRig(dynamodb_local, records, ChargeHandler(settings, billing, guarded=guarded), settings)
+        charges = handler(settings, billing, guarded=guarded, rule_always=rule_always)
+        rig = LockRig(dynamodb_local, records, charges, settings)
         return rig, billing, Accounts(rig, accounts)
 
     return build
@@ -172,7 +207,7 @@ def refused_trial(make: Make, *, guarded: bool) -> list[str]:
     redrive = rig.deliver(k, charge)
     assert (first.outcome, redrive.outcome) == (Outcome.POISON, Outcome.POISON)
     assert [letter["ErrorType"] for letter in rig.dead_letters.sent] == ["BusinessConditionFailed"] * 2
-    assert accounts.state(account) == (500, None)
+    assert accounts.state(account) == (500, False)
     assert rig.store.get(rig.handler.event_type + "#" + k) is None
     return billing.calls
 
@@ -200,7 +235,7 @@ def test_an_accepted_charge_calls_once_and_the_commit_settles_its_hold(make: Mak
     k = key()
     assert rig.deliver(k, charge).outcome is Outcome.APPLIED
     assert billing.calls == [k]
-    assert accounts.state(account) == (2000, None)
+    assert accounts.state(account) == (2000, False)
     record = rig.store.get(f"ChargeRequested#{k}")
     assert record is not None and record.status is Status.COMPLETED
 
@@ -222,11 +257,11 @@ def transient_trial(make: Make) -> tuple[LockRig, Billing, Accounts, str, str]:
 def test_a_transient_failure_releases_the_claim_and_its_hold_together(make: Make) -> None:
     rig, billing, accounts, account, k = transient_trial(make)
     assert rig.store.get(f"ChargeRequested#{k}") is None
-    assert accounts.state(account) == (5000, None)
+    assert accounts.state(account) == (5000, False)
     # Another charge is not blocked by a hold left behind, and the retry applies at once.
     assert rig.deliver(key(), {"accountId": account, "amountCents": 100}).outcome is Outcome.APPLIED
     assert rig.deliver(k, {"accountId": account, "amountCents": 1000}).outcome is Outcome.APPLIED
-    assert accounts.state(account) == (3900, None)
+    assert accounts.state(account) == (3900, False)
     assert billing.calls.count(k) == 2
 
 
@@ -243,7 +278,7 @@ def test_negative_control_a_release_without_the_undo_leaves_the_hold(
     monkeypatch.setattr(IdempotencyStore, "release", release_without_undo)
     rig, _, accounts, account, k = transient_trial(make)
     assert rig.store.get(f"ChargeRequested#{k}") is None
-    assert accounts.state(account) == (5000, k)  # what the test above refuses
+    assert accounts.state(account) == (5000, True)  # what the test above refuses
 
 
 @pytest.mark.parametrize(("crash", "calls"), [("crash before the call", 1), ("crash after the call", 2)])
@@ -253,7 +288,7 @@ def test_a_crash_after_the_hold_is_taken_over_and_settled(make: Make, crash: str
     charge = {"accountId": account, "amountCents": 1000}
     billing.fail_next(crash)
     rig.crash(k := key(), charge)
-    assert accounts.state(account) == (5000, k)
+    assert accounts.state(account) == (5000, True)
 
     # While the dead worker's lease runs, the key is in flight: no second call.
     assert rig.deliver(k, charge, receive_count=2).outcome is Outcome.IN_FLIGHT
@@ -262,7 +297,7 @@ def test_a_crash_after_the_hold_is_taken_over_and_settled(make: Make, crash: str
     # the call calls again, with the same key.
     assert rig.deliver(k, charge, receive_count=3).outcome is Outcome.APPLIED
     assert billing.calls == [k] * calls
-    assert accounts.state(account) == (4000, None)
+    assert accounts.state(account) == (4000, False)
 
 
 def test_a_guard_writing_an_undeclared_table_is_retried_before_any_claim(make: Make) -> None:
@@ -289,7 +324,9 @@ def hold(rig: LockRig, account: str, k: str) -> Guard:
 
 
 def context(k: str) -> MessageContext:
-    return MessageContext(message_id="m", idempotency_key=k, receive_count=1, remaining_ms=lambda: LEASE_MS)
+    """As the core builds it for a message of key ``k`` whose payload hash is "h" (the claims below say so)."""
+    token = reservation_token(f"ChargeRequested#{k}", "h")
+    return MessageContext("m", k, 1, lambda: LEASE_MS, reservation_token=token)
 
 
 def test_a_zombies_release_leaves_the_newer_owners_claim_and_hold(make: Make) -> None:
@@ -304,12 +341,12 @@ def test_a_zombies_release_leaves_the_newer_owners_claim_and_hold(make: Make) ->
     assert isinstance(owner, Claimed)
 
     assert rig.store.release(zombie, guard.undo) is False
-    assert accounts.state(account) == (5000, k)
+    assert accounts.state(account) == (5000, True)
     current = rig.store.get(record_id)
     assert current is not None and current.owner_token == owner.owner_token
 
     assert rig.store.release(owner, guard.undo) is True
-    assert accounts.state(account) == (5000, None)
+    assert accounts.state(account) == (5000, False)
     assert rig.store.get(record_id) is None
 
 
@@ -322,7 +359,7 @@ def test_a_guard_refusal_on_a_free_key_writes_nothing(make: Make) -> None:
 
     assert result == Refused(guard.writes[0])
     assert rig.store.get(f"ChargeRequested#{k}") is None
-    assert accounts.state(account) == (999, None)
+    assert accounts.state(account) == (999, False)
 
 
 def test_an_undo_whose_condition_fails_releases_nothing(make: Make) -> None:
@@ -338,7 +375,7 @@ def test_an_undo_whose_condition_fails_releases_nothing(make: Make) -> None:
 
     record = rig.store.get(f"ChargeRequested#{k}")
     assert record is not None and record.owner_token == claim.owner_token
-    assert accounts.state(account) == (5000, k)
+    assert accounts.state(account) == (5000, True)
 
 
 def test_an_optimistic_handler_with_a_guard_is_refused_at_start(make: Make, dynamodb_local: DynamoDBLocal) -> None:
@@ -349,3 +386,302 @@ def test_an_optimistic_handler_with_a_guard_is_refused_at_start(make: Make, dyna
     settings = settings_for_tests(table_names=dict(rig.handler.table_names))
     with pytest.raises(ConfigurationError, match="defines a guard, which only lock mode runs"):
         LockRig(dynamodb_local, "unused", Optimistic(settings, billing), settings)
+
+
+# -- no hold outlives its message --------------------------------------------------------------
+
+
+def crashed_holding(make: Make, balance: int = 5000, **options: Any) -> tuple[LockRig, Billing, Accounts, str, str]:
+    """A charge of 1000 whose worker died after its hold and before the call: the claim abandoned, the hold standing."""
+    rig, billing, accounts = make(**options)
+    account = accounts.open(balance)
+    billing.fail_next("crash before the call")
+    rig.crash(k := key(), {"accountId": account, "amountCents": 1000})
+    assert accounts.state(account) == (balance, True)
+    return rig, billing, accounts, account, k
+
+
+def test_a_takeover_refused_by_its_guard_releases_the_abandoned_claim_and_its_hold(make: Make) -> None:
+    rig, billing, accounts, account, k = crashed_holding(make, rule_always=True)
+    accounts.debit(account, 4500)
+    rig.advance_past_the_lease()
+
+    result = rig.deliver(k, {"accountId": account, "amountCents": 1000}, receive_count=2)
+
+    # The rule fails on the takeover; the dead worker's claim and hold go with the refusal, fenced, together.
+    assert accounts.state(account) == (500, False)
+    assert rig.store.get(f"ChargeRequested#{k}") is None
+    assert result.outcome is Outcome.POISON
+    assert ABANDONED_RELEASED in (result.reason or "")
+    assert [letter["ErrorType"] for letter in rig.dead_letters.sent] == ["BusinessConditionFailed"]
+    assert billing.calls == []
+    # Nothing is left to refuse the account's other charges.
+    assert rig.deliver(key(), {"accountId": account, "amountCents": 100}).outcome is Outcome.APPLIED
+
+
+def test_a_refused_takeover_whose_reservation_is_already_gone_still_releases_the_abandoned_claim(make: Make) -> None:
+    rig, _, accounts, account, k = crashed_holding(make, rule_always=True)
+    accounts.clear_hold(account)
+    accounts.debit(account, 4500)
+    rig.advance_past_the_lease()
+
+    result = rig.deliver(k, {"accountId": account, "amountCents": 1000}, receive_count=2)
+
+    assert rig.store.get(f"ChargeRequested#{k}") is None
+    assert (result.outcome, ABANDONED_RELEASED in (result.reason or "")) == (Outcome.POISON, True)
+    assert accounts.state(account) == (500, False)
+
+
+def test_a_refused_takeover_releases_what_is_left_of_a_reservation_on_two_items(make: Make) -> None:
+    rig, billing, accounts = make(rule_always=True)
+    account, second = accounts.open(5000), accounts.open(0)
+    guard = rig.handler.guard
+
+    def on_two_accounts(payload: Any, context: MessageContext) -> Guard:
+        built = guard(payload, context)
+        assert built is not None
+        table, token = rig.handler.table_names["AccountTable"], {":token": context.reservation_token}
+        also = Update(table, {"id": second}, "SET holdToken = :token", condition="attribute_not_exists(holdToken)")
+        undo = Update(table, {"id": second}, "REMOVE holdToken", condition="holdToken = :token")
+        return Guard((*built.writes, replace(also, values=token)), (*built.undo, replace(undo, values=token)))
+
+    rig.handler.guard = on_two_accounts  # type: ignore[method-assign]
+    billing.fail_next("crash before the call")
+    rig.crash(k := key(), charge := {"accountId": account, "amountCents": 1000})
+    assert (accounts.state(account), accounts.state(second)) == ((5000, True), (0, True))
+    accounts.clear_hold(account)
+    accounts.debit(account, 4500)
+    rig.advance_past_the_lease()
+
+    result = rig.deliver(k, charge, receive_count=2)
+
+    # The first account's part is gone already; the second's is released with the claim, not left behind.
+    assert (accounts.state(account), accounts.state(second)) == ((500, False), (0, False))
+    assert rig.store.get(f"ChargeRequested#{k}") is None
+    assert (result.outcome, ABANDONED_RELEASED in (result.reason or "")) == (Outcome.POISON, True)
+
+
+def test_a_refused_takeover_leaves_alone_a_claim_another_worker_took_over_meanwhile(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig, _, accounts, account, k = crashed_holding(make, rule_always=True)
+    accounts.debit(account, 4500)
+    rig.advance_past_the_lease()
+    record_id = f"ChargeRequested#{k}"
+    abandoned = rig.store.get(record_id)
+    assert abandoned is not None
+    newer: list[object] = []
+
+    def read_then_lose_the_race(found_id: str) -> IdempotencyRecord | None:
+        # The record as this worker read it; another takes the key over before the release is sent.
+        newer.append(IdempotencyStore.claim(rig.store, record_id, abandoned.payload_hash, LEASE_MS))
+        return abandoned
+
+    monkeypatch.setattr(rig.store, "get", read_then_lose_the_race)
+
+    result = rig.deliver(k, {"accountId": account, "amountCents": 1000}, receive_count=2)
+
+    monkeypatch.undo()
+    (owner,) = newer
+    assert isinstance(owner, Claimed)
+    current = rig.store.get(record_id)
+    assert current is not None and current.owner_token == owner.owner_token
+    assert accounts.state(account) == (500, True)
+    assert result.outcome is Outcome.POISON and ABANDONED_RELEASED not in (result.reason or "")
+
+
+def test_a_refused_takeover_whose_release_is_throttled_is_retried_with_its_reservation_standing(make: Make) -> None:
+    rig, _, accounts, account, k = crashed_holding(make, rule_always=True)
+    accounts.debit(account, 4500)
+    rig.advance_past_the_lease()
+    Refusals(rig, release, 1, error="ProvisionedThroughputExceededException")
+
+    result = rig.deliver(k, {"accountId": account, "amountCents": 1000}, receive_count=2)
+
+    assert result.outcome is Outcome.RETRIED
+    assert rig.dead_letters.sent == []
+    assert accounts.state(account) == (500, True)
+    # The next delivery settles it.
+    assert rig.deliver(k, {"accountId": account, "amountCents": 1000}, receive_count=3).outcome is Outcome.POISON
+    assert accounts.state(account) == (500, False)
+
+
+def test_a_refused_takeover_whose_release_meets_conflicts_until_out_of_time_is_retried(make: Make) -> None:
+    rig, _, accounts, account, k = crashed_holding(make, rule_always=True)
+    accounts.debit(account, 4500)
+    rig.advance_past_the_lease()
+    conflicts = Refusals(rig, release, 5, reasons=("None", "TransactionConflict"))
+
+    # No time beyond the margin: the first conflict is the last try.
+    result = rig.deliver(k, {"accountId": account, "amountCents": 1000}, receive_count=2, remaining_ms=1_000)
+
+    assert conflicts.left == 4
+    assert result.outcome is Outcome.RETRIED
+    assert "could not be released" in (result.reason or "")
+    assert rig.dead_letters.sent == []
+    assert accounts.state(account) == (500, True)
+
+
+def test_a_poison_whose_release_meets_conflicts_past_the_attempt_limit_is_released_before_its_dead_letter(
+    make: Make,
+) -> None:
+    rig, billing, accounts = make()
+    account = accounts.open(5000)
+    billing.fail_next("rejected")
+    # More than the rig's 10 attempts: the release keeps trying while the invocation lasts, as the commit does.
+    conflicts = Refusals(rig, release, 12, reasons=("None", "TransactionConflict"))
+
+    result = rig.deliver(k := key(), {"accountId": account, "amountCents": 1000})
+
+    assert conflicts.left == 0
+    assert accounts.state(account) == (5000, False)
+    assert rig.store.get(f"ChargeRequested#{k}") is None
+    assert result.outcome is Outcome.POISON
+    assert [letter["ErrorType"] for letter in rig.dead_letters.sent] == ["WebhookRejected"]
+
+
+def test_a_poison_whose_release_fails_is_retried_with_its_reason_until_a_release_lands(make: Make) -> None:
+    rig, billing, accounts = make()
+    account = accounts.open(5000)
+    charge = {"accountId": account, "amountCents": 1000}
+    billing.fail_next("rejected", "rejected")
+    Refusals(rig, release, 1, error="ProvisionedThroughputExceededException")
+
+    first = rig.deliver(k := key(), charge)
+
+    # Its hold stands: the message stays in the queue, the only one that can settle it.
+    assert first.outcome is Outcome.RETRIED
+    assert "release failed" in (first.reason or "") and "WebhookRejected: HTTP 422" in (first.reason or "")
+    assert rig.dead_letters.sent == []
+    assert accounts.state(account) == (5000, True)
+
+    rig.advance_past_the_lease()
+    assert rig.deliver(k, charge, receive_count=2).outcome is Outcome.POISON
+    assert accounts.state(account) == (5000, False)
+    assert rig.store.get(f"ChargeRequested#{k}") is None
+    assert [letter["ErrorType"] for letter in rig.dead_letters.sent] == ["WebhookRejected"]
+    assert billing.calls == [k, k]
+
+
+def test_a_charge_meeting_the_hold_of_another_message_waits_and_is_not_dead_lettered(make: Make) -> None:
+    rig, billing, accounts, account, k = crashed_holding(make)
+
+    waiting = {"accountId": account, "amountCents": 100}
+    result = rig.deliver(later := key(), waiting)
+
+    assert result.outcome is Outcome.RETRIED
+    assert (result.reason or "").startswith(f"{BUSY}: balance of {account} below 100 cents, or held by another charge")
+    assert rig.dead_letters.sent == []
+    assert billing.calls == []
+    assert accounts.state(account) == (5000, True)
+    # Once the hold is settled (the first charge's takeover), the waiting charge applies.
+    rig.advance_past_the_lease()
+    assert rig.deliver(k, {"accountId": account, "amountCents": 1000}, receive_count=2).outcome is Outcome.APPLIED
+    assert rig.deliver(later, waiting, receive_count=2).outcome is Outcome.APPLIED
+    assert accounts.state(account) == (3900, False)
+    assert billing.calls == [k, later]
+
+
+def test_the_same_key_with_other_content_after_its_record_expired_does_not_pass_the_old_hold(make: Make) -> None:
+    rig, billing, accounts, account, k = crashed_holding(make)
+    rig.advance_past_the_record()
+
+    result = rig.deliver(k, {"accountId": account, "amountCents": 9000})
+
+    assert billing.calls == []
+    assert accounts.state(account) == (5000, True)
+    assert result.outcome is not Outcome.APPLIED
+
+
+class ChargeRetried(ChargeHandler):
+    """Another event type on the same accounts, its keys chosen by another producer."""
+
+    event_type: ClassVar[str] = "ChargeRetried"
+
+
+def test_another_event_type_reusing_a_held_key_does_not_pass_the_hold(make: Make) -> None:
+    rig, billing, accounts, account, k = crashed_holding(make)
+    other, other_billing, _ = make(handler=ChargeRetried)
+
+    result = other.deliver(k, {"accountId": account, "amountCents": 1000})
+
+    assert other_billing.calls == []
+    assert accounts.state(account) == (5000, True)
+    assert result.outcome is not Outcome.APPLIED
+    # The hold's own message still settles it.
+    rig.advance_past_the_lease()
+    assert rig.deliver(k, {"accountId": account, "amountCents": 1000}, receive_count=2).outcome is Outcome.APPLIED
+    assert accounts.state(account) == (4000, False)
+    assert billing.calls == [k]
+
+
+def test_a_conflict_on_the_record_beside_a_failed_guard_condition_is_retried_not_refused(make: Make) -> None:
+    rig, billing, accounts = make()
+    account = accounts.open(5000)
+    mixed = Refusals(rig, claim, 1, reasons=("TransactionConflict", "ConditionalCheckFailed"))
+
+    result = rig.deliver(k := key(), {"accountId": account, "amountCents": 1000})
+
+    assert mixed.left == 0
+    assert result.outcome is Outcome.APPLIED
+    assert billing.calls == [k]
+    assert rig.dead_letters.sent == []
+
+
+def test_a_guard_with_two_actions_on_one_item_is_dead_lettered_at_once_as_the_handlers_mistake(make: Make) -> None:
+    rig, billing, accounts = make()
+    account = accounts.open(5000)
+    guard = rig.handler.guard
+    twice = ConditionCheck(rig.handler.table_names["AccountTable"], {"id": account}, "attribute_exists(id)")
+
+    def doubled(payload: Any, context: MessageContext) -> Guard:
+        built = guard(payload, context)
+        assert built is not None
+        return Guard((*built.writes, twice), built.undo)
+
+    rig.handler.guard = doubled  # type: ignore[method-assign]
+
+    result = rig.deliver(k := key(), {"accountId": account, "amountCents": 1000})
+
+    assert result.outcome is Outcome.POISON
+    assert [letter["ErrorType"] for letter in rig.dead_letters.sent] == ["InvalidHandlerTransaction"]
+    assert "one item" in rig.dead_letters.sent[0]["ErrorMessage"]
+    assert billing.calls == []
+    assert rig.store.get(f"ChargeRequested#{k}") is None
+
+
+def test_another_rejection_of_a_guarded_claim_is_retried_not_blamed_on_the_handler(make: Make) -> None:
+    rig, billing, accounts = make()
+    account = accounts.open(5000)
+    Refusals(rig, claim, 1, error="ValidationException")
+
+    result = rig.deliver(k := key(), {"accountId": account, "amountCents": 1000})
+
+    # Not a shape DynamoDB can never take: it may be the core's own request (or a proxy's), so it is retried.
+    assert result.outcome is Outcome.RETRIED
+    assert rig.dead_letters.sent == []
+    assert rig.deliver(k, {"accountId": account, "amountCents": 1000}, receive_count=2).outcome is Outcome.APPLIED
+    assert billing.calls == [k]
+
+
+def test_an_effect_over_the_item_limit_is_dead_lettered_at_once_and_its_claim_released(make: Make) -> None:
+    rig, billing, accounts = make()
+    account = accounts.open(5000)
+    handle = rig.handler.handle
+    table = rig.handler.table_names["AccountTable"]
+
+    def too_many(payload: Any, context: MessageContext) -> Effect:
+        effect = handle(payload, context)
+        extra = [Update(table, {"id": f"extra-{n}"}, "SET n = :n", values={":n": n}) for n in range(99)]
+        return Effect(effect.result, (*effect.writes, *extra))
+
+    rig.handler.handle = too_many  # type: ignore[method-assign]
+
+    result = rig.deliver(k := key(), {"accountId": account, "amountCents": 1000})
+
+    assert result.outcome is Outcome.POISON
+    assert [letter["ErrorType"] for letter in rig.dead_letters.sent] == ["InvalidHandlerTransaction"]
+    assert "at most 99" in rig.dead_letters.sent[0]["ErrorMessage"]
+    assert billing.calls == [k]
+    assert accounts.state(account) == (5000, False)
+    assert rig.store.get(f"ChargeRequested#{k}") is None

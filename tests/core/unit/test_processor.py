@@ -18,7 +18,7 @@ import pytest
 from consumer.envelope import payload_hash
 from consumer.errors import TransientError
 from consumer.handler import Effect, MessageContext
-from consumer.idempotency.record import Status
+from consumer.idempotency.record import Status, reservation_token
 from consumer.idempotency.store import Claimed
 from consumer.outcome import MessageResult, Outcome
 from testkit.dead_letters import reasons
@@ -43,10 +43,12 @@ NOW_MS = 1_800_000_000_000  # the test clock's start
 LEASE_MS = 10_000
 HOLD_RECORD = f"{HOLD_EVENT}#hold-h-1"
 HOLD_TAKEN = "hold h-1 is taken"
-HOLD_CANCELLED = f"hold h-1 was cancelled (condition of a Put on {CALLS} failed: holdKey = :key AND #status = :held)"
+HOLD_CANCELLED = (
+    f"hold h-1 was cancelled (condition of a Put on {CALLS} failed: holdToken = :token AND #status = :held)"
+)
 # A log line: (level, message, fields).
 Line = tuple[str, str, dict[str, object]]
-UNDO_REFUSED = f"hold h-1 is no longer ours (condition of a Delete on {CALLS} failed: holdKey = :key)"
+UNDO_REFUSED = f"hold h-1 is no longer ours (condition of a Delete on {CALLS} failed: holdToken = :token)"
 
 
 class RecordingLog:
@@ -85,11 +87,18 @@ class TellingTally(TallyHandler):
 
 
 class ReleaseConflicts(Conflicts):
-    """Answers the next ``count`` releases (a transaction deleting the record, its first item) with a conflict."""
+    """Answers the next ``count`` releases (a transaction deleting the record, its first item) with a conflict,
+    or with the request's ``error`` when one is set (throttled)."""
+
+    error = ""
 
     def _answer(self, params: dict[str, Any], **rest: Any) -> Any:
         first = json.loads(params["body"])["TransactItems"][0]
-        return super()._answer(params, **rest) if "Delete" in first else None
+        answer = super()._answer(params, **rest) if "Delete" in first else None
+        if answer is not None and self.error:
+            answer[1]["Error"] = {"Code": self.error, "Message": "Rate of requests exceeds the allowed throughput"}
+            answer[1].pop("CancellationReasons")
+        return answer
 
 
 @pytest.fixture
@@ -128,7 +137,9 @@ def hold_item(dynamodb: Any) -> dict[str, str] | None:
 
 
 def held_by(key: str, status: str = "HELD") -> dict[str, str]:
-    return {**hold_key("h-1"), "status": status, "holdKey": key}
+    """The hold h-1 as the message of ``key`` holds it: marked with that message's reservation token."""
+    token = reservation_token(f"{HOLD_EVENT}#{key}", payload_hash({"holdId": "h-1"}))
+    return {**hold_key("h-1"), "status": status, "holdToken": token}
 
 
 def set_the_hold(dynamodb: Any, key: str, status: str) -> None:
@@ -261,7 +272,7 @@ def test_a_guard_that_refuses_claims_nothing_and_runs_no_handle(
     assert (result.outcome, result.reason) == (
         Outcome.POISON,
         f"BusinessConditionFailed: {HOLD_TAKEN} (condition of a Put on {CALLS} failed:"
-        " attribute_not_exists(callId) OR holdKey = :key)",
+        " attribute_not_exists(callId) OR holdToken = :token)",
     )
     assert reasons(consumer.dead_letters()) == {"h": "BusinessConditionFailed"}
     assert handler.seen == [("guard", 30_000)]
@@ -324,6 +335,25 @@ def test_a_commit_refused_by_its_condition_is_dead_lettered_and_the_reservation_
             {**hold_keys("h"), "error_type": "BusinessConditionFailed", "reason": HOLD_CANCELLED},
         )
     ]
+
+
+def test_a_refused_commit_whose_release_is_throttled_is_retried_with_both_reasons_not_dead_lettered(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog, session: boto3.session.Session
+) -> None:
+    throttled = ReleaseConflicts(session, "TransactWriteItems", 1)
+    throttled.error = "ProvisionedThroughputExceededException"
+    handler = HoldHandler(settings_for_tests(), lambda _: set_the_hold(dynamodb, "hold-h-1", "CANCELLED"))
+    consumer = holding(dynamodb, sqs, clock, log, handler, session=session)
+
+    (result,) = run(consumer, sqs_record("h", hold_body("h-1")))
+
+    assert result.outcome is Outcome.RETRIED
+    assert (result.reason or "").startswith("release failed (DynamoDB ProvisionedThroughputExceededException")
+    assert (result.reason or "").endswith(f"so not yet dead-lettered: BusinessConditionFailed: {HOLD_CANCELLED}")
+    assert reasons(consumer.dead_letters()) == {}
+    record = consumer.store.get(HOLD_RECORD)
+    assert record is not None and record.status is Status.IN_PROGRESS
+    assert hold_item(dynamodb) == held_by("hold-h-1", "CANCELLED")
 
 
 def test_a_refused_commit_is_dead_lettered_even_when_its_release_fails(

@@ -9,7 +9,7 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
-from consumer.errors import BusinessConditionFailed, TransientError
+from consumer.errors import BusinessConditionFailed, ErrorType, PoisonMessage, TransientError
 from consumer.idempotency.record import Status
 from consumer.idempotency.store import (
     Applied,
@@ -399,8 +399,9 @@ def test_apply_once_without_writes_uses_a_single_update(store: IdempotencyStore)
 
 def test_apply_once_refuses_more_writes_than_a_transaction_holds(store: IdempotencyStore) -> None:
     writes = [Put(TALLIES, {"tallyId": "a", "entryId": str(i)}) for i in range(100)]
-    with pytest.raises(ValueError, match="at most 99 business writes"):
+    with pytest.raises(PoisonMessage, match="at most 99 business writes") as refused:
         store.apply_once("Bulk#1", "hash-a", None, writes)
+    assert refused.value.error_type is ErrorType.INVALID_HANDLER_TRANSACTION
 
 
 # -- DynamoDB errors -----------------------------------------------------------------------

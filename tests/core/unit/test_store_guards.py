@@ -8,6 +8,7 @@ with the record first; a release with undo is one transaction fenced as the plai
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -85,6 +86,8 @@ def test_a_guard_that_fails_on_a_free_key_is_refused_with_its_write(stubbed: tup
             "CancellationReasons": [{"Code": "None"}, {"Code": "ConditionalCheckFailed"}, {"Code": "None"}]
         },
     )
+    # Then the record is read, consistently: a takeover's refusal would have an abandoned claim to release.
+    stubber.add_response("get_item", {}, {"TableName": TABLE, "Key": {"id": {"S": "Ev#k-1"}}, "ConsistentRead": True})
     assert store.claim("Ev#k-1", "h", 1000, GUARD) == Refused(GUARD[0])
 
 
@@ -112,3 +115,61 @@ def test_a_release_with_undo_is_one_transaction_fenced_on_the_owner(stubbed: tup
     # The same token each time: a release retried after its answer was lost is not applied twice.
     assert len(set(tokens)) == 1
     assert tokens[0] != "t-1"
+
+
+HELD = Update(
+    "accounts",
+    {"id": "acc-2"},
+    "SET holdToken = :token",
+    condition="attribute_not_exists(holdToken) OR holdToken = :token",
+    values={":token": "mine"},
+    held_by="holdToken",
+)
+
+
+def test_a_write_marked_held_by_asks_for_its_item_when_its_condition_fails() -> None:
+    assert HELD.to_transact_item()["Update"]["ReturnValuesOnConditionCheckFailure"] == "ALL_OLD"
+    assert "ReturnValuesOnConditionCheckFailure" not in GUARD[1].to_transact_item()["Update"]
+
+
+@pytest.mark.parametrize(
+    ("item", "busy"),
+    [
+        ({"id": {"S": "acc-2"}, "holdToken": {"S": "another message's"}}, True),
+        # Not held at all: the rule itself refused.
+        ({"id": {"S": "acc-2"}}, False),
+        (None, False),
+    ],
+)
+def test_a_guard_whose_item_another_message_holds_is_busy_not_refused(
+    stubbed: tuple[IdempotencyStore, Stubber], item: dict[str, Any] | None, busy: bool
+) -> None:
+    store, stubber = stubbed
+    failed: dict[str, Any] = {"Code": "ConditionalCheckFailed"} | ({"Item": item} if item else {})
+    stubber.add_client_error(
+        "transact_write_items",
+        service_error_code="TransactionCanceledException",
+        response_meta={},
+        modeled_fields={"CancellationReasons": [{"Code": "None"}, failed]},
+    )
+    if not busy:
+        stubber.add_response(
+            "get_item", {}, {"TableName": TABLE, "Key": {"id": {"S": "Ev#k-1"}}, "ConsistentRead": True}
+        )
+
+    assert store.claim("Ev#k-1", "h", 1000, (HELD,)) == Refused(HELD, busy=busy)
+
+
+def test_a_write_without_held_by_is_refused_whoever_holds_its_item(stubbed: tuple[IdempotencyStore, Stubber]) -> None:
+    store, stubber = stubbed
+    unmarked = replace(HELD, held_by=None)
+    held = {"Code": "ConditionalCheckFailed", "Item": {"id": {"S": "acc-2"}, "holdToken": {"S": "another message's"}}}
+    stubber.add_client_error(
+        "transact_write_items",
+        service_error_code="TransactionCanceledException",
+        response_meta={},
+        modeled_fields={"CancellationReasons": [{"Code": "None"}, held]},
+    )
+    stubber.add_response("get_item", {}, {"TableName": TABLE, "Key": {"id": {"S": "Ev#k-1"}}, "ConsistentRead": True})
+
+    assert store.claim("Ev#k-1", "h", 1000, (unmarked,)) == Refused(unmarked)

@@ -9,7 +9,7 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 from botocore.stub import Stubber
 
-from consumer.errors import BusinessConditionFailed, TransactionConflict, TransientError
+from consumer.errors import BusinessConditionFailed, PoisonMessage, TransactionConflict, TransientError
 from consumer.idempotency.record import IdempotencyRecord, Status
 from consumer.idempotency.store import Applied, Claimed, Committed, Duplicate, Fenced, IdempotencyStore, InFlight
 from consumer.idempotency.writes import MAX_BUSINESS_WRITES, ConditionCheck, Put, Update
@@ -273,7 +273,9 @@ def test_a_transaction_takes_as_many_business_writes_as_dynamodb_allows_and_no_m
     stubber.add_response("transact_write_items", {})
 
     assert store.apply_once("Ev#k-1", "hash", writes=most) == Applied("Ev#k-1", "t-1")
-    with pytest.raises(ValueError, match=f"^at most {MAX_BUSINESS_WRITES} business writes per message, got 100$"):
+    with pytest.raises(
+        PoisonMessage, match=f"^InvalidHandlerTransaction: at most {MAX_BUSINESS_WRITES} business .* got 100$"
+    ):
         store.apply_once("Ev#k-2", "hash", writes=(*most, _WRITE[0]))
 
 
