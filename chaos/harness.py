@@ -40,10 +40,10 @@ from testkit.tables import IDEMPOTENCY_TABLE, create_table
 from testkit.template import REPO_ROOT, Template
 from testkit.webhook import Answer, WebhookSink
 
-# The runtime's task root stands for the deployment package: links to the consumer and to what
+# The runtime's task root stands for the deployment package: links to the core, the application, and what
 # the fault plan needs (``tests`` for the negative controls' consumers).
 _PACKAGES = {
-    "consumer": REPO_ROOT / "src" / "consumer",
+    **{name: REPO_ROOT / "src" / name for name in ("consumer", "service")},
     **{name: REPO_ROOT / name for name in ("chaos", "local", "testkit", "tests")},
 }
 _HANDLER = "chaos.runtime_handler.handler"

@@ -19,6 +19,7 @@ import pytest
 from consumer import app
 from consumer.config import table_variable
 from consumer.errors import ConfigurationError
+from consumer.handler import build_handlers
 from consumer.outcome import Outcome
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import LambdaContext, sqs_record
@@ -192,3 +193,13 @@ def test_in_lambdas_runtime_the_consumer_is_built_at_init_unless_a_check_fails(
     )
     answer = subprocess.run([sys.executable, "-c", script], env=variables, capture_output=True, text=True, check=True)
     assert int(answer.stdout.strip().splitlines()[-1]) == built_at_init
+
+
+def test_two_handlers_of_one_event_type_are_refused_at_start_naming_both() -> None:
+    class AnotherTally(TallyHandler):
+        pass
+
+    with pytest.raises(
+        ConfigurationError, match="two handlers for eventType 'TallyAdded': TallyHandler and AnotherTally"
+    ):
+        build_handlers((TallyHandler, AnotherTally), settings_for_tests())
