@@ -222,8 +222,8 @@ build-ConsumerFunction:
 	python3.12 -m pip install --quiet --disable-pip-version-check --no-compile --target "$(ARTIFACTS_DIR)" \
 		--platform manylinux2014_$(subst arm64,aarch64,$(FUNCTION_ARCH)) --implementation cp --python-version 3.12 \
 		--only-binary=:all: --require-hashes -r requirements.txt
-	cp -R consumer "$(ARTIFACTS_DIR)/"
-	find "$(ARTIFACTS_DIR)/consumer" -name __pycache__ -prune -exec rm -rf {} +
+	cp -R consumer service "$(ARTIFACTS_DIR)/"
+	find "$(ARTIFACTS_DIR)/consumer" "$(ARTIFACTS_DIR)/service" -name __pycache__ -prune -exec rm -rf {} +
 	python3.12 -m compileall -q -f -j 0 --invalidation-mode checked-hash "$(ARTIFACTS_DIR)"
 
 # An independent AWS emulator (CloudFormation with the SAM transform, Lambda, SQS, DynamoDB) for make rehearse,
