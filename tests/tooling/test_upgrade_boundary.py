@@ -1,13 +1,11 @@
 """What an upgrade replaces and what it never touches: README's "Upgrading the core" against the paths its handler
-steps have you edit, and README's test of your own handler, run as written."""
+steps have you edit."""
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from testkit.template import REPO_ROOT
-from tests.kit import Clock
 
 _PATH = re.compile(r"`([\w./-]+(?:/|\.py|\.yaml|\.json|\.toml))`")
 
@@ -40,13 +38,3 @@ def test_no_step_of_writing_your_own_handler_edits_a_file_an_upgrade_replaces() 
     assert edited_in_core(steps, ours) == []
     # The check itself: a step that had you edit the core would be named.
     assert edited_in_core("**1.** Register it in `src/consumer/app.py`.", ours) == ["src/consumer/app.py"]
-
-
-def test_the_readmes_test_of_your_own_handler_passes_as_written(dynamodb: Any, sqs: Any, clock: Clock) -> None:
-    section = _readme_section("## Testing")
-    code = section[section.index("```python\n") + len("```python\n") :]
-    code = code[: code.index("```")]
-    namespace: dict[str, Any] = {"__name__": "readme_test"}
-    exec(compile(code, "README.md", "exec", dont_inherit=True), namespace)
-    (test,) = [value for name, value in namespace.items() if name.startswith("test_")]
-    test(dynamodb, sqs, clock)
