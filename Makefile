@@ -202,8 +202,16 @@ chaos: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [proof] fault injection
 # The function's architecture: the template's Architecture parameter, its Default (arm64) unless ARCH=x86_64.
 # sam build hands a makefile build nothing but ARTIFACTS_DIR, so build-ConsumerFunction reads it as FUNCTION_ARCH.
 ARCH ?= $(shell sed -n '/^  Architecture:/,/Default:/s/^ *Default: *//p' $(dir $(abspath $(firstword $(MAKEFILE_LIST))))template.yaml)
-# A samconfig.toml environment: CONFIG_ENV=rehearse is the one make rehearse deploys to the emulator.
-CONFIG_ENV ?= default
+# A samconfig.toml environment: STAGE=dev or STAGE=prod (the pipeline's stages, the same for a person), or
+# CONFIG_ENV=rehearse, the one make rehearse deploys to the emulator.
+STAGE ?=
+CONFIG_ENV ?= $(or $(STAGE),default)
+# PARAMETERS="AlarmTopicArn=..." adds to the environment's parameter_overrides: sam deploy's --parameter-overrides
+# replaces the configured list instead of merging with it, so the list is read here and passed first (a name given
+# twice takes the later value).
+CONFIGURED_PARAMETERS = $(shell $(PY) -c 'import sys, tomllib; config = tomllib.load(open("samconfig.toml", "rb")); \
+	print(" ".join(config.get(sys.argv[1], {}).get("deploy", {}).get("parameters", {}).get("parameter_overrides", [])))' \
+	$(CONFIG_ENV))
 
 .PHONY: build
 build: $(SAM_VENV)/.installed ## [product] sam build (the deployable artifact in .aws-sam/; ARCH=x86_64 for that architecture)
@@ -240,5 +248,6 @@ rehearse: venv $(SAM_VENV)/.installed $(MINISTACK_VENV)/.installed ## [product] 
 	@$(LOCAL) rehearse
 
 .PHONY: deploy
-deploy: build ## [product] sam deploy (uses samconfig.toml; add --guided the first time: make deploy ARGS=--guided)
-	$(SAM) deploy --config-env $(CONFIG_ENV) $(ARGS)
+deploy: build ## [product] sam deploy to STAGE=dev or STAGE=prod (samconfig.toml; PARAMETERS="Name=value ..." adds parameters)
+	SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) \
+		$(if $(PARAMETERS),--parameter-overrides $(CONFIGURED_PARAMETERS) $(PARAMETERS)) $(ARGS)
