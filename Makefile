@@ -10,8 +10,10 @@ SAM_VENV := .venv-sam
 SAM := $(SAM_VENV)/bin/sam
 SAM_CLI_VERSION := 1.170.0
 REGION ?= us-east-1
-# sam build needs the function's runtime on PATH; pyenv, when present, provides it.
-LAMBDA_PYTHON := $(shell command -v pyenv >/dev/null 2>&1 && pyenv prefix 3.12.1 2>/dev/null || pyenv prefix 3.12 2>/dev/null)
+# sam build needs the function's runtime on PATH; pyenv, when present, provides it, else a python3.12 on PATH does
+# (CI's, installed beside 3.11 by actions/setup-python).
+LAMBDA_PYTHON := $(shell command -v pyenv >/dev/null 2>&1 && pyenv prefix 3.12.1 2>/dev/null || pyenv prefix 3.12 2>/dev/null \
+	|| python3.12 -c 'import sys; print(sys.base_prefix)' 2>/dev/null)
 BUILD_PATH := $(if $(LAMBDA_PYTHON),$(LAMBDA_PYTHON)/bin:,)$(PATH)
 
 .PHONY: help
