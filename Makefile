@@ -79,8 +79,9 @@ lint: venv ## [proof] ruff (lint and format check), the import contracts (the co
 	$(VENV)/bin/mypy testkit local chaos bench tests
 
 .PHONY: validate
-validate: venv $(SAM_VENV)/.installed ## [proof] cfn-lint (with the serverless rules) on template.yaml, sam validate --lint
+validate: venv $(SAM_VENV)/.installed ## [proof] cfn-lint (with the serverless rules) on template.yaml, sam validate --lint; cfn-lint on the pipeline's deploy role
 	$(VENV)/bin/cfn-lint --append-rules cfn_lint_serverless.rules -- template.yaml
+	$(VENV)/bin/cfn-lint -- pipeline/deploy-role.yaml
 	SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --region $(REGION) --template-file template.yaml
 
 # The checks a change to the template, the handlers' registry or the settings can fail, with no server or runtime:
