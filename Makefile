@@ -71,12 +71,16 @@ lambda-venv: venv ## [local stack] build the function's Python 3.12 venv for Lam
 LAMBDA_RUNTIME := lambda-venv $(SAM_VENV)/.installed
 
 .PHONY: lint
-lint: venv ## [proof] ruff (lint and format check), the import contracts (the core never imports the application), mypy --strict on the deployed code, mypy on the tooling
+lint: venv ## [proof] ruff (lint and format check), the import contracts (the core never imports the application), mypy --strict on the deployed code, mypy on the tooling, actionlint and zizmor on the workflows
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	PYTHONPATH=src:. $(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy --strict src
 	$(VENV)/bin/mypy testkit local chaos bench tests
+	@# The workflows: actionlint (syntax, expressions, the shell of each run step) and zizmor (their security: pinned
+	@# actions, permissions, injection), offline, with .github/zizmor.yml.
+	PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/actionlint
+	$(VENV)/bin/zizmor --offline --quiet .
 
 .PHONY: validate
 validate: venv $(SAM_VENV)/.installed ## [proof] cfn-lint (with the serverless rules) on template.yaml, sam validate --lint; cfn-lint on the pipeline's deploy role
