@@ -227,18 +227,20 @@ build: $(SAM_VENV)/.installed ## [product] sam build (the deployable artifact in
 
 # sam build runs this for ConsumerFunction (its Metadata: BuildMethod: makefile), in a copy of src/, with
 # ARTIFACTS_DIR: the dependencies as SAM's pip builder installs them (src/requirements.txt, hashes checked when
-# it has them, binary wheels for the template's architecture), the code, then bytecode for all of it. Lambda's
+# it has them, binary wheels for the template's architecture), the code (FUNCTION_PACKAGES), then bytecode for all of it. Lambda's
 # /var/task is read-only, so without bytecode every cold start compiles what it imports; checked-hash bytecode
 # is valid whatever mtimes the zip keeps, and a source edited after the build is compiled, never shadowed.
 FUNCTION_ARCH ?= $(ARCH)
+# The function's packages: the core and the application, whose lambda_function is the template's Handler.
+FUNCTION_PACKAGES := consumer service
 .PHONY: build-ConsumerFunction
 build-ConsumerFunction:
 	test -n "$(ARTIFACTS_DIR)"
 	python3.12 -m pip install --quiet --disable-pip-version-check --no-compile --target "$(ARTIFACTS_DIR)" \
 		--platform manylinux2014_$(subst arm64,aarch64,$(FUNCTION_ARCH)) --implementation cp --python-version 3.12 \
 		--only-binary=:all: --require-hashes -r requirements.txt
-	cp -R consumer "$(ARTIFACTS_DIR)/"
-	find "$(ARTIFACTS_DIR)/consumer" -name __pycache__ -prune -exec rm -rf {} +
+	cp -R $(FUNCTION_PACKAGES) "$(ARTIFACTS_DIR)/"
+	find $(addprefix "$(ARTIFACTS_DIR)"/,$(FUNCTION_PACKAGES)) -name __pycache__ -prune -exec rm -rf {} +
 	python3.12 -m compileall -q -f -j 0 --invalidation-mode checked-hash "$(ARTIFACTS_DIR)"
 
 # An independent AWS emulator (CloudFormation with the SAM transform, Lambda, SQS, DynamoDB) for make rehearse,
