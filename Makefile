@@ -253,8 +253,10 @@ $(MINISTACK_VENV)/.installed: | $(UV)
 	touch $@
 
 .PHONY: rehearse
-rehearse: venv $(SAM_VENV)/.installed $(MINISTACK_VENV)/.installed ## [product] sam build + sam deploy onto a local AWS emulator (IAM enforced), messages pushed, checked, sam delete
+rehearse: venv $(SAM_VENV)/.installed $(MINISTACK_VENV)/.installed ## [product] sam build + sam deploy onto a local AWS emulator (IAM enforced), messages pushed, checked, sam delete; the pipeline's deploy role deployed there too
 	@$(LOCAL) rehearse
+	@# The deploy role's template, per stage, on the same emulator (a test module: the tooling does not grow for it).
+	$(PY) -m pytest -p no:xdist -p no:cacheprovider -q tests/tooling/test_deploy_role_on_emulator.py
 
 .PHONY: deploy
 deploy: build ## [product] sam deploy to STAGE=dev or STAGE=prod (samconfig.toml; PARAMETERS="Name=value ..." adds parameters)
