@@ -10,10 +10,11 @@ SAM_VENV := .venv-sam
 SAM := $(SAM_VENV)/bin/sam
 SAM_CLI_VERSION := 1.170.0
 REGION ?= us-east-1
-# sam build needs the function's runtime on PATH; pyenv, when present, provides it, else a python3.12 on PATH does
-# (CI's, installed beside 3.11 by actions/setup-python).
-LAMBDA_PYTHON := $(shell command -v pyenv >/dev/null 2>&1 && pyenv prefix 3.12.1 2>/dev/null || pyenv prefix 3.12 2>/dev/null \
-	|| python3.12 -c 'import sys; print(sys.base_prefix)' 2>/dev/null)
+# The function's runtime (template.yaml's Runtime: python3.13; tests/deployment checks they agree). sam build needs it
+# on PATH; pyenv, when present, provides it, else a python3.13 on PATH does (CI's, beside 3.11, from actions/setup-python).
+FUNCTION_PYTHON := 3.13
+LAMBDA_PYTHON := $(shell command -v pyenv >/dev/null 2>&1 && pyenv prefix $(FUNCTION_PYTHON) 2>/dev/null \
+	|| python$(FUNCTION_PYTHON) -c 'import sys; print(sys.base_prefix)' 2>/dev/null)
 BUILD_PATH := $(if $(LAMBDA_PYTHON),$(LAMBDA_PYTHON)/bin:,)$(PATH)
 
 .PHONY: help
@@ -61,10 +62,10 @@ lock: venv ## [product] resolve src/requirements.in into the hash-locked src/req
 .PHONY: venv
 venv: $(VENV)/.installed ## [local stack] create the virtual environment with every tool
 
-# The function's own runtime for the local stack: Python 3.12 (pyenv's), the artifact's requirements,
+# The function's own runtime for the local stack: Python 3.13 (pyenv's), the artifact's requirements,
 # boto3 as Lambda provides it and awslambdaric; cached in .lambda-runtime/, rebuilt when they change.
 .PHONY: lambda-venv
-lambda-venv: venv ## [local stack] build the function's Python 3.12 venv for Lambda's runtime (local stack, tests)
+lambda-venv: venv ## [local stack] build the function's Python 3.13 venv for Lambda's runtime (local stack, tests)
 	@$(PY) -m testkit.lambda_venv >/dev/null
 
 # The Runtime Interface Emulator comes with SAM CLI's wheel: the local stack needs .venv-sam too.
@@ -236,24 +237,25 @@ FUNCTION_PACKAGES := consumer service
 .PHONY: build-ConsumerFunction
 build-ConsumerFunction:
 	test -n "$(ARTIFACTS_DIR)"
-	python3.12 -m pip install --quiet --disable-pip-version-check --no-compile --target "$(ARTIFACTS_DIR)" \
-		--platform manylinux2014_$(subst arm64,aarch64,$(FUNCTION_ARCH)) --implementation cp --python-version 3.12 \
+	python$(FUNCTION_PYTHON) -m pip install --quiet --disable-pip-version-check --no-compile --target "$(ARTIFACTS_DIR)" \
+		--platform manylinux2014_$(subst arm64,aarch64,$(FUNCTION_ARCH)) --implementation cp --python-version $(FUNCTION_PYTHON) \
 		--only-binary=:all: --require-hashes -r requirements.txt
 	cp -R $(FUNCTION_PACKAGES) "$(ARTIFACTS_DIR)/"
 	find $(addprefix "$(ARTIFACTS_DIR)"/,$(FUNCTION_PACKAGES)) -name __pycache__ -prune -exec rm -rf {} +
-	python3.12 -m compileall -q -f -j 0 --invalidation-mode checked-hash "$(ARTIFACTS_DIR)"
+	python$(FUNCTION_PYTHON) -m compileall -q -f -j 0 --invalidation-mode checked-hash "$(ARTIFACTS_DIR)"
 
 # An independent AWS emulator (CloudFormation with the SAM transform, Lambda, SQS, DynamoDB) for make rehearse,
-# on Python 3.12 in a venv of its own: it runs the function on its own interpreter.
+# on the function's Python in a venv of its own: it runs the function on its own interpreter.
 MINISTACK_VENV := .venv-ministack
-$(MINISTACK_VENV)/.installed: | $(UV)
-	test -n "$(LAMBDA_PYTHON)" || { echo "make rehearse needs Python 3.12 (pyenv install 3.12)" >&2; exit 1; }
-	$(LAMBDA_PYTHON)/bin/python -m venv $(MINISTACK_VENV)
+# Its stamp names the version, so that a venv left on an earlier runtime is made again (--clear).
+$(MINISTACK_VENV)/.installed-$(FUNCTION_PYTHON): | $(UV)
+	test -n "$(LAMBDA_PYTHON)" || { echo "make rehearse needs Python $(FUNCTION_PYTHON) (pyenv install $(FUNCTION_PYTHON))" >&2; exit 1; }
+	$(LAMBDA_PYTHON)/bin/python -m venv --clear $(MINISTACK_VENV)
 	$(UV) pip install --quiet --compile-bytecode --python $(MINISTACK_VENV)/bin/python ministack==1.5.33 aws-sam-translator==1.115.0
 	touch $@
 
 .PHONY: rehearse
-rehearse: venv $(SAM_VENV)/.installed $(MINISTACK_VENV)/.installed ## [product] sam build + sam deploy onto a local AWS emulator (IAM enforced), messages pushed, checked, sam delete; the pipeline's deploy role deployed there too
+rehearse: venv $(SAM_VENV)/.installed $(MINISTACK_VENV)/.installed-$(FUNCTION_PYTHON) ## [product] sam build + sam deploy onto a local AWS emulator (IAM enforced), messages pushed, checked, sam delete; the pipeline's deploy role deployed there too
 	@$(LOCAL) rehearse
 	@# The deploy role's template, per stage, on the same emulator (a test module: the tooling does not grow for it).
 	$(PY) -m pytest -p no:xdist -p no:cacheprovider -q tests/tooling/test_deploy_role_on_emulator.py
