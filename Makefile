@@ -10,8 +10,11 @@ SAM_VENV := .venv-sam
 SAM := $(SAM_VENV)/bin/sam
 SAM_CLI_VERSION := 1.170.0
 REGION ?= us-east-1
-# sam build needs the function's runtime on PATH; pyenv, when present, provides it.
-LAMBDA_PYTHON := $(shell command -v pyenv >/dev/null 2>&1 && pyenv prefix 3.12.1 2>/dev/null || pyenv prefix 3.12 2>/dev/null)
+# The function's runtime (template.yaml's Runtime: python3.13; tests/deployment checks they agree). sam build needs it
+# on PATH; pyenv, when present, provides it, else a python3.13 on PATH does (CI's, beside 3.11, from actions/setup-python).
+FUNCTION_PYTHON := 3.13
+LAMBDA_PYTHON := $(shell command -v pyenv >/dev/null 2>&1 && pyenv prefix $(FUNCTION_PYTHON) 2>/dev/null \
+	|| python$(FUNCTION_PYTHON) -c 'import sys; print(sys.base_prefix)' 2>/dev/null)
 BUILD_PATH := $(if $(LAMBDA_PYTHON),$(LAMBDA_PYTHON)/bin:,)$(PATH)
 
 .PHONY: help
@@ -59,26 +62,31 @@ lock: venv ## [product] resolve src/requirements.in into the hash-locked src/req
 .PHONY: venv
 venv: $(VENV)/.installed ## [local stack] create the virtual environment with every tool
 
-# The function's own runtime for the local stack: Python 3.12 (pyenv's), the artifact's requirements,
+# The function's own runtime for the local stack: Python 3.13 (pyenv's), the artifact's requirements,
 # boto3 as Lambda provides it and awslambdaric; cached in .lambda-runtime/, rebuilt when they change.
 .PHONY: lambda-venv
-lambda-venv: venv ## [local stack] build the function's Python 3.12 venv for Lambda's runtime (local stack, tests)
+lambda-venv: venv ## [local stack] build the function's Python 3.13 venv for Lambda's runtime (local stack, tests)
 	@$(PY) -m testkit.lambda_venv >/dev/null
 
 # The Runtime Interface Emulator comes with SAM CLI's wheel: the local stack needs .venv-sam too.
 LAMBDA_RUNTIME := lambda-venv $(SAM_VENV)/.installed
 
 .PHONY: lint
-lint: venv ## [proof] ruff (lint and format check), the import contracts (the core never imports the application), mypy --strict on the deployed code, mypy on the tooling
+lint: venv ## [proof] ruff (lint and format check), the import contracts (the core never imports the application), mypy --strict on the deployed code, mypy on the tooling, actionlint and zizmor on the workflows
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	PYTHONPATH=src:. $(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy --strict src
 	$(VENV)/bin/mypy testkit local chaos bench tests
+	@# The workflows: actionlint (syntax, expressions, the shell of each run step) and zizmor (their security: pinned
+	@# actions, permissions, injection), offline, with .github/zizmor.yml.
+	PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/actionlint
+	$(VENV)/bin/zizmor --offline --quiet .
 
 .PHONY: validate
-validate: venv $(SAM_VENV)/.installed ## [proof] cfn-lint (with the serverless rules) on template.yaml, sam validate --lint
+validate: venv $(SAM_VENV)/.installed ## [proof] cfn-lint (with the serverless rules) on template.yaml, sam validate --lint; cfn-lint on the pipeline's deploy role
 	$(VENV)/bin/cfn-lint --append-rules cfn_lint_serverless.rules -- template.yaml
+	$(VENV)/bin/cfn-lint -- pipeline/deploy-role.yaml
 	SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --region $(REGION) --template-file template.yaml
 
 # The checks a change to the template, the handlers' registry or the settings can fail, with no server or runtime:
@@ -202,8 +210,16 @@ chaos: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [proof] fault injection
 # The function's architecture: the template's Architecture parameter, its Default (arm64) unless ARCH=x86_64.
 # sam build hands a makefile build nothing but ARTIFACTS_DIR, so build-ConsumerFunction reads it as FUNCTION_ARCH.
 ARCH ?= $(shell sed -n '/^  Architecture:/,/Default:/s/^ *Default: *//p' $(dir $(abspath $(firstword $(MAKEFILE_LIST))))template.yaml)
-# A samconfig.toml environment: CONFIG_ENV=rehearse is the one make rehearse deploys to the emulator.
-CONFIG_ENV ?= default
+# A samconfig.toml environment: STAGE=dev or STAGE=prod (the pipeline's stages, the same for a person), or
+# CONFIG_ENV=rehearse, the one make rehearse deploys to the emulator.
+STAGE ?=
+CONFIG_ENV ?= $(or $(STAGE),default)
+# PARAMETERS="AlarmTopicArn=..." adds to the environment's parameter_overrides: sam deploy's --parameter-overrides
+# replaces the configured list instead of merging with it, so the list is read here and passed first (a name given
+# twice takes the later value).
+CONFIGURED_PARAMETERS = $(shell $(PY) -c 'import sys, tomllib; config = tomllib.load(open("samconfig.toml", "rb")); \
+	print(" ".join(config.get(sys.argv[1], {}).get("deploy", {}).get("parameters", {}).get("parameter_overrides", [])))' \
+	$(CONFIG_ENV))
 
 .PHONY: build
 build: $(SAM_VENV)/.installed ## [product] sam build (the deployable artifact in .aws-sam/; ARCH=x86_64 for that architecture)
@@ -212,33 +228,39 @@ build: $(SAM_VENV)/.installed ## [product] sam build (the deployable artifact in
 
 # sam build runs this for ConsumerFunction (its Metadata: BuildMethod: makefile), in a copy of src/, with
 # ARTIFACTS_DIR: the dependencies as SAM's pip builder installs them (src/requirements.txt, hashes checked when
-# it has them, binary wheels for the template's architecture), the code, then bytecode for all of it. Lambda's
+# it has them, binary wheels for the template's architecture), the code (FUNCTION_PACKAGES), then bytecode for all of it. Lambda's
 # /var/task is read-only, so without bytecode every cold start compiles what it imports; checked-hash bytecode
 # is valid whatever mtimes the zip keeps, and a source edited after the build is compiled, never shadowed.
 FUNCTION_ARCH ?= $(ARCH)
+# The function's packages: the core and the application, whose lambda_function is the template's Handler.
+FUNCTION_PACKAGES := consumer service
 .PHONY: build-ConsumerFunction
 build-ConsumerFunction:
 	test -n "$(ARTIFACTS_DIR)"
-	python3.12 -m pip install --quiet --disable-pip-version-check --no-compile --target "$(ARTIFACTS_DIR)" \
-		--platform manylinux2014_$(subst arm64,aarch64,$(FUNCTION_ARCH)) --implementation cp --python-version 3.12 \
+	python$(FUNCTION_PYTHON) -m pip install --quiet --disable-pip-version-check --no-compile --target "$(ARTIFACTS_DIR)" \
+		--platform manylinux2014_$(subst arm64,aarch64,$(FUNCTION_ARCH)) --implementation cp --python-version $(FUNCTION_PYTHON) \
 		--only-binary=:all: --require-hashes -r requirements.txt
-	cp -R consumer service "$(ARTIFACTS_DIR)/"
-	find "$(ARTIFACTS_DIR)/consumer" "$(ARTIFACTS_DIR)/service" -name __pycache__ -prune -exec rm -rf {} +
-	python3.12 -m compileall -q -f -j 0 --invalidation-mode checked-hash "$(ARTIFACTS_DIR)"
+	cp -R $(FUNCTION_PACKAGES) "$(ARTIFACTS_DIR)/"
+	find $(addprefix "$(ARTIFACTS_DIR)"/,$(FUNCTION_PACKAGES)) -name __pycache__ -prune -exec rm -rf {} +
+	python$(FUNCTION_PYTHON) -m compileall -q -f -j 0 --invalidation-mode checked-hash "$(ARTIFACTS_DIR)"
 
 # An independent AWS emulator (CloudFormation with the SAM transform, Lambda, SQS, DynamoDB) for make rehearse,
-# on Python 3.12 in a venv of its own: it runs the function on its own interpreter.
+# on the function's Python in a venv of its own: it runs the function on its own interpreter.
 MINISTACK_VENV := .venv-ministack
-$(MINISTACK_VENV)/.installed: | $(UV)
-	test -n "$(LAMBDA_PYTHON)" || { echo "make rehearse needs Python 3.12 (pyenv install 3.12)" >&2; exit 1; }
-	$(LAMBDA_PYTHON)/bin/python -m venv $(MINISTACK_VENV)
+# Its stamp names the version, so that a venv left on an earlier runtime is made again (--clear).
+$(MINISTACK_VENV)/.installed-$(FUNCTION_PYTHON): | $(UV)
+	test -n "$(LAMBDA_PYTHON)" || { echo "make rehearse needs Python $(FUNCTION_PYTHON) (pyenv install $(FUNCTION_PYTHON))" >&2; exit 1; }
+	$(LAMBDA_PYTHON)/bin/python -m venv --clear $(MINISTACK_VENV)
 	$(UV) pip install --quiet --compile-bytecode --python $(MINISTACK_VENV)/bin/python ministack==1.5.33 aws-sam-translator==1.115.0
 	touch $@
 
 .PHONY: rehearse
-rehearse: venv $(SAM_VENV)/.installed $(MINISTACK_VENV)/.installed ## [product] sam build + sam deploy onto a local AWS emulator (IAM enforced), messages pushed, checked, sam delete
+rehearse: venv $(SAM_VENV)/.installed $(MINISTACK_VENV)/.installed-$(FUNCTION_PYTHON) ## [product] sam build + sam deploy onto a local AWS emulator (IAM enforced), messages pushed, checked, sam delete; the pipeline's deploy role deployed there too
 	@$(LOCAL) rehearse
+	@# The deploy role's template, per stage, on the same emulator (a test module: the tooling does not grow for it).
+	$(PY) -m pytest -p no:xdist -p no:cacheprovider -q tests/tooling/test_deploy_role_on_emulator.py
 
 .PHONY: deploy
-deploy: build ## [product] sam deploy (uses samconfig.toml; add --guided the first time: make deploy ARGS=--guided)
-	$(SAM) deploy --config-env $(CONFIG_ENV) $(ARGS)
+deploy: build ## [product] sam deploy to STAGE=dev or STAGE=prod (samconfig.toml; PARAMETERS="Name=value ..." adds parameters)
+	SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) \
+		$(if $(PARAMETERS),--parameter-overrides $(CONFIGURED_PARAMETERS) $(PARAMETERS)) $(ARGS)

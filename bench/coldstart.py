@@ -1,4 +1,4 @@
-"""Cold start as Lambda starts a function: fresh Python 3.12 processes on the artifact of ``sam build``.
+"""Cold start as Lambda starts a function: fresh Python 3.13 processes on the artifact of ``sam build``.
 
 Init (the handler module's import) and first invocation (one new message of the timed handler), timed inside
 each process at each CPU setting, the systems taking turns. ``python -m bench --only cold-start`` runs this alone.

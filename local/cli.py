@@ -83,7 +83,7 @@ Local stack "{stack.resources.stack_name}" is running. Ctrl-C stops it and every
   webhook sink        {sink.url}/<a *WebhookUrl parameter>   (GET {sink.url}/requests lists what it received)
   function            {stack.function.handler}, Timeout {stack.function.timeout_s}s, \
 MemorySize {stack.function.memory_mb} MB, BatchSize {stack.trigger.batch_size}, {pollers} poller(s)
-  runtime             Lambda's Runtime Interface Emulator + awslambdaric on Python 3.12, \
+  runtime             Lambda's Runtime Interface Emulator + awslambdaric on Python 3.13, \
 one execution environment per poller, {cpu}
   function logs       {FUNCTION_LOG}  (tail -f it)
   state file          {state.STATE_FILE}

@@ -200,7 +200,7 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
     checks = [
         Check(stack["StackStatus"] == "CREATE_COMPLETE", f"stack {STACK}: {stack['StackStatus']}"),
         Check({*OUTPUTS.values(), "ConsumerFunctionName"} <= outputs.keys(), f"outputs {sorted(outputs)}"),
-        Check(runs_on == ("python3.12", ["x86_64"]), f"the function's runtime and architecture: {runs_on}"),
+        Check(runs_on == ("python3.13", ["x86_64"]), f"the function's runtime and architecture: {runs_on}"),
         _event_source_check(client("lambda", url), function, parameters),
         *_messages_checks(url, env, target),
     ]

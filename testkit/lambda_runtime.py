@@ -1,7 +1,7 @@
 """The function in Lambda's own runtime: the Runtime Interface Emulator driving ``python -m awslambdaric``.
 
 One ``LambdaEnvironment`` is one execution environment: the emulator ``sam local invoke`` runs (from SAM CLI's wheel)
-and the runtime it starts on the function's Python 3.12 venv, with Lambda's variables and CPU share. On timeout the
+and the runtime it starts on the function's Python 3.13 venv, with Lambda's variables and CPU share. On timeout the
 emulator kills the runtime and the next invocation starts a new one (a real cold start, whose init, unlike Lambda, it
 counts against Timeout). One invocation at a time, as Lambda's (two at once crash the emulator): ``LambdaFleet`` holds
 one per concurrent invocation. They bind 127.0.0.1 only and stop by PID, or with a parent that dies.

@@ -1,4 +1,4 @@
-"""The function's own interpreter: a Python 3.12 venv holding exactly what Lambda gives the function.
+"""The function's own interpreter: a Python 3.13 venv holding exactly what Lambda gives the function.
 
 That is the deployment artifact (``src/requirements.txt``), boto3 and botocore as Lambda's runtime provides them (pinned
 as in ``requirements-dev.txt``, so the function and the tests agree on the SDK), and the runtime interface client
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from testkit.template import REPO_ROOT
 
-LAMBDA_PYTHON_VERSION = "3.12"
+LAMBDA_PYTHON_VERSION = "3.13"
 # The runtime interface client of Lambda's managed Python runtime, as a wheel.
 AWSLAMBDARIC = "awslambdaric==4.2.2"
 CACHE_DIR = REPO_ROOT / ".lambda-runtime"

@@ -11,6 +11,7 @@ import pytest
 from consumer.config import Settings
 from consumer.handler import declared_settings, declared_tables
 from service.registry import HANDLERS
+from testkit.lambda_venv import LAMBDA_PYTHON_VERSION
 from testkit.template import REPO_ROOT, ResourceRef, Template
 from tests.deployment.environment import FUNCTION, environment_mistakes
 from tests.deployment.lookups import parameter_name, properties, read
@@ -23,11 +24,15 @@ def _as_environment_value(value: Any) -> str:
     return str(value)
 
 
-def test_function_runs_the_handler_on_python_3_12_arm64(
+def test_function_runs_the_handler_on_python_3_13_arm64(
     source_template: dict[str, Any], transformed_template: dict[str, Any]
 ) -> None:
     function = properties(transformed_template, "ConsumerFunction")
-    assert function["Runtime"] == "python3.12"
+    assert function["Runtime"] == "python3.13"
+    # The build (the Makefile's FUNCTION_PYTHON) and the local runtime's venv use the same version.
+    makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    assert f"\nFUNCTION_PYTHON := {LAMBDA_PYTHON_VERSION}\n" in makefile
+    assert function["Runtime"] == f"python{LAMBDA_PYTHON_VERSION}"
     # arm64 unless the stack is deployed with Architecture=x86_64 (the build step reads the same parameter).
     assert function["Architectures"] == [{"Ref": "Architecture"}]
     architecture = source_template["Parameters"]["Architecture"]

@@ -15,6 +15,9 @@ from bench.report import TIMES, cold_start_targets
 from testkit.lambda_venv import LAMBDA_PYTHON_VERSION, LambdaPythonMissing, find_python
 from testkit.template import REPO_ROOT, load_template
 
+# What build-ConsumerFunction ships (the Makefile's FUNCTION_PACKAGES).
+PACKAGES = ("consumer", "service")
+
 IMPORTTIME = """import time: self [us] | cumulative | imported package
 import time:      5000 |       5000 | testkit.lambda_sqs
 started
@@ -84,10 +87,10 @@ def test_the_build_step_installs_for_the_templates_architecture() -> None:
     assert "-r requirements.txt" in planned
 
 
-def test_the_build_step_ships_the_core_and_the_application_as_hash_checked_bytecode(tmp_path: Path) -> None:
+def test_the_build_step_ships_hash_checked_bytecode_for_every_module(tmp_path: Path) -> None:
     python = _lambda_python()
     source = tmp_path / "src"
-    for package in ("consumer", "service"):
+    for package in PACKAGES:
         shutil.copytree(REPO_ROOT / "src" / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     (source / "requirements.txt").write_text("# the dependencies are not what this test is about\n")
     stale = source / "consumer" / "__pycache__" / f"app.cpython-{LAMBDA_PYTHON_VERSION.replace('.', '')}.pyc"
@@ -101,11 +104,11 @@ def test_the_build_step_ships_the_core_and_the_application_as_hash_checked_bytec
         check=True,
         env={**os.environ, "PATH": f"{python.parent}:{os.environ['PATH']}", "FUNCTION_ARCH": "x86_64"},
     )
-    # The template's Handler names the application's entry module: without it no invocation starts.
-    handler = load_template()["Resources"]["ConsumerFunction"]["Properties"]["Handler"]
-    assert (artifact / (handler.rsplit(".", 1)[0].replace(".", "/") + ".py")).is_file()
-    modules = sorted(module for package in ("consumer", "service") for module in (artifact / package).rglob("*.py"))
-    assert len(modules) == sum(len(list((REPO_ROOT / "src" / p).rglob("*.py"))) for p in ("consumer", "service"))
+    modules = sorted(module for package in PACKAGES for module in (artifact / package).rglob("*.py"))
+    assert len(modules) == sum(len(list((REPO_ROOT / "src" / package).rglob("*.py"))) for package in PACKAGES)
+    # The module the template's Handler names is in the artifact (it was not: the function failed at its first start).
+    handler_module = load_template()["Resources"]["ConsumerFunction"]["Properties"]["Handler"].rsplit(".", 1)[0]
+    assert (artifact / f"{handler_module.replace('.', '/')}.py") in modules
     for module in modules:
         (cached,) = (module.parent / "__pycache__").glob(f"{module.stem}.cpython-*.pyc")
         flags = int.from_bytes(cached.read_bytes()[4:8], "little")

@@ -1,4 +1,4 @@
-"""The function in Lambda's own runtime (emulator + awslambdaric on Python 3.12), through its failure paths.
+"""The function in Lambda's own runtime (emulator + awslambdaric on Python 3.13), through its failure paths.
 
 One execution environment per handler, shared by the tests of this module: cold starts
 are the expensive part, so only the tests about cold starts make new ones.
