@@ -127,7 +127,7 @@ proof: ## [proof] the core's proof, for a change to the core or an upgrade of it
 	$(PY) -m pytest $(PYTEST_WORKERS) $(PROOF_TESTS)
 
 .PHONY: fuzz
-fuzz: venv ## [proof] the whole handler fuzzed with hostile batches for about 20 minutes (make test runs a bounded sample)
+fuzz: venv ## [proof] the whole handler fuzzed with hostile batches for about 20 minutes (make proof runs a bounded sample)
 	@# Ten processes of 700 batches each, seeded apart, so that no run leans on one process's memory for 20 minutes.
 	for seed in 1 2 3 4 5 6 7 8 9 10; do \
 		FUZZ_PROFILE=fuzz FUZZ_EXAMPLES=700 $(PY) -m pytest -p no:cacheprovider -o addopts= -q \

@@ -43,8 +43,8 @@ def _one_data_loader() -> None:
 
 _one_data_loader()
 
-# A property test draws the same examples on every run, so a result of `make test` never depends on a draw;
-# `make fuzz` goes further, 7,000 batches from the seeds it names on its command lines.
+# A property test draws the same examples on every run, so a result of `make test` or `make proof` never depends on
+# a draw; `make fuzz` goes further, 7,000 batches from the seeds it names on its command lines.
 settings.register_profile("make-test", derandomize=True)
 settings.load_profile("make-test")
 
@@ -64,8 +64,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-    # Longest first: make test deals whole files to the workers in this order (--dist loadfile), so the files with the
-    # long tests start first, each on the next free worker, and the short files fill in behind them.
+    # Longest first: make test and make proof deal whole files to the workers in this order (--dist loadfile), so the
+    # files with the long tests start first, each on the next free worker, and the short files fill in behind them.
     items.sort(key=_expected_seconds, reverse=True)
 
 

@@ -1,6 +1,6 @@
 """README's "Replacing the examples", followed to the letter on a copy of the project.
 
-A file of its own, so that make test (which deals whole files to its workers) runs this, its
+A file of its own, so that make proof (which deals whole files to its workers) runs this, its
 longest test, beside the other steps' tests rather than after them.
 """
 
@@ -78,7 +78,7 @@ def test_replacing_the_examples_as_the_readme_says_leaves_a_project_that_passes_
 ) -> None:
     """Both examples removed and the inventory example added, each as README says, on a copy: lint and the
     static and unit tests pass there. The whole suite on a copy (the local stack, chaos) is too slow for
-    ``make test``; it is what a clone runs after this."""
+    one test; it is what a clone runs after this."""
     _copy_of_the_project(tmp_path)
     _replace_the_examples(tmp_path)
     _follow(tmp_path)

@@ -3,7 +3,7 @@
 Batches of 1 to 10 records mix valid messages of the test handlers (tests/core/handlers.py: tally
 entries and webhook calls) with arbitrary bodies (any JSON, deep, wide, huge strings, non-JSON
 text, unicode edge cases), arbitrary message attributes and record fields, and the family of
-messages at SQS's limits (``tests.core.hostile``). ``make test`` runs a bounded number of examples;
+messages at SQS's limits (``tests.core.hostile``). ``make proof`` runs a bounded number of examples;
 ``make fuzz`` runs the ``fuzz`` profile (about 20 minutes). Every failing example
 found is pinned as a regular test in ``test_hostile_input.py``.
 
