@@ -57,8 +57,13 @@ def _replace_the_examples(project: Path) -> None:
         if name in removed:
             (registry.parent / "handlers" / f"{module}.py").unlink(missing_ok=True)
     _register(registry, remove=removed)
+    template = project / "template.yaml"
+    for name in re.findall(r"each line marked\s+`# example: (\w+)`", section):
+        marked = [line for line in template.read_text().splitlines() if line.endswith(f"  # example: {name}")]
+        assert marked, f"no line of template.yaml is marked '# example: {name}': update README or the template"
+        _delete_with_indented(template, "\n".join(marked))
     for block in re.findall(r"^```yaml\n(.*?)^```", section, re.MULTILINE | re.DOTALL):
-        _delete_with_indented(project / "template.yaml", block)
+        _delete_with_indented(template, block)
 
 
 _LINT = (
