@@ -209,3 +209,23 @@ def test_a_body_is_refused_past_its_byte_limit_and_kept_at_it(extra: int, too_la
         assert (raised.value.error_type, raised.value.message) == (ErrorType.BODY_TOO_LARGE, said)
     else:
         assert parse_message({"messageId": "m-1", "body": body}).payload == {"pad": "x" * (len(body) - len(frame))}
+
+
+def test_two_errors_two_characters_past_the_limit_leave_the_second_counted_and_the_reason_within_it() -> None:
+    # 982 + "; " + 18 = 1,002: the second does not fit, nor does the first with the count beside it.
+    first, second = "a" * (982 - len("f0: Value error, ")), "b"
+
+    reason = schema_violation(violation(first, second)).message
+
+    assert len(reason) <= MAX_REASON_CHARS
+    assert reason == f"2 more past the reason's {MAX_REASON_CHARS} characters"
+
+
+def test_a_count_that_fills_the_reason_to_its_last_character_is_kept_beside_what_fits() -> None:
+    rest = f"1 more past the reason's {MAX_REASON_CHARS} characters"
+    first = "a" * (MAX_REASON_CHARS - len("; ") - len(rest) - len("f0: Value error, "))
+
+    reason = schema_violation(violation(first, "b" * 50)).message
+
+    assert reason == f"f0: Value error, {first}; {rest}"
+    assert len(reason) == MAX_REASON_CHARS
