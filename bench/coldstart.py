@@ -104,9 +104,10 @@ def artifacts() -> Iterator[dict[str, list[Path]]]:
         # SAM's pip builder unpacks the wheels and compiles nothing: what a function without a build step ships.
         pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
         _run("pip install", [*pip, "--target", str(unpacked), "-r", str(REPO_ROOT / "src" / "requirements.txt")])
-        shutil.copytree(
-            REPO_ROOT / "src" / "consumer", unpacked / "consumer", ignore=shutil.ignore_patterns("__pycache__")
-        )
+        for package in ("consumer", "service"):  # the core and the application, as the artifact holds them
+            shutil.copytree(
+                REPO_ROOT / "src" / package, unpacked / package, ignore=shutil.ignore_patterns("__pycache__")
+            )
         # The floor's botocore is the runtime's, compiled, as Lambda's runtime ships it. The Powertools function's
         # own code (bench.systems) and the driver come from the repository.
         yield {
