@@ -36,8 +36,11 @@ $(UV):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet uv==0.13.9
 
+# The project's packages (src/: the core and the application; the root: tests and tooling) on the venv's path, as an
+# editable install puts them: its tools find them run bare (lint-imports reads its contracts' packages from sys.path).
 $(VENV)/.installed: requirements-dev.txt src/requirements.in | $(UV)
 	$(UV) pip install --quiet --compile-bytecode --python $(PY) -r requirements-dev.txt
+	printf '%s\n' "$(CURDIR)/src" "$(CURDIR)" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/project.pth"
 	touch $@
 
 $(SAM_VENV)/.installed: | $(UV)
@@ -75,7 +78,7 @@ LAMBDA_RUNTIME := lambda-venv $(SAM_VENV)/.installed
 lint: venv ## [proof] ruff (lint and format check), the import contracts (the core never imports the application), mypy --strict on the deployed code, mypy on the tooling, actionlint and zizmor on the workflows
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	PYTHONPATH=src:. $(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy --strict src
 	$(VENV)/bin/mypy testkit local chaos bench tests
 	@# The workflows: actionlint (syntax, expressions, the shell of each run step) and zizmor (their security: pinned

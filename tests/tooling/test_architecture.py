@@ -36,3 +36,13 @@ def test_the_core_importing_the_application_fails_lint_naming_the_contract_and_t
     assert code == 1
     assert "Broken contracts" in output and _CONTRACT in output
     assert "consumer.batch -> service.registry" in output
+
+
+def test_the_contracts_hold_when_lint_imports_is_run_bare_in_the_checkout() -> None:
+    # As a user or an editor runs it: no PYTHONPATH, the venv's own path alone (make venv puts src/ on it).
+    command = [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"]
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
+
+    assert done.returncode == 0, _ANSI.sub("", done.stdout + done.stderr)[-2000:]
+    assert "Contracts: 2 kept, 0 broken." in _ANSI.sub("", done.stdout)
