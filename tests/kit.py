@@ -146,14 +146,11 @@ def consumer_of(
     session: boto3.session.Session | None = None,
     logger: Log | None = None,
 ) -> Consumer:
-    """The consumer of ``handlers`` (built, by event type) wired as the function wires it, on moto, with a
-    dead-letter queue of its own unless ``dlq_url`` names one (the settings' is replaced); the idempotency
-    table is made if missing."""
+    """The consumer of ``handlers`` (built, by event type) wired as the function wires it, on moto (the
+    ``dynamodb`` fixture's idempotency table), with a dead-letter queue of its own unless ``dlq_url`` names one
+    (the settings' is replaced)."""
     dlq_url = dlq_url or sqs.create_queue(QueueName=DEAD_LETTER_QUEUE)["QueueUrl"]
     settings = settings.model_copy(update={"dead_letter_queue_url": dlq_url})
-    existing = set(dynamodb.list_tables()["TableNames"])
-    if settings.idempotency_table_name not in existing:
-        create_template_tables(dynamodb, {"IdempotencyTable": settings.idempotency_table_name})
     batch = wire(
         settings,
         # A boto3 session is one (its ``client``); the stubs' per-service overloads hide that from mypy.
@@ -203,7 +200,11 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.fixture
 def dynamodb(aws: None) -> Any:
-    return boto3.client("dynamodb", region_name=REGION)
+    """A DynamoDB client on moto with the idempotency table as ``settings_for`` names it; a handler's tables are
+    the test's to make (``create_template_tables``)."""
+    client = boto3.client("dynamodb", region_name=REGION)
+    create_template_tables(client, {"IdempotencyTable": table_name_for_tests("IdempotencyTable")})
+    return client
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,7 +45,6 @@ class LambdaHandler:
     def __init__(self, handlers: Handlers) -> None:
         self.handlers = tuple(handlers)
         self._consumer: BatchRunner | None = None
-        self._lock = threading.Lock()
         self._entry: Callable[[object, LambdaContext], Response] = metrics.log_metrics(
             logger.inject_lambda_context(clear_state=True)(self._handle)
         )
@@ -57,16 +55,16 @@ class LambdaHandler:
         Settings, the runtime's SDK and the tables are checked first, so a misconfigured
         function fails its first invocation with the cause named, before any message is touched.
         """
+        # Lambda's runtime calls a handler one invocation at a time: no lock, as the lru_cache before it had none.
         if self._consumer is None:
-            with self._lock:
-                if self._consumer is None:
-                    settings = Settings.from_env(
-                        tables=declared_tables(self.handlers), handler_settings=declared_settings(self.handlers)
-                    )
-                    session = botocore.session.get_session()
-                    require_botocore(session)
-                    built = build_handlers(self.handlers, settings)
-                    self._consumer = wire(settings, session, handlers=built, check_tables=True)
+            settings = Settings.from_env(
+                tables=declared_tables(self.handlers), handler_settings=declared_settings(self.handlers)
+            )
+            session = botocore.session.get_session()
+            require_botocore(session)
+            self._consumer = wire(
+                settings, session, handlers=build_handlers(self.handlers, settings), check_tables=True
+            )
         return self._consumer
 
     @property
