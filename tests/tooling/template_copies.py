@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -9,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from testkit.template import load_template
+from testkit.template import REPO_ROOT, load_template
 
 Document = dict[str, Any]
 
@@ -42,3 +44,25 @@ def probe_function(directory: Path, source: str) -> tuple[str, Path]:
     code_dir.mkdir(exist_ok=True)
     (code_dir / f"{module}.py").write_text(source, encoding="utf-8")
     return module, code_dir
+
+
+# What a checkout has beside its files: the environments the make targets build, shared with the copy as they are.
+_ENVIRONMENTS = (".venv", ".venv-sam", "node_modules", ".lambda-runtime")
+
+
+def project_copy(directory: Path) -> Path:
+    """This checkout's files (tracked, and new ones not ignored) copied to ``directory``/project, its built
+    environments linked: a project a test can plant a mistake in and run a make target on, as a user would."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO_ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")  # fmt: skip
+    root = directory / "project"
+    for name in filter(None, listed):
+        if (REPO_ROOT / name).is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / name, root / name)
+    for name in _ENVIRONMENTS:
+        if (REPO_ROOT / name).exists():
+            (root / name).symlink_to(REPO_ROOT / name)
+    return root
