@@ -110,12 +110,16 @@ def lambda_variables(function: FunctionSpec, python: Path) -> dict[str, str]:
 
 
 def check_handler(function: FunctionSpec, environment: Mapping[str, str], python: Path) -> None:
-    """Import the handler as the runtime would, so a bad handler string fails before anything starts."""
+    """Import the handler as the runtime would, then start it as Lambda's init does (a handler that has a start, as
+    the consumer's has): a bad handler string, or a function that cannot start, fails before anything waits on it."""
     checked = (function.handler, str(function.code_dir), str(python))
     if checked in _handlers_checked:
         return
     module, _, attribute = function.handler.rpartition(".")
-    probe = "import importlib, sys; getattr(importlib.import_module(sys.argv[1]), sys.argv[2])"
+    probe = (
+        "import importlib, sys; handler = getattr(importlib.import_module(sys.argv[1]), sys.argv[2]); "
+        "print('imported', flush=True); getattr(handler, 'build_consumer', lambda: None)()"
+    )
     answer = subprocess.run(
         [str(python), "-c", probe, module or function.handler, attribute],
         cwd=function.code_dir,
@@ -124,8 +128,10 @@ def check_handler(function: FunctionSpec, environment: Mapping[str, str], python
         text=True,
         check=False,
     )
+    cause = (answer.stderr.strip().splitlines() or [f"exit code {answer.returncode}"])[-1]
+    if answer.returncode != 0 and "imported" in answer.stdout.splitlines():
+        raise RuntimeStartError(f"the function cannot start: {cause}")
     if answer.returncode != 0:
-        cause = (answer.stderr.strip().splitlines() or [f"exit code {answer.returncode}"])[-1]
         raise HandlerImportError(
             f"the handler {function.handler!r} does not import from {function.code_dir} "
             f"(Runtime.ImportModuleError): {cause}"

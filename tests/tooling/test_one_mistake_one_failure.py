@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +21,8 @@ from testkit.template import TEMPLATE_PATH
 from tests.tooling.template_copies import project_copy
 
 _LIMIT_S = 180
+# Generous: the servers start, the function is checked, and the command stops (seconds on an idle machine).
+_START_DEADLINE_S = 60
 PAYMENT = "src/service/handlers/payment_received.py"
 RECEIPT = "src/service/handlers/receipt_requested.py"
 RECEIPT_PARAMETER = "  ReceiptWebhookUrl:  # example: receipt\n"
@@ -153,3 +157,31 @@ def test_a_planted_mistake_stops_the_static_stage_with_one_failure_in_its_own_wo
     test, words = MISTAKES[plant]
     assert failed == [test], output[-4000:]
     assert words in output, output[-4000:]
+
+
+@pytest.mark.long(30)
+@pytest.mark.parametrize("command", ["demo", "smoke", "run"])
+def test_a_local_stack_whose_function_cannot_start_stops_at_once_with_the_start_error(
+    tmp_path: Path, command: str
+) -> None:
+    # The start is checked before any poller starts, so no command waits on a function that cannot start (make demo
+    # used to wait at "0 of 18 done" while the cause was only in its function log).
+    root = project_copy(tmp_path)
+    guard_on_an_optimistic_handler(root)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "local", command],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"},
+        capture_output=True,
+        text=True,
+        timeout=_LIMIT_S,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    said = (
+        "error: the function cannot start: consumer.errors.ConfigurationError: handler of PaymentReceived defines a"
+        " guard, which only lock mode runs"
+    )
+    assert said in done.stderr, done.stderr[-4000:]
+    assert time.monotonic() - started < _START_DEADLINE_S
