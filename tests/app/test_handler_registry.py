@@ -23,7 +23,9 @@ def test_every_handler_file_is_registered_in_handlers() -> None:
     defined = handler_classes()
     assert defined, "no handler found under service.handlers: the scan is broken"
     left_out = unregistered_handlers()
-    assert not left_out, f"register {', '.join(left_out)} in HANDLERS (src/service/registry.py)"
+    assert not left_out, (
+        f"register each handler file in HANDLERS (src/service/registry.py): {', '.join(left_out)} is left out"
+    )
     # Routing is by event type: the start refuses two handlers of one (test_the_function_starts).
     assert sorted(h.event_type for h in HANDLERS) == sorted(h.event_type for h in defined)
 

@@ -46,23 +46,21 @@ def probe_function(directory: Path, source: str) -> tuple[str, Path]:
     return module, code_dir
 
 
-# What a checkout has beside its files: the environments the make targets build, shared with the copy as they are.
+# What a checkout has beside its files: the environments the make targets build, shared with a copy as they are.
 _ENVIRONMENTS = (".venv", ".venv-sam", "node_modules", ".lambda-runtime")
 
 
-def project_copy(directory: Path) -> Path:
-    """This checkout's files (tracked, and new ones not ignored) copied to ``directory``/project, its built
-    environments linked: a project a test can plant a mistake in and run a make target on, as a user would."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO_ROOT, capture_output=True, check=True,
-    ).stdout.decode().split("\0")  # fmt: skip
-    root = directory / "project"
-    for name in filter(None, listed):
+def project_copy(target: Path, *, environments: bool = True) -> Path:
+    """Every file git tracks or would track (a handler not yet committed too) copied to ``target``, as a clone has
+    them; with ``environments``, the checkout's built environments linked, so that a make target runs there as here.
+    A project a test can follow README on, or plant a mistake in."""
+    command = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    listed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
         if (REPO_ROOT / name).is_file():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO_ROOT / name, root / name)
-    for name in _ENVIRONMENTS:
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / name, target / name)
+    for name in _ENVIRONMENTS if environments else ():
         if (REPO_ROOT / name).exists():
-            (root / name).symlink_to(REPO_ROOT / name)
-    return root
+            (target / name).symlink_to(REPO_ROOT / name)
+    return target

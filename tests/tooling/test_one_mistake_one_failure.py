@@ -113,7 +113,7 @@ MISTAKES: dict[Callable[[Path], None], tuple[str, str]] = {
     ),
     unregistered_handler: (
         "test_every_handler_file_is_registered_in_handlers",
-        "register ReceiptRequestedHandler in HANDLERS (src/service/registry.py)",
+        "register each handler file in HANDLERS (src/service/registry.py): ReceiptRequestedHandler is left out",
     ),
     missing_grant: (
         "test_role_grants_exactly_what_the_code_calls",
