@@ -66,7 +66,7 @@ def test_the_function_starts(function_start: subprocess.CompletedProcess[str]) -
 
 
 def test_environment_at_the_defaults_is_accepted_by_the_settings(
-    function_variables: dict[str, Any], resolver: Template
+    started_function: str, function_variables: dict[str, Any], resolver: Template
 ) -> None:
     variables = resolver.resolve(function_variables)
     environment = {name: _as_environment_value(value) for name, value in variables.items()}

@@ -96,6 +96,16 @@ def parameter_without_default(root: Path) -> None:
     )
 
 
+def required_setting_empty_at_the_defaults(root: Path) -> None:
+    """README's required setting given by a parameter whose Default leaves it empty: the function cannot start."""
+    parameter_without_default(root)
+    _edit(
+        root / "template.yaml",
+        "  BillingUrl:\n    Type: String\n",
+        '  BillingUrl:\n    Type: String\n    Default: ""\n',
+    )
+
+
 def table_not_in_the_template(root: Path) -> None:
     _edit(
         root / PAYMENT,
@@ -126,6 +136,11 @@ MISTAKES: dict[Callable[[Path], None], tuple[str, str]] = {
     parameter_without_default: (
         "test_every_parameter_has_a_default",
         "template.yaml:127: parameter BillingUrl has no Default: give it one",
+    ),
+    required_setting_empty_at_the_defaults: (
+        "test_the_function_starts",
+        "the function cannot start: consumer.errors.ConfigurationError: environment variable BILLING_URL is required"
+        " and is empty or unset",
     ),
     table_not_in_the_template: (
         "test_each_table_a_handler_declares_is_a_template_table",
