@@ -114,8 +114,10 @@ class Tracer:
         session.register("after-call", self._after_call)
         session.register("after-call-error", self._after_call_error)
 
-    def _before_call(self, model: Any, params: Mapping[str, Any], context: dict[str, Any], **_: Any) -> None:
+    # botocore's events pass their arguments by name: ``model``, ``params``, ``context``, ``http_response``, ...
+    def _before_call(self, **event: Any) -> None:
         # Before the parameters are built: the call's own parameters, and its time includes their serialising.
+        model, params = event["model"], event["params"]
         aws: dict[str, Any] = {"operation": model.name}
         tables = {item[kind]["TableName"] for item in params.get("TransactItems", ()) for kind in item}
         if "TableName" in params:
@@ -124,19 +126,19 @@ class Tracer:
             aws["table_names"] = sorted(tables)
         if "QueueUrl" in params:
             aws["queue_url"] = params["QueueUrl"]
-        context["xray_subsegment"] = self.start(model.service_model.service_id, "aws", aws=aws)
+        event["context"]["xray_subsegment"] = self.start(model.service_model.service_id, "aws", aws=aws)
 
-    def _after_call(self, http_response: Any, parsed: Mapping[str, Any], context: dict[str, Any], **_: Any) -> None:
-        document = context.pop("xray_subsegment", None)
+    def _after_call(self, **event: Any) -> None:
+        document, status = event["context"].pop("xray_subsegment", None), event["http_response"].status_code
         if document is not None:
-            metadata = parsed.get("ResponseMetadata", {})
+            metadata = event["parsed"].get("ResponseMetadata", {})
             document["aws"]["request_id"] = metadata.get("RequestId", "")
             document["aws"]["retries"] = metadata.get("RetryAttempts", 0)
-            document["http"] = {"response": {"status": http_response.status_code}}
-        self.end(document, **_failure(http_response.status_code))
+            document["http"] = {"response": {"status": status}}
+        self.end(document, **_failure(status))
 
-    def _after_call_error(self, exception: BaseException, context: dict[str, Any], **_: Any) -> None:
-        self.end(context.pop("xray_subsegment", None), **_cause(exception))
+    def _after_call_error(self, **event: Any) -> None:
+        self.end(event["context"].pop("xray_subsegment", None), **_cause(event["exception"]))
 
 
 def trace_calls(session: botocore.session.Session, environ: Mapping[str, str] = os.environ) -> Tracer:

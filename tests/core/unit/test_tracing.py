@@ -15,6 +15,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import botocore.config
+import botocore.exceptions
+import botocore.session
 import pytest
 
 from consumer import webhook
@@ -50,6 +53,13 @@ class Daemon:
             header, _, body = datagram.partition(b"\n")
             assert json.loads(header) == {"format": "json", "version": 1}
             received.append(json.loads(body))
+
+
+def closed_port_address() -> str:
+    """A loopback address nothing listens on (bound, then closed): a connection there is refused."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{closed.getsockname()[1]}"
 
 
 @pytest.fixture
@@ -169,13 +179,9 @@ def test_an_unreachable_webhook_is_a_fault_subsegment_naming_the_error(
 ) -> None:
     tracer = Tracer(daemon.address, {"_X_AMZN_TRACE_ID": SAMPLED})
     monkeypatch.setattr("consumer.webhook.trace_call", tracer.http_call)
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))
-    port = closed.getsockname()[1]
-    closed.close()  # nothing listens there now
 
     with pytest.raises(TransientError, match="unreachable"):
-        WebhookClient(f"http://127.0.0.1:{port}/x").post(b"{}", "key-1", deadline_s=5)
+        WebhookClient(f"http://{closed_port_address()}/x").post(b"{}", "key-1", deadline_s=5)
 
     (call,) = daemon.documents()
     assert call["fault"] is True and call["cause"]["exceptions"][0]["type"] == "ConnectionRefusedError"
@@ -189,3 +195,24 @@ def test_a_daemon_that_cannot_be_reached_never_fails_the_call(
     monkeypatch.setattr("consumer.webhook.trace_call", tracer.http_call)
 
     assert WebhookClient(f"{webhook.url}/receipts").post(b"{}", "key-1", deadline_s=5) == 200
+
+
+def test_an_sdk_call_that_never_answers_is_a_fault_subsegment_naming_the_error(daemon: Daemon) -> None:
+    session = botocore.session.get_session()
+    Tracer(daemon.address, {"_X_AMZN_TRACE_ID": SAMPLED}).trace_sdk(session)
+    config = botocore.config.Config(retries={"total_max_attempts": 1}, connect_timeout=1)
+    sqs = session.create_client(
+        "sqs",
+        "us-east-1",
+        endpoint_url=f"http://{closed_port_address()}",
+        config=config,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+    with pytest.raises(botocore.exceptions.EndpointConnectionError):
+        sqs.send_message(QueueUrl="https://sqs.us-east-1.amazonaws.com/123456789012/dlq", MessageBody="{}")
+
+    (call,) = daemon.documents()
+    assert (call["name"], call["aws"]["operation"], call["fault"]) == ("SQS", "SendMessage", True)
+    assert call["cause"]["exceptions"][0]["type"] == "EndpointConnectionError" and "http" not in call
