@@ -44,7 +44,7 @@ class Daemon:
 
     def documents(self) -> list[dict[str, Any]]:
         """Every document received so far, each checked for the daemon's header line."""
-        received = []
+        received: list[dict[str, Any]] = []
         while True:
             try:
                 datagram = self.socket.recv(65_536)
@@ -211,7 +211,7 @@ def test_an_sdk_call_that_never_answers_is_a_fault_subsegment_naming_the_error(d
     )
 
     with pytest.raises(botocore.exceptions.EndpointConnectionError):
-        sqs.send_message(QueueUrl="https://sqs.us-east-1.amazonaws.com/123456789012/dlq", MessageBody="{}")
+        sqs.send_message(QueueUrl="https://sqs.us-east-1.amazonaws.com/123456789012/dlq", MessageBody="{}")  # type: ignore[attr-defined]
 
     (call,) = daemon.documents()
     assert (call["name"], call["aws"]["operation"], call["fault"]) == ("SQS", "SendMessage", True)
