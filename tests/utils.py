@@ -38,15 +38,13 @@ def settings_on_local_servers(servers: LocalServers, **overrides: Any) -> Settin
     return settings_for_tests(tables={**resources.tables, **own}, **overrides)
 
 
-def readme_checklist() -> list[str]:
-    """The code blocks of README's "A handler with its own table", in order: the registration,
+def tables_checklist() -> list[str]:
+    """The code blocks of docs/tables.md ("A handler with its own table"), in order: the registration,
     the table, its variable, its grant (then the local trial). Tests follow them as written, so the
-    README cannot drift."""
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("### A handler with its own table") :]
-    section = section[: section.index("\n## ")]
-    blocks = re.findall(r"^```\w*\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
-    assert len(blocks) == 5, "README's checklist changed shape: update tests/utils.py and the tests that follow it"
+    page cannot drift."""
+    page = (REPO_ROOT / "docs" / "tables.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```\w*\n(.*?)^```", page, re.MULTILINE | re.DOTALL)
+    assert len(blocks) == 5, "docs/tables.md's checklist changed shape: update tests/utils.py and its tests"
     return blocks[:4]
 
 

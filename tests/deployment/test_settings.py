@@ -133,7 +133,7 @@ def test_a_declared_table_without_its_variable_is_named_with_the_table() -> None
 
 
 class BillingSettings(HandlerSettings):
-    """A handler's own settings, as README "A setting of your own" shows them."""
+    """A handler's own settings, as docs/settings.md ("A setting of your own") shows them."""
 
     billing_url: str
     billing_timeout_ms: PositiveInt = 3_000
