@@ -181,7 +181,7 @@ def test_a_secret_arn_setting_is_marked_for_the_templates_grant() -> None:
 
 def test_the_cores_settings_name_no_handlers_setting() -> None:
     """A handler's setting goes with the handler: removing it leaves nothing of it in consumer.config's code (its
-    docstrings may show one, as README does: ``billing_url``)."""
+    docstrings may show one, as docs/settings.md does: ``billing_url``)."""
     config = Path(__file__).resolve().parents[2] / "src" / "consumer" / "config.py"
     tree = ast.parse(config.read_text(encoding="utf-8"))
     documented = {
