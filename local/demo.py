@@ -82,10 +82,8 @@ def _workload(
     args: argparse.Namespace, stack: DeployedStack
 ) -> tuple[list[messages.Outgoing], list[messages.Outgoing]]:
     rng, run = random.Random(args.seed), f"{args.seed}"
-    tables, dynamodb = (
-        {table: stack.table_name(table) for table in declared_tables(HANDLERS)},
-        stack.servers.client("dynamodb"),
-    )
+    tables = {table: stack.table_name(table) for table in declared_tables(HANDLERS)}
+    dynamodb = stack.servers.client("dynamodb")
     valid: list[messages.Outgoing] = []
     late: list[messages.Outgoing] = []
     poison = [

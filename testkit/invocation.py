@@ -36,9 +36,7 @@ class Invocation:
 
     @property
     def error_type(self) -> str | None:
-        if self.error is None:
-            return None
-        return getattr(self.error, "error_type", type(self.error).__name__)
+        return None if self.error is None else getattr(self.error, "error_type", type(self.error).__name__)
 
 
 class Invoker(Protocol):

@@ -52,7 +52,7 @@ _ERROR_DOCUMENT_KEYS = _ERROR_KEYS | {"requestId", "stackTrace"}
 _PR_SET_PDEATHSIG = 1
 _SINK_LOCK = threading.Lock()
 _QUOTA_NOTED = threading.Lock()
-# Handlers that imported once in this process need no second check (the code does not change under us).
+# Handlers that started once in this process need no second check (the code does not change under us).
 _handlers_checked: set[tuple[str, str, str]] = set()
 
 logger = logging.getLogger(__name__)
@@ -110,14 +110,16 @@ def lambda_variables(function: FunctionSpec, python: Path) -> dict[str, str]:
 
 
 def check_handler(function: FunctionSpec, environment: Mapping[str, str], python: Path) -> None:
-    """Import the handler as the runtime would, so a bad handler string fails before anything starts."""
+    """Import the handler as the runtime would, then start it as Lambda's init does (a handler that has a start, as
+    the consumer's has): a bad handler string, or a function that cannot start, fails before anything waits on it."""
     checked = (function.handler, str(function.code_dir), str(python))
     if checked in _handlers_checked:
         return
     module, _, attribute = function.handler.rpartition(".")
-    probe = "import importlib, sys; getattr(importlib.import_module(sys.argv[1]), sys.argv[2])"
+    probe = "import importlib, sys; handler = getattr(importlib.import_module(sys.argv[1]), sys.argv[2])"
+    start = "print('imported', flush=True); getattr(handler, 'build_consumer', lambda: None)()"
     answer = subprocess.run(
-        [str(python), "-c", probe, module or function.handler, attribute],
+        [str(python), "-c", f"{probe}; {start}", module or function.handler, attribute],
         cwd=function.code_dir,
         env={**environment, **lambda_variables(function, python), "PYTHONPATH": str(function.code_dir)},
         capture_output=True,
@@ -126,6 +128,8 @@ def check_handler(function: FunctionSpec, environment: Mapping[str, str], python
     )
     if answer.returncode != 0:
         cause = (answer.stderr.strip().splitlines() or [f"exit code {answer.returncode}"])[-1]
+        if "imported" in answer.stdout.splitlines():
+            raise RuntimeStartError(f"the function cannot start: {cause}")
         raise HandlerImportError(
             f"the handler {function.handler!r} does not import from {function.code_dir} "
             f"(Runtime.ImportModuleError): {cause}"

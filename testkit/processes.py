@@ -38,11 +38,10 @@ def free_port() -> int:
 def alive(pid: int) -> bool:
     """Whether a process with this PID exists (one we may not signal counts as alive)."""
     try:
-        os.kill(pid, 0)
+        with contextlib.suppress(PermissionError):
+            os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        pass
     return True
 
 

@@ -3,44 +3,31 @@
 from __future__ import annotations
 
 import ast
-import importlib
-import inspect
 import os
-import pkgutil
 import subprocess
 import sys
 import textwrap
 from typing import Any
 
 import consumer.api
-import service.handlers
 from consumer.config import Settings
-from consumer.handler import MessageContext, MessageHandler, build_handlers
+from consumer.handler import MessageContext, MessageHandler
 from service.registry import HANDLERS
 from testkit.template import REPO_ROOT
-from tests.utils import settings_for_tests
+from tests.deployment.environment import handler_classes, unregistered_handlers
 
 _PATHS = {**os.environ, "PYTHONPATH": f"{REPO_ROOT / 'src'}{os.pathsep}{REPO_ROOT}"}
 
 
-def _handler_classes() -> dict[str, type[MessageHandler[Any]]]:
-    """Each concrete MessageHandler defined in a module under src/service/handlers/, by event type."""
-    found = {}
-    for module_info in pkgutil.iter_modules(service.handlers.__path__):
-        module = importlib.import_module(f"service.handlers.{module_info.name}")
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if issubclass(cls, MessageHandler) and not inspect.isabstract(cls) and cls.__module__ == module.__name__:
-                found[cls.event_type] = cls
-    return found
-
-
 def test_every_handler_file_is_registered_in_handlers() -> None:
-    defined = _handler_classes()
-    registered = build_handlers(HANDLERS, settings_for_tests())
+    defined = handler_classes()
     assert defined, "no handler found under service.handlers: the scan is broken"
-    assert sorted(registered) == sorted(defined), "register each handler file in HANDLERS (src/service/registry.py)"
-    for event_type, handler in registered.items():
-        assert type(handler) is defined[event_type]
+    left_out = unregistered_handlers()
+    assert not left_out, (
+        f"register each handler file in HANDLERS (src/service/registry.py): {', '.join(left_out)} is left out"
+    )
+    # Routing is by event type: the start refuses two handlers of one (test_the_function_starts).
+    assert sorted(h.event_type for h in HANDLERS) == sorted(h.event_type for h in defined)
 
 
 HANDLER_API = {

@@ -1,14 +1,20 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cfnlint.decode import cfn_yaml
 
-from testkit.template import TEMPLATE_PATH, Template, load_template, transform
-from tests.deployment.environment import FUNCTION, environment_mistakes
-from tests.deployment.lookups import properties, read
+from consumer.handler import declared_tables
+from service.registry import HANDLERS
+from testkit.aws import DUMMY_CREDENTIALS_ENV
+from testkit.template import REPO_ROOT, TEMPLATE_PATH, Template, load_template, transform
+from tests.deployment.environment import FUNCTION, environment_mistakes, unregistered_handlers
+from tests.deployment.lookups import properties, read, resources_of_type
 
 # The template the static checks read: template.yaml, or a copy (the test that a mistake stops `make test` early).
 TEMPLATE_VARIABLE = "STATIC_CHECKS_TEMPLATE"
@@ -24,8 +30,22 @@ def source_template(template_path: Path) -> dict[str, Any]:
     return load_template(template_path)
 
 
+def parameters_without_default(template_path: Path) -> list[str]:
+    """Each parameter the template gives no Default, at its file:line."""
+    document = cfn_yaml.loads(template_path.read_text(encoding="utf-8"), str(template_path))
+    return [
+        f"{template_path}:{name.start_mark.line + 1}: parameter {name} has no Default"
+        for name, spec in (document.get("Parameters") or {}).items()
+        if "Default" not in spec
+    ]
+
+
 @pytest.fixture(scope="session")
-def transformed_template(source_template: dict[str, Any]) -> dict[str, Any]:
+def transformed_template(source_template: dict[str, Any], template_path: Path) -> dict[str, Any]:
+    """The template as CloudFormation reads it, for the tests that read it at its parameters' defaults: a parameter
+    without one skips them (test_every_parameter_has_a_default names it)."""
+    if parameters_without_default(template_path):
+        pytest.skip("a parameter has no Default: test_every_parameter_has_a_default names it")
     return transform(source_template)
 
 
@@ -35,11 +55,88 @@ def resolver(transformed_template: dict[str, Any]) -> Template:
     return read(transformed_template)
 
 
+# A mistake is reported once, by the check that names its cause: the checks that depend on what it breaks skip. In
+# order: each parameter with a default (above), each handler file registered (tests/app/test_handler_registry.py),
+# each table a handler declares in the template (test_tables.py), the function's environment what the code reads and
+# the function able to start (test_function.py).
 @pytest.fixture(scope="session")
-def function_variables(transformed_template: dict[str, Any], template_path: Path) -> dict[str, Any]:
+def registered_handlers(transformed_template: dict[str, Any]) -> None:
+    """For the tests that read the handlers' needs from HANDLERS and the template: a handler file left out, or a table
+    a handler declares that the template lacks, skips them."""
+    if unregistered_handlers():
+        pytest.skip("a handler file is not registered: test_every_handler_file_is_registered_in_handlers names it")
+    if set(declared_tables(HANDLERS)) - set(resources_of_type(transformed_template, "AWS::DynamoDB::Table")):
+        pytest.skip(
+            "a table a handler declares is missing: test_each_table_a_handler_declares_is_a_template_table names it"
+        )
+
+
+@pytest.fixture(scope="session")
+def function_variables(
+    registered_handlers: None, transformed_template: dict[str, Any], template_path: Path
+) -> dict[str, Any]:
     """The function's environment variables, for the tests that need them right. With a mistake in them those
     tests skip: test_function's check of the environment is the one failure, and it names the line to fix."""
     variables: dict[str, Any] = properties(transformed_template, FUNCTION)["Environment"]["Variables"]
     if environment_mistakes(template_path, variables):
         pytest.skip("the function's environment has a mistake: test_environment_is_what_the_code_reads names it")
     return variables
+
+
+# The real handler on an empty batch in a process of its own, with the function's environment, its tables in moto: as
+# Lambda starts it, so what stops it starting (a handler's ConfigurationError) is its last line; it prints the EMF
+# documents of an invocation (every outcome counted at zero, under the namespace and dimensions it deploys with).
+_START = """
+import boto3, moto
+from consumer.config import Settings
+from consumer.handler import declared_tables
+from service.registry import HANDLERS
+from testkit.tables import create_template_tables
+
+moto.mock_aws().start()
+create_template_tables(boto3.client("dynamodb"), Settings.from_env(tables=declared_tables(HANDLERS)).every_table())
+from service.lambda_function import handler
+
+class Context:
+    function_name = "ConsumerFunction"
+    memory_limit_in_mb = 512
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:ConsumerFunction"
+    aws_request_id = "static-checks"
+    def get_remaining_time_in_millis(self):
+        return 30_000
+
+handler({"Records": []}, Context())
+"""
+
+
+@pytest.fixture(scope="session")
+def function_start(function_variables: dict[str, Any], resolver: Template) -> subprocess.CompletedProcess[str]:
+    """The function started with its template's environment (the parameters at their defaults) and invoked once."""
+    variables = resolver.resolve(function_variables)
+    return subprocess.run(
+        [sys.executable, "-c", _START],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO_ROOT,
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONPATH": f"{REPO_ROOT / 'src'}{os.pathsep}{REPO_ROOT}",
+            **DUMMY_CREDENTIALS_ENV,
+            **{name: str(value) for name, value in variables.items()},
+        },
+    )
+
+
+def start_error(start: subprocess.CompletedProcess[str]) -> str | None:
+    """Why the function cannot start (the last line of its traceback), or ``None`` when it started."""
+    return (start.stderr.strip().splitlines() or ["no output"])[-1] if start.returncode else None
+
+
+@pytest.fixture(scope="session")
+def started_function(function_start: subprocess.CompletedProcess[str]) -> str:
+    """What the started function printed, for the tests that need it to start; they skip when it cannot."""
+    if start_error(function_start):
+        pytest.skip("the function cannot start: test_the_function_starts names why")
+    return function_start.stdout

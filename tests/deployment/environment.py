@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import ast
 import difflib
+import importlib
+import inspect
+import pkgutil
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,8 +15,9 @@ from typing import Any
 
 from cfnlint.decode import cfn_yaml
 
+import service.handlers
 from consumer.config import Settings, is_secret_arn, table_variable
-from consumer.handler import declared_settings, declared_tables
+from consumer.handler import MessageHandler, declared_settings, declared_tables
 from service.registry import HANDLERS
 from tests.deployment.source_scan import package_modules
 
@@ -28,6 +32,23 @@ STACK_PROVIDED_VARIABLES = {
     "POWERTOOLS_METRICS_NAMESPACE",
     "POWERTOOLS_LOG_LEVEL",
 }
+
+
+def handler_classes() -> list[type[MessageHandler[Any]]]:
+    """Each concrete MessageHandler defined in a module under src/service/handlers/."""
+    found = []
+    for module_info in pkgutil.iter_modules(service.handlers.__path__):
+        module = importlib.import_module(f"service.handlers.{module_info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, MessageHandler) and not inspect.isabstract(cls) and cls.__module__ == module.__name__:
+                found.append(cls)
+    return found
+
+
+def unregistered_handlers() -> list[str]:
+    """The handler classes under src/service/handlers/ that HANDLERS leaves out (their messages would only show as
+    UnknownEventType dead letters)."""
+    return [cls.__name__ for cls in handler_classes() if cls not in HANDLERS]
 
 
 def handler_variables(only_stack_provided: bool = False) -> set[str]:

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from testkit.aws import DUMMY_CREDENTIALS_ENV
-from testkit.template import REPO_ROOT, ResourceRef, Template
+from testkit.template import ResourceRef, Template
 from tests.deployment.lookups import properties, read, resources_of_type
 
 # AWS metrics the dashboard may chart: namespace -> metric -> (dimension, resource type it names).
@@ -40,31 +36,6 @@ REQUIRED = {
     ("AWS/DynamoDB", "TransactionConflict", "IdempotencyTable"),
 }
 
-# Runs the real handler on an empty batch in a process of its own, with the function's environment, and prints
-# the EMF documents it writes: every outcome is counted, at zero, under the namespace and dimensions it deploys with.
-_EMIT = """
-import boto3, moto
-from consumer.config import Settings
-from consumer.handler import declared_tables
-from service.registry import HANDLERS
-from testkit.tables import create_template_tables
-
-# The tables the function checks at cold start, in moto: this test is about what it prints.
-moto.mock_aws().start()
-create_template_tables(boto3.client("dynamodb"), Settings.from_env(tables=declared_tables(HANDLERS)).every_table())
-from service.lambda_function import handler
-
-class Context:
-    function_name = "ConsumerFunction"
-    memory_limit_in_mb = 512
-    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:ConsumerFunction"
-    aws_request_id = "dashboard-test"
-    def get_remaining_time_in_millis(self):
-        return 30_000
-
-handler({"Records": []}, Context())
-"""
-
 
 @pytest.fixture(scope="module")
 def dashboard(transformed_template: dict[str, Any], resolver: Template) -> dict[str, Any]:
@@ -73,31 +44,16 @@ def dashboard(transformed_template: dict[str, Any], resolver: Template) -> dict[
 
 
 @pytest.fixture(scope="module")
-def emitted(function_variables: dict[str, Any], resolver: Template) -> list[dict[str, Any]]:
+def emitted(started_function: str) -> list[dict[str, Any]]:
     """The ``_aws.CloudWatchMetrics`` directives of what the function prints, with their dimension values."""
-    variables = resolver.resolve(function_variables)
-    environment = {name: str(value) for name, value in variables.items()}
-    result = subprocess.run(
-        [sys.executable, "-c", _EMIT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        cwd=REPO_ROOT,
-        env={
-            "PATH": os.environ.get("PATH", ""),
-            "PYTHONPATH": f"{REPO_ROOT / 'src'}{os.pathsep}{REPO_ROOT}",
-            **DUMMY_CREDENTIALS_ENV,
-            **environment,
-        },
-    )
-    documents = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{") and '"_aws"' in line]
+    result = started_function
+    documents = [json.loads(line) for line in result.splitlines() if line.startswith("{") and '"_aws"' in line]
     directives = []
     for document in documents:
         for directive in document["_aws"]["CloudWatchMetrics"]:
             dimensions = {name: document[name] for names in directive["Dimensions"] for name in names}
             directives.append({**directive, "dimension_values": dimensions})
-    assert directives, result.stdout + result.stderr
+    assert directives, result
     return directives
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from consumer.handler import declared_settings, declared_tables
 from service.registry import HANDLERS
 from testkit.lambda_venv import LAMBDA_PYTHON_VERSION
 from testkit.template import REPO_ROOT, ResourceRef, Template
+from tests.deployment.conftest import start_error
 from tests.deployment.environment import FUNCTION, environment_mistakes
 from tests.deployment.lookups import parameter_name, properties, read
 
@@ -45,7 +47,9 @@ def test_function_runs_the_handler_on_python_3_13_arm64(
     assert callable(getattr(importlib.import_module(module_name), attribute))
 
 
-def test_environment_is_what_the_code_reads(transformed_template: dict[str, Any], template_path: Path) -> None:
+def test_environment_is_what_the_code_reads(
+    registered_handlers: None, transformed_template: dict[str, Any], template_path: Path
+) -> None:
     # Every variable the code needs, each table's as a !Ref to it; and nothing it does not read: a misspelt name
     # is silently ignored by the code, so here it is an error, with the line to fix.
     variables = properties(transformed_template, FUNCTION)["Environment"]["Variables"]
@@ -54,8 +58,15 @@ def test_environment_is_what_the_code_reads(transformed_template: dict[str, Any]
         pytest.fail("\n".join(mistakes), pytrace=False)
 
 
+def test_the_function_starts(function_start: subprocess.CompletedProcess[str]) -> None:
+    # What stops the function starting stops every invocation: said once, in the start's own words (a guard on an
+    # optimistic handler, a setting refused, two handlers of one event type, ...), before any check that needs it.
+    if error := start_error(function_start):
+        pytest.fail(f"the function cannot start: {error}", pytrace=False)
+
+
 def test_environment_at_the_defaults_is_accepted_by_the_settings(
-    function_variables: dict[str, Any], resolver: Template
+    started_function: str, function_variables: dict[str, Any], resolver: Template
 ) -> None:
     variables = resolver.resolve(function_variables)
     environment = {name: _as_environment_value(value) for name, value in variables.items()}

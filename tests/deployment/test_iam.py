@@ -79,6 +79,7 @@ def _secret_parameters(template: dict[str, Any]) -> dict[str, str]:
 
 
 def test_a_handlers_secret_is_readable_only_when_named_and_only_that_secret(
+    registered_handlers: None,
     transformed_template: dict[str, Any],
 ) -> None:
     without = grants_by_resource(transformed_template, ROLE)

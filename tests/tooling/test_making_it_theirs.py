@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.tooling.template_copies import project_copy
 from tests.utils import tables_checklist
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -33,18 +34,6 @@ _SUITE = [
     "tests/deployment/test_iam_matches_code.py",
 ]
 _REGISTRATION, _TABLE, _VARIABLE, _GRANT = range(4)
-
-
-def _copy_of_the_project(target: Path) -> None:
-    """Every file git tracks or would track (a handler not yet committed too), as a clone has them (no
-    virtual environments, no caches)."""
-    command = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
-    listed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, check=True).stdout
-    for name in filter(None, listed.decode().split("\0")):
-        source = REPO_ROOT / name
-        if source.is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(source, target / name)
 
 
 def _insert(path: Path, anchor: str, text: str, *, after: bool) -> None:
@@ -137,7 +126,7 @@ def _routed(project: Path) -> dict[str, dict[str, str]]:
 
 @pytest.mark.long(25)
 def test_a_handler_with_its_own_table_added_as_the_docs_say_passes_and_is_routed(tmp_path: Path) -> None:
-    _copy_of_the_project(tmp_path)
+    project_copy(tmp_path, environments=False)
     _follow(tmp_path)
 
     done = _pytest(tmp_path, _SUITE, "-x")
@@ -151,7 +140,7 @@ def test_a_handler_with_its_own_table_added_as_the_docs_say_passes_and_is_routed
 def test_the_documented_steps_keep_a_handler_the_user_registered_already(tmp_path: Path) -> None:
     """A user's handler beside the shipped ones (the refund example, registered as "Writing your own
     handler" says, not yet committed): adding the next one keeps it, and the tests still pass."""
-    _copy_of_the_project(tmp_path)
+    project_copy(tmp_path, environments=False)
     shutil.copy(tmp_path / "examples" / "refund_issued.py", tmp_path / "src" / "service" / "handlers")
     step = tables_checklist()[_REGISTRATION]
     _register(
@@ -182,7 +171,7 @@ def test_the_documented_steps_keep_a_handler_the_user_registered_already(tmp_pat
 def test_each_step_left_out_fails_the_test_the_page_names(
     tmp_path: Path, skip: int | None, typo: tuple[str, str] | None, caught_by: str, said: str
 ) -> None:
-    _copy_of_the_project(tmp_path)
+    project_copy(tmp_path, environments=False)
     _follow(tmp_path, skip=skip, typo=typo)
 
     done = _pytest(tmp_path, [caught_by], "-x")

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.tooling.template_copies import project_copy
 from tests.tooling.test_making_it_theirs import (
     REPO_ROOT,
-    _copy_of_the_project,
     _follow,
     _pytest,
     _register,
@@ -82,7 +82,7 @@ def test_replacing_the_examples_as_the_docs_say_leaves_a_project_that_passes_lin
     """Both examples removed and the inventory example added, each as the docs say, on a copy: lint and the
     static and unit tests pass there. The whole suite on a copy (the local stack, chaos) is too slow for
     one test; it is what a clone runs after this."""
-    _copy_of_the_project(tmp_path)
+    project_copy(tmp_path, environments=False)
     _replace_the_examples(tmp_path)
     _follow(tmp_path)
 

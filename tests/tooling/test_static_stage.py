@@ -13,7 +13,7 @@ import pytest
 from testkit.template import REPO_ROOT, TEMPLATE_PATH
 
 VARIABLE = "          IDEMPOTENCY_TABLE_NAME: !Ref IdempotencyTable\n"
-_LIMIT_S = 120
+_LIMIT_S = 300
 
 
 @pytest.mark.long(40)
