@@ -1,0 +1,175 @@
+"""Group commit: a batch's new optimistic messages on disjoint items in one transaction, each its own outcome.
+
+On moto, for the calls made and the outcomes given; the same refusals on DynamoDB Local behind the conflict
+emulation are in tests/core/integration/test_group_commit.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ConnectionClosedError
+
+from consumer.idempotency.store import Applied, ApplyRequest, Duplicate, IdempotencyStore, Refused
+from consumer.idempotency.writes import ConditionCheck, Put
+from consumer.outcome import Outcome
+from testkit.lambda_sqs import REGION, sqs_record
+from tests.core.handlers import tally_body
+from tests.core.unit.conftest import TALLIES, Clock, Consumer, entries, make_consumer, total
+from tests.utils import IDEMPOTENCY_TABLE
+
+
+def _counting(calls: Counter[str]) -> boto3.session.Session:
+    session = boto3.session.Session(region_name=REGION)
+
+    def count(model: Any, **_: Any) -> None:
+        calls[model.name] += 1
+
+    session.events.register("before-call.dynamodb", count)
+    return session
+
+
+def _grouped(dynamodb: Any, sqs: Any, clock: Clock, calls: Counter[str], *, on: bool = True) -> Consumer:
+    return make_consumer(dynamodb, sqs, clock, session=_counting(calls), group_commit=on)
+
+
+def _outcomes(consumer: Consumer, records: list[dict[str, Any]]) -> dict[str, Outcome]:
+    return {result.message_id: result.outcome for result in consumer.batch.process(records, consumer.remaining).results}
+
+
+def test_new_messages_on_distinct_items_are_committed_in_one_transaction(dynamodb: Any, sqs: Any, clock: Clock) -> None:
+    calls: Counter[str] = Counter()
+    consumer = _grouped(dynamodb, sqs, clock, calls)
+    records = [sqs_record(f"m-{n}", tally_body(f"e-{n}", tally_id=f"t-{n}", amount=n)) for n in range(1, 11)]
+    assert set(_outcomes(consumer, records).values()) == {Outcome.APPLIED}
+    assert calls == Counter({"TransactWriteItems": 1})
+    assert [total(dynamodb, f"t-{n}") for n in range(1, 11)] == list(range(1, 11))
+
+
+def test_with_group_commit_off_each_message_is_its_own_transaction(dynamodb: Any, sqs: Any, clock: Clock) -> None:
+    calls: Counter[str] = Counter()
+    consumer = _grouped(dynamodb, sqs, clock, calls, on=False)
+    records = [sqs_record(f"m-{n}", tally_body(f"e-{n}", tally_id=f"t-{n}")) for n in range(1, 4)]
+    assert set(_outcomes(consumer, records).values()) == {Outcome.APPLIED}
+    assert calls == Counter({"TransactWriteItems": 3})
+
+
+def _refusals() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What was applied before, and a batch with one message of each refusal beside new ones, on distinct tallies."""
+    before = [
+        sqs_record("earlier-dup", tally_body("e-2", tally_id="t-2", key="k-2")),
+        sqs_record("earlier-reused", tally_body("e-3", tally_id="t-3", key="k-3")),
+        sqs_record("earlier-entry", tally_body("e-4", tally_id="t-4", key="k-4a")),
+    ]
+    batch = [
+        sqs_record("new-1", tally_body("e-1", tally_id="t-1", key="k-1")),
+        sqs_record("duplicate", tally_body("e-2", tally_id="t-2", key="k-2")),
+        sqs_record("key-reused", tally_body("e-3", tally_id="t-3", amount=7, key="k-3")),
+        sqs_record("condition", tally_body("e-4", tally_id="t-4", key="k-4b")),
+        sqs_record("new-5", tally_body("e-5", tally_id="t-5", key="k-5")),
+    ]
+    return before, batch
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["alone", "grouped"])
+def test_one_refused_message_in_a_group_leaves_the_others_outcomes_unchanged(
+    dynamodb: Any, sqs: Any, clock: Clock, on: bool
+) -> None:
+    calls: Counter[str] = Counter()
+    consumer = _grouped(dynamodb, sqs, clock, calls, on=on)
+    before, batch = _refusals()
+    consumer.process(before)
+    calls.clear()
+    assert _outcomes(consumer, batch) == {
+        "new-1": Outcome.APPLIED,
+        "duplicate": Outcome.DUPLICATE,
+        "key-reused": Outcome.POISON,
+        "condition": Outcome.POISON,
+        "new-5": Outcome.APPLIED,
+    }
+    assert sorted(letter.original_message_id for letter in consumer.dead_letters()) == ["condition", "key-reused"]
+    assert [total(dynamodb, f"t-{n}") for n in range(1, 6)] == [1250] * 5
+    assert entries(dynamodb, "t-4") == ["ENTRY#e-4", "TOTAL"]
+    # Grouped: the five in one call, refused, then the two new ones again without the three it named.
+    assert calls["TransactWriteItems"] == (2 if on else 5)
+
+
+class _LostAnswers:
+    """A client whose transact_write_items is applied, then its answer lost, ``times`` times; each one retried
+    as botocore retries it (``retried``), the same request once more, or not at all."""
+
+    def __init__(self, client: Any, *, times: int, retried: bool) -> None:
+        self._client, self._times, self._retried = client, times, retried
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def transact_write_items(self, **request: Any) -> Any:
+        if self._times == 0:
+            return self._client.transact_write_items(**request)
+        self._times -= 1
+        self._client.transact_write_items(**request)
+        if self._retried:
+            # moto keeps no request token: the retry meets the records its first attempt wrote.
+            return self._client.transact_write_items(**request)
+        raise ConnectionClosedError(endpoint_url="https://dynamodb")
+
+
+def _tally_request(n: int) -> ApplyRequest:
+    entry = Put(TALLIES, {"tallyId": f"t-{n}", "entryId": f"ENTRY#e-{n}"}, condition="attribute_not_exists(entryId)")
+    return ApplyRequest(f"TallyAdded#k-{n}", f"hash-{n}", {"n": n}, (entry,))
+
+
+@pytest.mark.parametrize("retried", [False, True], ids=["answer-lost", "retried-after-applied"])
+def test_a_group_whose_answer_was_lost_is_each_messages_own_and_applied_once(
+    dynamodb: Any, clock: Clock, retried: bool
+) -> None:
+    store = IdempotencyStore(
+        _LostAnswers(dynamodb, times=1, retried=retried), IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock
+    )
+    answers = store.apply_group([_tally_request(n) for n in range(1, 4)])
+    assert [type(answer) for answer in answers] == [Applied] * 3
+    for n, answer in enumerate(answers, start=1):
+        record = store.get(f"TallyAdded#k-{n}")
+        assert record is not None and isinstance(answer, Applied) and record.owner_token == answer.owner_token
+    # And a delivery after it is a duplicate: applied once.
+    again = store.apply_group([_tally_request(n) for n in range(1, 4)])
+    assert [type(answer) for answer in again] == [Duplicate] * 3
+
+
+def _sizes(client: Any) -> list[int]:
+    """The number of items of each TransactWriteItems the client sends, as it sends them."""
+    seen: list[int] = []
+    event = "before-parameter-build.dynamodb.TransactWriteItems"
+    client.meta.events.register(event, lambda params, **_: seen.append(len(params["TransactItems"])))
+    return seen
+
+
+def test_messages_that_share_an_item_are_never_in_one_transaction(dynamodb: Any, clock: Clock) -> None:
+    seen = _sizes(dynamodb)
+    store = IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock)
+    check = ConditionCheck(TALLIES, {"tallyId": "t-1", "entryId": "ENTRY#e-1"}, "attribute_not_exists(entryId)")
+    shared = [ApplyRequest(f"TallyAdded#k-{n}", "h", None, (check,)) for n in range(1, 3)]
+    answers = store.apply_group([*shared, _tally_request(3)])
+    assert [type(answer) for answer in answers] == [Applied] * 3
+    # The first two meet on one item: the first goes with the third, the second alone.
+    assert seen == [4, 2]
+
+
+def test_a_group_past_transact_write_items_limit_is_split(dynamodb: Any, clock: Clock) -> None:
+    seen = _sizes(dynamodb)
+    store = IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock)
+    answers = store.apply_group([_tally_request(n) for n in range(60)])
+    assert all(isinstance(answer, Applied) for answer in answers)
+    assert seen == [100, 20]
+
+
+def test_a_refused_business_write_in_a_group_is_that_messages_alone(dynamodb: Any, clock: Clock) -> None:
+    store = IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock)
+    store.apply_once("TallyAdded#k-other", "h", None, _tally_request(2).writes)
+    answers = store.apply_group([_tally_request(n) for n in range(1, 4)])
+    assert [type(answer) for answer in answers] == [Applied, Refused, Applied]
+    assert store.get("TallyAdded#k-2") is None
