@@ -7,7 +7,7 @@ emulation are in tests/core/integration/test_group_commit.py.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 import boto3
 import pytest
@@ -17,7 +17,7 @@ from consumer.idempotency.store import Applied, ApplyRequest, Duplicate, Idempot
 from consumer.idempotency.writes import ConditionCheck, Put
 from consumer.outcome import Outcome
 from testkit.lambda_sqs import REGION, sqs_record
-from tests.core.handlers import tally_body
+from tests.core.handlers import REFUSALS, refusals, tally_body
 from tests.core.unit.conftest import TALLIES, Clock, Consumer, entries, make_consumer, total
 from tests.utils import IDEMPOTENCY_TABLE
 
@@ -57,39 +57,16 @@ def test_with_group_commit_off_each_message_is_its_own_transaction(dynamodb: Any
     assert calls == Counter({"TransactWriteItems": 3})
 
 
-def _refusals() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """What was applied before, and a batch with one message of each refusal beside new ones, on distinct tallies."""
-    before = [
-        sqs_record("earlier-dup", tally_body("e-2", tally_id="t-2", key="k-2")),
-        sqs_record("earlier-reused", tally_body("e-3", tally_id="t-3", key="k-3")),
-        sqs_record("earlier-entry", tally_body("e-4", tally_id="t-4", key="k-4a")),
-    ]
-    batch = [
-        sqs_record("new-1", tally_body("e-1", tally_id="t-1", key="k-1")),
-        sqs_record("duplicate", tally_body("e-2", tally_id="t-2", key="k-2")),
-        sqs_record("key-reused", tally_body("e-3", tally_id="t-3", amount=7, key="k-3")),
-        sqs_record("condition", tally_body("e-4", tally_id="t-4", key="k-4b")),
-        sqs_record("new-5", tally_body("e-5", tally_id="t-5", key="k-5")),
-    ]
-    return before, batch
-
-
 @pytest.mark.parametrize("on", [False, True], ids=["alone", "grouped"])
 def test_one_refused_message_in_a_group_leaves_the_others_outcomes_unchanged(
     dynamodb: Any, sqs: Any, clock: Clock, on: bool
 ) -> None:
     calls: Counter[str] = Counter()
     consumer = _grouped(dynamodb, sqs, clock, calls, on=on)
-    before, batch = _refusals()
+    before, batch = refusals()
     consumer.process(before)
     calls.clear()
-    assert _outcomes(consumer, batch) == {
-        "new-1": Outcome.APPLIED,
-        "duplicate": Outcome.DUPLICATE,
-        "key-reused": Outcome.POISON,
-        "condition": Outcome.POISON,
-        "new-5": Outcome.APPLIED,
-    }
+    assert _outcomes(consumer, batch) == REFUSALS
     assert sorted(letter.original_message_id for letter in consumer.dead_letters()) == ["condition", "key-reused"]
     assert [total(dynamodb, f"t-{n}") for n in range(1, 6)] == [1250] * 5
     assert entries(dynamodb, "t-4") == ["ENTRY#e-4", "TOTAL"]
@@ -128,7 +105,7 @@ def test_a_group_whose_answer_was_lost_is_each_messages_own_and_applied_once(
     dynamodb: Any, clock: Clock, retried: bool
 ) -> None:
     store = IdempotencyStore(
-        _LostAnswers(dynamodb, times=1, retried=retried), IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock
+        cast("Any", _LostAnswers(dynamodb, times=1, retried=retried)), IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock
     )
     answers = store.apply_group([_tally_request(n) for n in range(1, 4)])
     assert [type(answer) for answer in answers] == [Applied] * 3
