@@ -97,7 +97,7 @@ class BatchRunner:
         deadline_margin_ms: int,
         backoff: VisibilityBackoff | None = None,
         clock: Callable[[], float] = time.time,
-        group_commit: bool = False,
+        group_commit: bool = True,
     ) -> None:
         self._processor = processor
         # The lanes' first new optimistic messages committed together, in as few transactions as fit.
@@ -153,8 +153,14 @@ class BatchRunner:
         their first messages may share a transaction; the store still keeps apart those whose items meet.
         One such message alone gains nothing: it runs in its lane as before.
         """
-        starts = [lane[0] for lane in lanes if self._processor.groups(items[lane[0]])]
-        if len(starts) < 2 or remaining_ms() < self._deadline_margin_ms:
+        candidates = [lane[0] for lane in lanes if self._processor.groups(items[lane[0]])]
+        starts: list[int] = []
+        for index in candidates if len(candidates) > 1 else []:
+            # Each is started as its lane would start it: only with time left (its lane reports it if not).
+            if remaining_ms() < self._deadline_margin_ms:
+                break
+            starts.append(index)
+        if len(starts) < 2:
             return {}
         try:
             results = self._processor.execute_group([items[index] for index in starts], remaining_ms)
