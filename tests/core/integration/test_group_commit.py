@@ -8,7 +8,6 @@ tables are the same, and grouped the batch took two transactions (the group, ref
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -21,16 +20,6 @@ from testkit.servers import LocalServers
 from tests.core.handlers import REFUSALS, TALLY_TABLE, handlers_for_tests, refusals, tally_total
 from tests.kit import Remaining
 from tests.utils import settings_on_local_servers
-
-
-@pytest.fixture
-def local_aws(local_servers: LocalServers, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalServers]:
-    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", local_servers.dynamodb_endpoint_url)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", local_servers.sqs_endpoint_url)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "local")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "local")
-    yield local_servers
 
 
 def _run(settings: Settings) -> tuple[dict[str, Any], list[str], list[int], int]:
