@@ -6,6 +6,7 @@ emulation are in tests/core/integration/test_group_commit.py.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any, cast
 
@@ -150,3 +151,29 @@ def test_a_refused_business_write_in_a_group_is_that_messages_alone(dynamodb: An
     answers = store.apply_group([_tally_request(n) for n in range(1, 4)])
     assert [type(answer) for answer in answers] == [Applied, Refused, Applied]
     assert store.get("TallyAdded#k-2") is None
+
+
+class _Accepting:
+    """A DynamoDB client that applies every transaction it is given and keeps each one's items."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[dict[str, Any]]] = []
+
+    def transact_write_items(self, TransactItems: list[dict[str, Any]], **_: Any) -> dict[str, Any]:  # noqa: N803
+        self.sent.append(TransactItems)
+        return {}
+
+
+def test_a_group_past_four_megabytes_is_split_below_it(clock: Clock) -> None:
+    client = _Accepting()
+    store = IdempotencyStore(cast("Any", client), IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock)
+
+    # Ten messages of two 210 KB items each (an item's limit is 400 KB): four megabytes hold nine of them.
+    def entry(n: int, side: str) -> Put:
+        return Put(TALLIES, {"tallyId": f"t-{n}", "entryId": side, "blob": "x" * 210_000})
+
+    big = [ApplyRequest(f"k-{n}", "h", None, (entry(n, "a"), entry(n, "b"))) for n in range(10)]
+    answers = store.apply_group(big)
+    assert all(isinstance(answer, Applied) for answer in answers)
+    sizes = [len(json.dumps(items)) for items in client.sent]
+    assert [len(items) for items in client.sent] == [27, 3] and max(sizes) <= 4 * 1024 * 1024
