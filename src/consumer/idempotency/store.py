@@ -621,6 +621,9 @@ class IdempotencyStore:
                         alone.append(index)
                     else:
                         answers[index] = answer
+                if len(rest) == len(pending):
+                    # No item named: the same group would be cancelled again. Alone, each meets it in its own words.
+                    return alone + pending
                 pending = rest
             except Exception:  # an error naming no item: each message settles it alone
                 return alone + pending

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import boto3
 import pytest
-from botocore.exceptions import ConnectionClosedError
+from botocore.exceptions import ClientError, ConnectionClosedError
 
 from consumer.idempotency.store import Applied, ApplyRequest, Duplicate, IdempotencyStore, Refused
 from consumer.idempotency.writes import ConditionCheck, Put
@@ -177,3 +177,28 @@ def test_a_group_past_four_megabytes_is_split_below_it(clock: Clock) -> None:
     assert all(isinstance(answer, Applied) for answer in answers)
     sizes = [len(json.dumps(items)) for items in client.sent]
     assert [len(items) for items in client.sent] == [27, 3] and max(sizes) <= 4 * 1024 * 1024
+
+
+class _CancelledWithoutReason:
+    """A DynamoDB client whose every transaction is cancelled with no item's reason given (``None`` at each)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def transact_write_items(self, TransactItems: list[dict[str, Any]], **_: Any) -> dict[str, Any]:  # noqa: N803
+        self.calls += 1
+        if self.calls > 10:
+            raise RuntimeError("a group sent again and again")
+        reasons = [{"Code": "None"}] * len(TransactItems)
+        error = {"Code": "TransactionCanceledException", "Message": "Transaction cancelled"}
+        response = {"Error": error, "ResponseMetadata": {"HTTPStatusCode": 400}, "CancellationReasons": reasons}
+        raise ClientError(cast("Any", response), "TransactWriteItems")
+
+
+def test_a_group_cancelled_with_no_reason_is_not_sent_again_but_each_message_alone(clock: Clock) -> None:
+    client = _CancelledWithoutReason()
+    store = IdempotencyStore(cast("Any", client), IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock)
+    answers = store.apply_group([_tally_request(n) for n in range(1, 4)])
+    # Once as a group, then once each: what each would meet alone, a cancellation that settles nothing.
+    assert client.calls == 4
+    assert [str(answer) for answer in answers] == ["transaction cancelled: no reason given"] * 3
