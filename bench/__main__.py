@@ -181,12 +181,9 @@ class _Run:
 
 
 def _cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
+    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    models = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return models[0] if models else platform.processor() or "unknown"
 
 
 def _describe_machine(dynamodb_local_version: str, load_at_start: float) -> dict[str, str]:

@@ -39,14 +39,11 @@ def draw_batch_latency_chart(results: BenchResults, path: Path) -> None:
             if not points:
                 continue
             medians = [sample.median_s * 1000 for _, sample in points]
-            cis = [sample.ci_s for _, sample in points]
+            bars = [(m - s.ci_s[0] * 1000, s.ci_s[1] * 1000 - m) for m, (_, s) in zip(medians, points, strict=True)]
             axis.errorbar(
                 [latency for latency, _ in points],
                 medians,
-                yerr=[
-                    [median - low * 1000 for median, (low, _) in zip(medians, cis, strict=True)],
-                    [high * 1000 - median for median, (_, high) in zip(medians, cis, strict=True)],
-                ],
+                yerr=list(zip(*bars, strict=True)),
                 color=colour,
                 linestyle=style,
                 marker=marker,
@@ -70,14 +67,8 @@ def draw_cost_chart(results: BenchResults, path: Path) -> None:
             continue
         memories = [memory for memory, _ in points]
         axis.plot(memories, [cost.total_usd for _, cost in points], color=colour, marker="o", label=f"{name}: total")
-        axis.plot(
-            memories,
-            [cost.lambda_usd for _, cost in points],
-            color=colour,
-            marker=".",
-            linestyle=":",
-            label=f"{name}: of which Lambda",
-        )
+        lambda_usd = [cost.lambda_usd for _, cost in points]
+        axis.plot(memories, lambda_usd, color=colour, marker=".", linestyle=":", label=f"{name}: of which Lambda")
     axis.set_xlabel("function memory size (MB); CPU share = MB / 1769")
     axis.set_ylabel("USD per million messages (us-east-1)")
     axis.set_xticks(results.memory_sizes_mb)

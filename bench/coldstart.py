@@ -185,21 +185,17 @@ def import_groups(stderr: str, floor_modules: set[str]) -> dict[str, float]:
     return dict(groups)
 
 
-def _quota(memory_mb: int) -> cpu_quota.CpuQuota | None:
-    try:
-        return cpu_quota.create(cpu_quota.unique_name("bench-cold"), memory_mb)
-    except cpu_quota.CpuQuotaUnavailable as error:
-        print(f"cold starts at {memory_mb} MB run without a quota: {error}", file=sys.stderr)
-        return None
-
-
 def measure_cold_starts(processes: int, memory_mb: int, profiles: int = 5) -> ColdStarts:
     """``processes`` cold starts per system and share, taking turns; then ``profiles`` under -X importtime."""
     results, inherited = ColdStarts(), {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTHON"))}
     with ExitStack() as stack:
         paths, server = stack.enter_context(artifacts()), stack.enter_context(DynamoDBLocal())
-        if (quota := _quota(memory_mb)) is not None:
+        quota: cpu_quota.CpuQuota | None = None
+        try:
+            quota = cpu_quota.create(cpu_quota.unique_name("bench-cold"), memory_mb)
             stack.callback(quota.remove)
+        except cpu_quota.CpuQuotaUnavailable as error:
+            print(f"cold starts at {memory_mb} MB run without a quota: {error}", file=sys.stderr)
         backend = Backend(server.client(), f"https://sqs.{REGION}.amazonaws.com/000000000000/unused")
         settings = [backend.settings(f"cold-{number}", "http://127.0.0.1:9/unused") for number in range(len(INIT_CODE))]
         environments = {

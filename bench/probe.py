@@ -62,12 +62,17 @@ class RoundTripProbe:
     def __init__(self) -> None:
         self.latency_s = 0.0
         self.calls = 0
+        # botocore's own CPU in its DynamoDB calls: each call's thread time from its first event to its last (sleeps
+        # use none), serialising, signing, sending and parsing; the floor a system's CPU is read against.
+        self.botocore_cpu_s = 0.0
         self._lock = threading.Lock()
         self._server = threading.Lock()
-        self._in_server = threading.local()
+        self._thread = threading.local()
 
     def handler_specs(self) -> list[HandlerSpec]:
         return [
+            ("before-parameter-build.dynamodb", self._on_start),
+            ("after-call.dynamodb", self._on_end),
             ("before-call.dynamodb", self._on_call),
             # On moto's own node, "before-send": botocore runs the handlers of a more
             # specific name ("before-send.dynamodb") before all of a broader name's, so
@@ -76,6 +81,13 @@ class RoundTripProbe:
             ("before-send", self._on_send_end, botocore_handlers.REGISTER_LAST),
             ("needs-retry.dynamodb", self._on_send_end),
         ]
+
+    def _on_start(self, **_: Any) -> None:
+        self._thread.cpu_s = time.thread_time()
+
+    def _on_end(self, **_: Any) -> None:
+        with self._lock:
+            self.botocore_cpu_s += time.thread_time() - self._thread.cpu_s
 
     def _on_call(self, **_: Any) -> None:
         if observed():
@@ -88,10 +100,10 @@ class RoundTripProbe:
         if observed() and self.latency_s > 0:
             time.sleep(self.latency_s)
         self._server.acquire()
-        self._in_server.held = True
+        self._thread.held = True
 
     def _on_send_end(self, **_: Any) -> None:
-        if not getattr(self._in_server, "held", False):
+        if not getattr(self._thread, "held", False):
             return  # needs-retry after the last handler already released this attempt's hold
-        self._in_server.held = False
+        self._thread.held = False
         self._server.release()

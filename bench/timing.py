@@ -43,6 +43,7 @@ def median_ci(values: Sequence[float]) -> tuple[float, float]:
 class Samples:
     wall_s: list[float] = field(default_factory=list)
     record_cpu_s: list[float] = field(default_factory=list)  # each batch's CPU per record
+    botocore_cpu_s: list[float] = field(default_factory=list)  # of which botocore's, in its DynamoDB calls
     # The cgroup's own count of time its processes waited for quota, over the timed batches.
     throttled_s: float = 0.0
     throttled_periods: int = 0
@@ -167,6 +168,7 @@ def time_batches(
             samples[name].throttled_s += waited_after_s - waited_s
             samples[name].wall_s.append(answer["wall_s"])
             samples[name].record_cpu_s.append(answer["cpu_s"] / len(bodies))
+            samples[name].botocore_cpu_s.append(answer["botocore_cpu_s"] / len(bodies))
         if repetition + 1 >= min_repetitions and all(_ci_relative(s) <= precision for s in samples.values()):
             break
     return samples

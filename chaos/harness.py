@@ -230,14 +230,11 @@ def _handler_tables(
 ) -> dict[str, str]:
     """Every handler's tables by logical id: the stack's, and for a table the template lacks (a core test's
     handler), one made here in the idempotency table's shape (key ``id``)."""
-    names = {}
-    for table in dict.fromkeys(table for handler in handlers for table in handler.tables):
-        if table in resources.tables:
-            names[table] = resources.tables[table].name
-        else:
-            names[table] = f"{prefix}-{table}"
-            create_table(dynamodb, names[table], Template.from_file().properties(IDEMPOTENCY_TABLE))
-    return names
+    tables = dict.fromkeys(table for handler in handlers for table in handler.tables)
+    ours = {table: f"{prefix}-{table}" for table in tables if table not in resources.tables}
+    for name in ours.values():
+        create_table(dynamodb, name, Template.from_file().properties(IDEMPOTENCY_TABLE))
+    return {table: ours.get(table) or resources.tables[table].name for table in tables}
 
 
 def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:

@@ -156,11 +156,8 @@ class Checker:
             "webhook: a repeat call only after a failed attempt": self.called_once,
             "every webhook call carries a key that was sent": self.calls_carry_their_key,
         }
-        verdicts = []
-        for name, check in checks.items():
-            found = list(check())
-            verdicts.append(Verdict(name, len(found), found[:_EXAMPLES]))
-        return verdicts
+        found = {name: list(check()) for name, check in checks.items()}
+        return [Verdict(name, len(each), each[:_EXAMPLES]) for name, each in found.items()]
 
     def applied(self, message: Outgoing) -> bool:
         """Its record is COMPLETED with its payload: applied by it, or by an earlier copy (it is a duplicate)."""

@@ -97,6 +97,17 @@ def local_servers(dynamodb_local: DynamoDBLocal) -> Iterator[LocalServers]:
         yield servers
 
 
+@pytest.fixture
+def local_aws(local_servers: LocalServers, monkeypatch: pytest.MonkeyPatch) -> LocalServers:
+    """The local servers, with this process's AWS variables pointing boto3 at them (as the function's are)."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", local_servers.dynamodb_endpoint_url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", local_servers.sqs_endpoint_url)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "local")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "local")
+    return local_servers
+
+
 @pytest.fixture(scope="session")
 def webhook_sink() -> Iterator[WebhookSink]:
     """The receipt webhook sink on loopback; cleared before each test that deploys a stack."""

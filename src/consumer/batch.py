@@ -97,8 +97,11 @@ class BatchRunner:
         deadline_margin_ms: int,
         backoff: VisibilityBackoff | None = None,
         clock: Callable[[], float] = time.time,
+        group_commit: bool = True,
     ) -> None:
         self._processor = processor
+        # The lanes' first new optimistic messages committed together, in as few transactions as fit.
+        self._group_commit = group_commit
         self._backoff = backoff
         self._max_workers = max_workers
         self._deadline_margin_ms = deadline_margin_ms
@@ -112,12 +115,14 @@ class BatchRunner:
         fifo = any(item.group for item in items)
         results: list[MessageResult | None] = [None] * len(messages)
 
+        lanes = _lanes(items, fifo)
+        heads = self._commit_heads(items, lanes, remaining_ms) if self._group_commit else {}
+
         def run(indexes: list[int]) -> None:
-            lane = self._run_lane([items[i] for i in indexes], fifo, remaining_ms)
+            lane = self._run_lane([items[i] for i in indexes], fifo, remaining_ms, heads.get(indexes[0]))
             for index, result in zip(indexes, lane, strict=True):
                 results[index] = result
 
-        lanes = _lanes(items, fifo)
         if len(lanes) == 1 or self._max_workers == 1:
             for indexes in lanes:
                 run(indexes)
@@ -139,7 +144,35 @@ class BatchRunner:
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def _run_lane(self, items: list[Prepared], fifo: bool, remaining_ms: Callable[[], int]) -> list[MessageResult]:
+    def _commit_heads(
+        self, items: list[Prepared], lanes: list[list[int]], remaining_ms: Callable[[], int]
+    ) -> dict[int, MessageResult]:
+        """The first message of each lane that can be grouped, committed together: their results, by index.
+
+        Lanes hold apart what must not run together (a key's copies, a contended item, a FIFO group), so
+        their first messages may share a transaction; the store still keeps apart those whose items meet.
+        One such message alone gains nothing: it runs in its lane as before.
+        """
+        candidates = [lane[0] for lane in lanes if self._processor.groups(items[lane[0]])]
+        starts: list[int] = []
+        for index in candidates if len(candidates) > 1 else []:
+            # Each is started as its lane would start it: only with time left (its lane reports it if not).
+            if remaining_ms() < self._deadline_margin_ms:
+                break
+            starts.append(index)
+        if len(starts) < 2:
+            return {}
+        try:
+            results = self._processor.execute_group([items[index] for index in starts], remaining_ms)
+        except Exception as error:  # never let one group fail the whole batch: each message comes back
+            reason = f"{type(error).__name__}: {error}"
+            results = [MessageResult(items[index].message_id, Outcome.RETRIED, reason) for index in starts]
+        return dict(zip(starts, results, strict=True))
+
+    def _run_lane(
+        self, items: list[Prepared], fifo: bool, remaining_ms: Callable[[], int], head: MessageResult | None = None
+    ) -> list[MessageResult]:
+        """Run a lane's messages in order; ``head``, its first message's result when the batch committed it already."""
         results: list[MessageResult] = []
         # (record id, payload hash) -> the outcome of its first execution in this batch.
         first_runs: dict[tuple[str, str], MessageResult] = {}
@@ -149,12 +182,15 @@ class BatchRunner:
             if stopped_by is not None:
                 results.append(MessageResult(message_id, Outcome.RETRIED, stopped_by, retry_at_ms=self._now_ms()))
                 continue
-            if remaining_ms() < self._deadline_margin_ms:
+            if head is not None and not results and isinstance(item.state, Parsed):
+                result = first_runs[(item.state.message.record_id, item.state.message.payload_hash)] = head
+            elif remaining_ms() < self._deadline_margin_ms:
                 reason = "not started: the invocation is about to time out"
                 results.append(MessageResult(message_id, Outcome.RETRIED, reason, retry_at_ms=self._now_ms()))
                 stopped_by = reason
                 continue
-            result = self._run_one(item, first_runs, remaining_ms)
+            else:
+                result = self._run_one(item, first_runs, remaining_ms)
             results.append(result)
             if fifo and result.outcome.is_failure:
                 stopped_by = f"not started: earlier message {message_id} of group {item.group} failed"

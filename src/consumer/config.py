@@ -104,6 +104,9 @@ class Settings(BaseModel):
     conflict_retry_attempts: PositiveInt = 10
     # X-Ray subsegments for every call (consumer.tracing), under the segments of Lambda's active tracing.
     tracing: bool = False
+    # A batch's new optimistic messages whose items are disjoint committed in one transaction (as many as
+    # DynamoDB's limits allow), each still with its own outcome; false commits each message alone.
+    group_commit: bool = True
 
     @model_validator(mode="after")
     def _fields_fit_together(self) -> Self:

@@ -27,6 +27,7 @@ from consumer.idempotency.lease import lease_duration
 from consumer.idempotency.record import reservation_token
 from consumer.idempotency.store import (
     Applied,
+    ApplyRequest,
     ApplyResult,
     Claimed,
     CommitResult,
@@ -84,13 +85,50 @@ class MessageProcessor:
             if parsed.handler.mode is Mode.OPTIMISTIC:
                 return self._run_optimistic(item, parsed, remaining_ms)
             return self._run_locked(item, parsed, remaining_ms)
-        except PoisonMessage as poison:
-            return self._report.dead_letter(item, poison)
-        except TransientError as error:
+        except Exception as error:
+            return self._failed(item, error)
+
+    def execute_group(self, items: Sequence[Prepared], remaining_ms: Callable[[], int]) -> list[MessageResult]:
+        """New optimistic messages (each ``groups``) committed together by the store's group commit, each with the
+        outcome ``execute`` gives it alone: a message's failure, before or in the commit, is its own."""
+        results: list[MessageResult | None] = [None] * len(items)
+        requests: list[ApplyRequest] = []
+        running: list[int] = []
+        for index, item in enumerate(items):
+            parsed = item.state
+            assert isinstance(parsed, Parsed) and parsed.handler.mode is Mode.OPTIMISTIC, "groups are optimistic"
+            try:
+                effect = self._handle(item, parsed, remaining_ms)
+            except Exception as error:
+                results[index] = self._failed(item, error)
+                continue
+            message = parsed.message
+            requests.append(ApplyRequest(message.record_id, message.payload_hash, effect.result, tuple(effect.writes)))
+            running.append(index)
+        answers = self._store.apply_group(requests, remaining_ms=remaining_ms) if requests else []
+        for index, answer in zip(running, answers, strict=True):
+            if not isinstance(answer, Exception):
+                results[index] = self._settle(items[index], answer)
+                continue
+            try:
+                raise answer  # so that the log of an unexpected one carries its traceback
+            except Exception as error:
+                results[index] = self._failed(items[index], error)
+        return [result for result in results if result is not None]
+
+    def groups(self, item: Prepared) -> bool:
+        """Whether the message may be committed in a group: parsed, and its handler optimistic."""
+        return isinstance(item.state, Parsed) and item.state.handler.mode is Mode.OPTIMISTIC
+
+    def _failed(self, item: Prepared, error: Exception) -> MessageResult:
+        """A message's outcome when its run raised: dead-lettered if poison, retried otherwise."""
+        if isinstance(error, PoisonMessage):
+            return self._report.dead_letter(item, error)
+        if isinstance(error, TransientError):
             return self._report.retry(item, str(error))
-        except Exception as error:  # a bug or an unknown failure: retry, the redrive policy bounds it
-            self._logger.exception("unexpected error", extra=item.log_keys())
-            return self._report.retry(item, f"{type(error).__name__}: {error}")
+        # A bug or an unknown failure: retry, the redrive policy bounds it.
+        self._logger.exception("unexpected error", extra=item.log_keys())
+        return self._report.retry(item, f"{type(error).__name__}: {error}")
 
     def reuse(self, item: Prepared, first: MessageResult) -> MessageResult:
         """A duplicate inside the batch takes the first copy's outcome, with no round trip."""

@@ -130,4 +130,5 @@ def wire(
         deadline_margin_ms=settings.deadline_margin_ms,
         backoff=backoff,
         clock=clock,
+        group_commit=settings.group_commit,
     )

@@ -29,7 +29,9 @@ from consumer.config import Settings
 from consumer.errors import TransientError
 from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import Delete, Put, Update
+from consumer.outcome import Outcome
 from consumer.webhook import WebhookClient
+from testkit.lambda_sqs import sqs_record
 from testkit.messages import envelope
 from testkit.tables import create_table, create_template_tables
 from tests.kit import sort_keys
@@ -255,3 +257,30 @@ def tally_entries(dynamodb: Any, table: str, tally_id: str) -> list[str]:
 
 def recorded_call(dynamodb: Any, table: str, call_id: str) -> dict[str, Any] | None:
     return dynamodb.get_item(TableName=table, Key={"callId": {"S": call_id}}, ConsistentRead=True).get("Item")
+
+
+def refusals() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What was applied before, and a batch with one message of each refusal beside new ones, on distinct tallies."""
+    before = [
+        sqs_record("earlier-dup", tally_body("e-2", tally_id="t-2", key="k-2")),
+        sqs_record("earlier-reused", tally_body("e-3", tally_id="t-3", key="k-3")),
+        sqs_record("earlier-entry", tally_body("e-4", tally_id="t-4", key="k-4a")),
+    ]
+    batch = [
+        sqs_record("new-1", tally_body("e-1", tally_id="t-1", key="k-1")),
+        sqs_record("duplicate", tally_body("e-2", tally_id="t-2", key="k-2")),
+        sqs_record("key-reused", tally_body("e-3", tally_id="t-3", amount=7, key="k-3")),
+        sqs_record("condition", tally_body("e-4", tally_id="t-4", key="k-4b")),
+        sqs_record("new-5", tally_body("e-5", tally_id="t-5", key="k-5")),
+    ]
+    return before, batch
+
+
+# What each message of ``refusals``' batch comes to, alone or grouped.
+REFUSALS = {
+    "new-1": Outcome.APPLIED,
+    "duplicate": Outcome.DUPLICATE,
+    "key-reused": Outcome.POISON,
+    "condition": Outcome.POISON,
+    "new-5": Outcome.APPLIED,
+}

@@ -47,13 +47,19 @@ def backend(probe: RoundTripProbe) -> Iterator[Backend]:
         yield replace(backend, handlers=HANDLERS, create_tables=create_test_tables)
 
 
+@pytest.fixture(params=[True, False], ids=["grouped", "alone"])
+def grouped(request: pytest.FixtureRequest) -> bool:
+    """Whether the consumer commits a batch's new optimistic messages as a group (GROUP_COMMIT)."""
+    return bool(request.param)
+
+
 @pytest.fixture
-def consumer_costs(backend: Backend, probe: RoundTripProbe) -> dict[str, dict[str, Cost]]:
-    """Per test handler (tests/core/handlers.py), each case's cost per message."""
+def consumer_costs(backend: Backend, probe: RoundTripProbe, grouped: bool) -> dict[str, dict[str, Cost]]:
+    """Per test handler (tests/core/handlers.py), each case's cost per message, in batches of 3."""
     meter = CapacityMeter(backend.reader)
     with WebhookSink() as webhook:
         with on_new_clients(meter.handler_specs()):
-            settings = backend.settings(ThisConsumer.name, webhook.url)
+            settings = backend.settings(ThisConsumer.name, webhook.url).model_copy(update={"group_commit": grouped})
             handlers: dict[str, MessageHandler[Any]] = {
                 TallyHandler.event_type: TallyHandler(settings),
                 CallHandler.event_type: CallHandler(settings, webhook.url),
@@ -64,16 +70,22 @@ def consumer_costs(backend: Backend, probe: RoundTripProbe) -> dict[str, dict[st
         }
 
 
-def test_a_new_optimistic_message_costs_one_call(consumer_costs: dict[str, dict[str, Cost]]) -> None:
-    assert consumer_costs[TallyHandler.event_type][NEW].calls == 1
+def test_a_new_optimistic_message_costs_one_call_alone_and_a_batch_of_them_one_grouped(
+    consumer_costs: dict[str, dict[str, Cost]], grouped: bool
+) -> None:
+    assert consumer_costs[TallyHandler.event_type][NEW].calls == pytest.approx(1 / 3 if grouped else 1)
 
 
 def test_a_new_lock_message_costs_two_calls(consumer_costs: dict[str, dict[str, Cost]]) -> None:
     assert consumer_costs[CallHandler.event_type][NEW].calls == 2
 
 
-def test_a_duplicate_costs_one_call_in_either_mode(consumer_costs: dict[str, dict[str, Cost]]) -> None:
-    assert [costs[DUPLICATE].calls for costs in consumer_costs.values()] == [1, 1]
+def test_a_duplicate_costs_one_call_in_either_mode_and_a_batch_of_them_one_grouped(
+    consumer_costs: dict[str, dict[str, Cost]], grouped: bool
+) -> None:
+    # Grouped, the batch's three duplicates are one cancelled transaction, each read from its own reason.
+    calls = [costs[DUPLICATE].calls for costs in consumer_costs.values()]
+    assert calls == [pytest.approx(1 / 3 if grouped else 1), 1]
 
 
 def test_a_duplicate_inside_one_batch_costs_nothing(consumer_costs: dict[str, dict[str, Cost]]) -> None:
@@ -113,6 +125,17 @@ def test_the_latency_hook_delays_requests_answered_by_moto_in_process(backend: B
     client.get_item(TableName=table, Key={"id": {"S": "absent"}})
     assert time.perf_counter() - started >= 0.05
     assert probe.calls == 1
+
+
+def test_the_probe_counts_botocores_own_cpu_in_a_call_and_not_its_latency(
+    backend: Backend, probe: RoundTripProbe
+) -> None:
+    client = backend.reader
+    table = backend.settings("floor", "").idempotency_table_name
+    probe.latency_s, probe.botocore_cpu_s = 0.2, 0.0
+    client.get_item(TableName=table, Key={"id": {"S": "absent"}})
+    # The call's serialising, signing and parsing (and, in process, moto's own answer), never the sleep.
+    assert 0 < probe.botocore_cpu_s < 0.2
 
 
 def test_item_size_follows_dynamodb_rules() -> None:

@@ -19,7 +19,18 @@ from bench.costs import (
     sqs_requests,
     timed_handler,
 )
-from bench.report import VALID, BenchResults, hostile_section
+from bench.report import (
+    NAMES,
+    TARGET_BATCH,
+    TARGET_LATENCY_MS,
+    TIMES,
+    VALID,
+    BenchResults,
+    TimingKey,
+    _timing_table,
+    hostile_section,
+    targets,
+)
 from bench.timing import median_ci
 from testkit.lambda_runtime import LambdaEnvironment
 from tests.core.handlers import CallHandler, TallyHandler
@@ -121,3 +132,21 @@ def test_messages_at_sqs_limits_are_listed_slowest_first_with_their_ratio_to_a_v
     # Medians 0.25 and 0.015: 16.7; the range pairs 0.2 with 0.02 and 0.3 with 0.01.
     assert table[2].endswith("| 16.7 [10.0-30.0] |")
     assert hostile_section(BenchResults(memory_sizes_mb=[512], latencies_ms=[0])) == []
+
+
+def test_cpu_per_message_is_read_against_botocores_own_cpu_in_one_messages_call() -> None:
+    def batch(cpu_ms: float, botocore_ms: float) -> timing.Samples:
+        return timing.Samples(
+            wall_s=[0.05] * 6, record_cpu_s=[cpu_ms / 1000] * 6, botocore_cpu_s=[botocore_ms / 1000] * 6
+        )
+
+    results = BenchResults(memory_sizes_mb=[512], latencies_ms=[TARGET_LATENCY_MS])
+    # A single record's call costs botocore 4 ms; a batch of 10 costs 2 ms of CPU per message, 0.3 of it botocore's.
+    results.timings[TimingKey(512, TARGET_LATENCY_MS, 1)] = {name: batch(6.0, 4.0) for name in NAMES}
+    results.timings[TimingKey(512, TARGET_LATENCY_MS, TARGET_BATCH)] = {name: batch(2.0, 0.3) for name in NAMES}
+
+    said = (
+        f"CPU per message 0.50{TIMES} botocore's own in one message's call (target ≤ 0.4{TIMES}, over by 1.25{TIMES})."
+    )
+    assert f"- **missed**: {said}" in targets(results)
+    assert "| 0.30 |" in _timing_table(results)[3] and "| 4.00 |" in _timing_table(results)[2]

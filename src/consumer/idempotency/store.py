@@ -30,11 +30,12 @@ still unabsorbed is the ``Contended`` answer. Only what no answer describes rais
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
@@ -97,6 +98,10 @@ _TRANSIENT_CODES = frozenset(
 _CONFLICT_CODE = "TransactionConflictException"
 # What DynamoDB's ValidationException says of a transaction with two actions on one item.
 _ONE_ITEM_TWICE = "multiple operations on one item"
+
+# TransactWriteItems' own limits: a group of messages is split to stay within both.
+MAX_TRANSACTION_ITEMS = 100
+MAX_TRANSACTION_BYTES = 4 * 1024 * 1024
 
 _COMMIT_TOKEN_NAMESPACE = uuid.UUID("6f1c2f4e-4b0a-4a53-9a43-1c3c8e0e9d11")
 _RELEASE_TOKEN_NAMESPACE = uuid.UUID("d67b0bae-1ab0-4361-b58c-7d489a5dd5fc")
@@ -195,6 +200,16 @@ class _RecordRefused:
     record: IdempotencyRecord | None
 
 
+@dataclass(frozen=True)
+class ApplyRequest:
+    """One optimistic message's part of a group commit: what ``apply_once`` takes."""
+
+    record_id: str
+    payload_hash: str
+    result: object = None
+    writes: tuple[Write, ...] = ()
+
+
 Existing = Duplicate | InFlight | PayloadMismatch
 ClaimResult = Claimed | Existing | Refused | Contended
 ApplyResult = Applied | Existing | Refused | Contended
@@ -208,6 +223,55 @@ def _held_by_another(write: Write, reason: Mapping[str, Any], holder: str) -> bo
         return False
     held = item.get(write.held_by)
     return isinstance(held, Mapping) and held.get("S") not in (None, holder)
+
+
+def _cancelled(
+    writes: Sequence[Write], reasons: Sequence[Mapping[str, Any]], holder: str | None
+) -> _RecordRefused | Refused | None:
+    """What a cancelled transaction's reasons say of one message's items (its record first, then ``writes``):
+    the record's failed condition, a business write's, or None when none of them failed. Raises
+    ``TransactionConflict`` for a conflict, ``TransientError`` for any other reason."""
+    record_reason = reasons[0] if reasons else {}
+    if record_reason.get("Code") == "ConditionalCheckFailed":
+        item = record_reason.get("Item")
+        return _RecordRefused(IdempotencyRecord.from_item(item) if isinstance(item, Mapping) and item else None)
+    if record_reason.get("Code") == "TransactionConflict":
+        # DynamoDB may judge the business items against a state the conflicting transaction is changing:
+        # a business condition failed beside it settles nothing, so the whole transaction is tried again.
+        raise TransactionConflict("transaction cancelled: TransactionConflict on the record")
+    for write, reason in zip(writes, reasons[1:], strict=False):
+        if reason.get("Code") == "ConditionalCheckFailed":
+            return Refused(write, busy=holder is not None and _held_by_another(write, reason, holder))
+    codes = sorted({str(reason.get("Code")) for reason in reasons} - {"None"})
+    if "TransactionConflict" in codes:
+        raise TransactionConflict(f"transaction cancelled: {', '.join(codes)}")
+    if codes:
+        raise TransientError(f"transaction cancelled: {', '.join(codes)}")
+    return None
+
+
+def _item_key(transact_item: Mapping[str, Any]) -> tuple[str, str]:
+    """The item a transaction's action names: its table and key (a put's whole item, whose key the schema alone
+    tells; DynamoDB refuses a group whose puts meet on one item, and its messages are then applied alone)."""
+    action = next(iter(transact_item.values()))
+    return action["TableName"], json.dumps(action.get("Key") or action.get("Item"), sort_keys=True)
+
+
+class _Group:
+    """Messages packed into one transaction: their indexes, the items they name, their items' count and size."""
+
+    def __init__(self, indexes: list[int], keys: set[tuple[str, str]], count: int, size: int) -> None:
+        self.indexes, self.keys, self.count, self.size = indexes, keys, count, size
+
+    def fits(self, keys: set[tuple[str, str]], count: int, size: int) -> bool:
+        within = self.count + count <= MAX_TRANSACTION_ITEMS and self.size + size <= MAX_TRANSACTION_BYTES
+        return within and not self.keys & keys
+
+    def add(self, index: int, keys: set[tuple[str, str]], count: int, size: int) -> None:
+        self.indexes.append(index)
+        self.keys |= keys
+        self.count += count
+        self.size += size
 
 
 def _new_token() -> str:
@@ -425,31 +489,27 @@ class IdempotencyStore:
         writes: Sequence[Write] = (),
         *,
         remaining_ms: Callable[[], int] | None = None,
+        owner: str | None = None,
     ) -> ApplyResult:
         """Optimistic mode: claim, complete and apply the business writes in one round trip.
 
         The record keeps an item of its own, named by the key alone, whatever the business
         writes are: only there can a key reused for other content be recognised, whichever
         business item that content names. ``Refused`` when a business write's condition failed.
+        ``owner``: the fencing token a group commit gave the message, kept for every attempt, so
+        that a record the group wrote with it (an answer lost) is recognised as this message's own.
         """
-        return self._absorbing(lambda: self._apply_once(record_id, payload_hash, result, writes), remaining_ms)
+        request = ApplyRequest(record_id, payload_hash, result, tuple(writes))
+        return self._absorbing(lambda: self._apply_once(request, owner), remaining_ms)
 
-    def _apply_once(self, record_id: str, payload_hash: str, result: object, writes: Sequence[Write]) -> ApplyResult:
-        now_ms = self._now_ms()
-        token = self._new_token()
-        record_write = self._claiming_write(
-            record_id,
-            APPLY_UPDATE,
-            now_ms,
-            token,
-            payload_hash,
-            {
-                ":completed": {"S": Status.COMPLETED.value},
-                ":result": {"S": encode_result(result, self._result_max_bytes)},
-            },
-        )
+    def _apply_once(self, request: ApplyRequest, owner: str | None) -> ApplyResult:
+        record_id, payload_hash, writes = request.record_id, request.payload_hash, request.writes
+        token = owner or self._new_token()
+        record_write = self._applying_write(request, token, self._now_ms())
         if writes:
-            cancelled = self._transact_with_record({"Update": record_write}, writes, token)
+            # A given owner token outlives this attempt, so the attempt's request needs a token of its own.
+            request_token = self._new_token() if owner else token
+            cancelled = self._transact_with_record({"Update": record_write}, writes, request_token)
             if isinstance(cancelled, Refused):
                 return cancelled
             current = None if cancelled is None else cancelled.record
@@ -467,6 +527,129 @@ class IdempotencyStore:
             return Applied(record_id, token)
         return self._existing(current, payload_hash)
 
+    def apply_group(
+        self, requests: Sequence[ApplyRequest], *, remaining_ms: Callable[[], int] | None = None
+    ) -> list[ApplyResult | Exception]:
+        """Optimistic mode for several messages at once: each as ``apply_once`` would answer it (or the
+        exception it would raise), in as few transactions as DynamoDB's limits allow.
+
+        Messages whose items (record and business writes) are disjoint share a transaction, each record
+        with its own writes; messages that share an item are never in one. When DynamoDB cancels a group,
+        its reasons name the failing items: the messages they belong to get their own answer (a record's
+        failed condition says duplicate, in flight or key reused; a business write's, refused), or, for a
+        conflict or anything less clear, go through ``apply_once`` alone, which absorbs conflicts and
+        classifies the rest; the others are committed again without them. So one message's refusal never
+        changes another's answer. An error that names no item (throttled, unreachable, a request refused
+        whole) sends each message of the group through ``apply_once`` with the token it had in the group:
+        a group applied while its answer was lost is then found, record by record, to be each one's own.
+        """
+        answers: list[ApplyResult | Exception | None] = [None] * len(requests)
+        tokens = [self._new_token() for _ in requests]
+        groups, alone = self._groups(requests, tokens)
+        for group in groups:
+            alone += self._commit_group(group, requests, tokens, answers)
+        for index in sorted(alone):
+            request = requests[index]
+            try:
+                answers[index] = self.apply_once(
+                    request.record_id,
+                    request.payload_hash,
+                    request.result,
+                    request.writes,
+                    remaining_ms=remaining_ms,
+                    owner=tokens[index],
+                )
+            except Exception as error:  # the message's own failure, as apply_once would raise it to its caller
+                answers[index] = error
+        assert all(answer is not None for answer in answers), "every message of a group gets its own answer"
+        return cast("list[ApplyResult | Exception]", answers)
+
+    def _groups(self, requests: Sequence[ApplyRequest], tokens: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+        """The messages' indexes packed first-fit into disjoint groups within the limits; and those to apply alone."""
+        groups: list[_Group] = []
+        alone: list[int] = []
+        now_ms = self._now_ms()
+        for index, request in enumerate(requests):
+            items = self._applying_items(request, tokens[index], now_ms)
+            keys = {_item_key(item) for item in items}
+            if len(keys) < len(items) or len(items) > MAX_TRANSACTION_ITEMS:
+                # Two actions on one item, or too many: apply_once says why, in the message's own words.
+                alone.append(index)
+                continue
+            size = len(json.dumps(items))
+            group = next((group for group in groups if group.fits(keys, len(items), size)), None)
+            if group is None:
+                groups.append(_Group([index], keys, len(items), size))
+            else:
+                group.add(index, keys, len(items), size)
+        return [group.indexes for group in groups if len(group.indexes) > 1], alone + [
+            group.indexes[0] for group in groups if len(group.indexes) == 1
+        ]
+
+    def _commit_group(
+        self,
+        group: list[int],
+        requests: Sequence[ApplyRequest],
+        tokens: Sequence[str],
+        answers: list[ApplyResult | Exception | None],
+    ) -> list[int]:
+        """Commit ``group``, again without each message a cancellation names; the indexes left to apply alone."""
+        pending, alone = group, list[int]()
+        while len(pending) > 1:
+            now_ms = self._now_ms()
+            parts = [self._applying_items(requests[index], tokens[index], now_ms) for index in pending]
+            try:
+                # A token per group request: botocore's own retries of it are idempotent at DynamoDB.
+                self._call(
+                    self._client.transact_write_items,
+                    TransactItems=[item for part in parts for item in part],
+                    ClientRequestToken=self._new_token(),
+                )
+            except ClientError as error:
+                if error.response["Error"]["Code"] != "TransactionCanceledException":
+                    return alone + pending
+                reasons = list(error.response.get("CancellationReasons") or [])
+                if len(reasons) != sum(len(part) for part in parts):
+                    return alone + pending
+                rest = []
+                for index, part in zip(pending, parts, strict=True):
+                    mine, reasons = reasons[: len(part)], reasons[len(part) :]
+                    answer = self._group_answer(requests[index], tokens[index], mine)
+                    if answer is None:
+                        rest.append(index)
+                    elif answer == "alone":
+                        alone.append(index)
+                    else:
+                        answers[index] = answer
+                if len(rest) == len(pending):
+                    # No item named: the same group would be cancelled again. Alone, each meets it in its own words.
+                    return alone + pending
+                pending = rest
+            except Exception:  # an error naming no item: each message settles it alone
+                return alone + pending
+            else:
+                for index in pending:
+                    answers[index] = Applied(requests[index].record_id, tokens[index])
+                return alone
+        return alone + pending
+
+    def _group_answer(
+        self, request: ApplyRequest, token: str, reasons: Sequence[Mapping[str, Any]]
+    ) -> ApplyResult | Literal["alone"] | None:
+        """A message's answer from its items' cancellation reasons, as ``_transact_with_record`` reads them for it
+        alone; None when none of its items failed, "alone" when only ``apply_once`` can tell."""
+        try:
+            cancelled = _cancelled(request.writes, reasons, holder=None)
+        except TransientError:  # a conflict, or a reason that settles nothing: its own path retries it
+            return "alone"
+        if cancelled is None or isinstance(cancelled, Refused):
+            return cancelled
+        if cancelled.record is None:
+            return "alone"
+        if cancelled.record.owner_token == token:
+            return Applied(request.record_id, token)
+        return self._existing(cancelled.record, request.payload_hash)
+
     def get(self, record_id: str) -> IdempotencyRecord | None:
         """Read a record (strongly consistent); for operators and tests, not the hot path."""
         response = self._call(
@@ -479,6 +662,24 @@ class IdempotencyStore:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+    def _applying_write(self, request: ApplyRequest, token: str, now_ms: int) -> dict[str, Any]:
+        return self._claiming_write(
+            request.record_id,
+            APPLY_UPDATE,
+            now_ms,
+            token,
+            request.payload_hash,
+            {
+                ":completed": {"S": Status.COMPLETED.value},
+                ":result": {"S": encode_result(request.result, self._result_max_bytes)},
+            },
+        )
+
+    def _applying_items(self, request: ApplyRequest, token: str, now_ms: int) -> list[dict[str, Any]]:
+        """A message's part of a group's transaction: its record first, then its business writes."""
+        record = {"Update": self._applying_write(request, token, now_ms)}
+        return [record, *(write.to_transact_item() for write in request.writes)]
 
     def _claiming_write(
         self, record_id: str, update: str, now_ms: int, token: str, payload_hash: str, values: dict[str, Any]
@@ -576,22 +777,13 @@ class IdempotencyStore:
                 raise PoisonMessage(ErrorType.INVALID_HANDLER_TRANSACTION, message) from None
             if code != "TransactionCanceledException":
                 raise
-            reasons: list[Mapping[str, Any]] = list(error.response.get("CancellationReasons") or [])
-            record_reason = reasons[0] if reasons else {}
-            if record_reason.get("Code") == "ConditionalCheckFailed":
-                item = record_reason.get("Item")
-                return _RecordRefused(IdempotencyRecord.from_item(item) if isinstance(item, Mapping) and item else None)
-            if record_reason.get("Code") == "TransactionConflict":
-                # DynamoDB may judge the business items against a state the conflicting transaction is changing:
-                # a business condition failed beside it settles nothing, so the whole transaction is tried again.
-                raise TransactionConflict("transaction cancelled: TransactionConflict on the record") from None
-            for write, reason in zip(writes, reasons[1:], strict=False):
-                if reason.get("Code") == "ConditionalCheckFailed":
-                    return Refused(write, busy=holder is not None and _held_by_another(write, reason, holder))
-            codes = sorted({str(reason.get("Code")) for reason in reasons} - {"None"})
-            if "TransactionConflict" in codes:
-                raise TransactionConflict(f"transaction cancelled: {', '.join(codes)}") from None
-            raise TransientError(f"transaction cancelled: {', '.join(codes) or 'no reason given'}") from None
+            try:
+                cancelled = _cancelled(writes, list(error.response.get("CancellationReasons") or []), holder)
+            except TransientError as unsettled:
+                raise unsettled from None
+            if cancelled is None:
+                raise TransientError("transaction cancelled: no reason given") from None
+            return cancelled
         return None
 
     @staticmethod

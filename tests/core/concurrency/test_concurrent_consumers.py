@@ -13,7 +13,6 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -35,13 +34,8 @@ MAX_REDELIVERIES = 30
 
 
 @pytest.fixture
-def settings(local_servers: LocalServers, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
-    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", local_servers.dynamodb_endpoint_url)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", local_servers.sqs_endpoint_url)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "local")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "local")
-    yield settings_on_local_servers(local_servers, max_workers=4, lease_min_ms=1_000)
+def settings(local_aws: LocalServers) -> Settings:
+    return settings_on_local_servers(local_aws, max_workers=4, lease_min_ms=1_000)
 
 
 def consumers(settings: Settings, webhook_url: str) -> list[BatchRunner]:

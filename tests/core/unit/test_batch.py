@@ -320,7 +320,8 @@ def test_lanes_run_on_the_pool_only_when_there_are_several_and_workers_for_them(
 ) -> None:
     names: list[str] = []
     monkeypatch.setattr(MessageProcessor, "execute", _answer_from(names, []))
-    consumer = make_consumer(dynamodb, sqs, clock, max_workers=max_workers)
+    # Each message through execute, on its lane's thread: not the lanes' first messages committed as a group.
+    consumer = make_consumer(dynamodb, sqs, clock, max_workers=max_workers, group_commit=False)
     batch = [sqs_record(f"m-{i}", tally_body(key, tally_id=key)) for i, key in enumerate(keys)]
 
     assert consumer.failed_ids(batch) == []
@@ -348,7 +349,7 @@ def test_one_pool_of_max_workers_threads_serves_every_invocation(
         return MessageResult(item.message_id, Outcome.APPLIED)
 
     monkeypatch.setattr(MessageProcessor, "execute", execute)
-    consumer = make_consumer(dynamodb, sqs, clock, max_workers=2)
+    consumer = make_consumer(dynamodb, sqs, clock, max_workers=2, group_commit=False)
     for invocation in ("a", "b"):
         batch = [sqs_record(f"{invocation}-{i}", tally_body(f"{invocation}{i}", tally_id=f"t-{i}")) for i in range(4)]
         assert consumer.failed_ids(batch) == []
