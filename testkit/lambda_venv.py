@@ -50,14 +50,10 @@ def find_python(version: str = LAMBDA_PYTHON_VERSION) -> Path:
     )
 
 
-def _requirement_lines(path: Path) -> list[str]:
-    lines = [line.split("#", 1)[0].strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    return [line for line in lines if line]
-
-
 def requirements() -> list[str]:
     """What the venv installs beside the artifact's hash-locked requirements: Lambda's boto3 and runtime client."""
-    pinned = {line.split("==", 1)[0].strip().lower(): line for line in _requirement_lines(DEV_REQUIREMENTS)}
+    lines = (line.split("#", 1)[0].strip() for line in DEV_REQUIREMENTS.read_text(encoding="utf-8").splitlines())
+    pinned = {line.split("==", 1)[0].strip().lower(): line for line in lines if line}
     missing = [name for name in _RUNTIME_PROVIDED if name not in pinned]
     if missing:
         raise LambdaVenvError(f"{DEV_REQUIREMENTS} pins no {', '.join(missing)}")
