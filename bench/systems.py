@@ -150,12 +150,7 @@ class PowertoolsBaseline:
 
 
 class SeedPattern:
-    """The seed articles' pattern, one record after another.
-
-    A conditional ``PutItem`` of the key as IN_PROGRESS; on ``ConditionalCheckFailed`` a
-    ``GetItem`` of its status (COMPLETED: a duplicate, skipped; otherwise in flight: failed,
-    to be retried); then the business writes, then an ``UpdateItem`` to COMPLETED.
-    """
+    """The seed articles' pattern, one record after another: claim, apply, mark COMPLETED, one call each."""
 
     name = "seed pattern"
 

@@ -62,11 +62,8 @@ class BatchReport:
 
 
 def reported_failures(response: Any, batch_ids: set[str]) -> tuple[set[str] | None, str]:
-    """The ids to keep from a partial batch response, or ``None`` when it fails the whole batch.
-
-    Lambda's rules: a null or empty response, or an empty list, is full success; anything
-    malformed, or an id that is not one of the batch's, fails the whole batch.
-    """
+    """The ids to keep from a partial batch response, or ``None`` when it fails the whole batch. As in Lambda, a null
+    or empty response or list is full success; anything malformed, or an id not of the batch, fails it all."""
     if not isinstance(response, dict | None):
         return None, f"response is a {type(response).__name__}, not an object"
     failures = (response or {}).get("batchItemFailures")

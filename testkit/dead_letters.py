@@ -104,11 +104,8 @@ def _show_again(sqs: Any, queue_url: str, letters: list[DeadLetter]) -> None:
 
 
 def redrive(sqs: Any, dead_letter_url: str, queue_url: str) -> int:
-    """Send the dead letters there are now back to the queue (idempotency key kept), deleting them here.
-
-    All are received (and hidden) before the first is sent back, so a redriven poison message
-    dead-lettered again while this runs stays in the dead-letter queue.
-    """
+    """Send the dead letters there are now back to the queue (idempotency key kept), deleting them here. All are
+    received (and hidden) before the first is sent back: one dead-lettered again meanwhile stays here."""
     letters = _take_all(sqs, dead_letter_url)
     for letter in letters:
         _send_back(sqs, queue_url, letter)

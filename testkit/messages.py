@@ -100,12 +100,8 @@ def is_fifo(queue_url: str) -> bool:
 
 
 def fifo_fields(message: Outgoing) -> dict[str, str]:
-    """What a FIFO queue requires of each send: the group, and a deduplication id of this send's own.
-
-    A new id per send, not one per body: the template turns content-based deduplication off,
-    and a producer's resend must reach the consumer (whose idempotency record suppresses it)
-    rather than depend on SQS's five-minute deduplication window.
-    """
+    """The group, and a deduplication id per send (not per body): content-based deduplication is off, and a
+    producer's resend must reach the consumer, whose idempotency record suppresses it, not SQS's 5-minute window."""
     return {"MessageGroupId": message.group_id, "MessageDeduplicationId": uuid.uuid4().hex}
 
 
