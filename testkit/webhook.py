@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
@@ -116,16 +116,13 @@ class WebhookSink(Lifecycle):
             self._thread.join(timeout=5)
         self._server, self._thread = None, None
 
-    def _next_answer(self, key: str | None) -> Answer:
+    def _answer(self, request: ReceivedRequest) -> Answer:
+        """The next planned answer (its key's plan first), recorded with the request."""
         with self._lock:
-            for plan in (self._plans_by_key.get(key or ""), self._plan):
-                if plan:
-                    return plan.popleft()
-            return self.default
-
-    def _record(self, request: ReceivedRequest) -> None:
-        with self._lock:
-            self._received.append(request)
+            plan = next((p for p in (self._plans_by_key.get(request.idempotency_key or ""), self._plan) if p), None)
+            answer = plan.popleft() if plan else self.default
+            self._received.append(replace(request, status=int(answer.status)))
+            return answer
 
 
 def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
@@ -144,10 +141,9 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
             with contextlib.suppress(WebhookVerificationError, ValueError):
                 Webhook(sink.secret).verify(raw, headers, json_parse=False)
                 verified = True
-            key = self.headers.get("Idempotency-Key")
-            answer = sink._next_answer(key)
             body = raw.decode("utf-8", "replace")
-            sink._record(ReceivedRequest(self.path, key, body, headers, int(answer.status), time.time(), verified))
+            key = self.headers.get("Idempotency-Key")
+            answer = sink._answer(ReceivedRequest(self.path, key, body, headers, 0, time.time(), verified))
             if answer.delay_s:
                 time.sleep(answer.delay_s)
             self._reply(answer.status, {"status": int(answer.status)}, answer.trickle_s)
