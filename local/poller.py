@@ -18,9 +18,8 @@ from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 from typing import Any, Self
 
-from testkit.aws import REGION
 from testkit.invocation import Invocation, Invoker
-from testkit.lambda_sqs import event_from_messages
+from testkit.lambda_sqs import record_from_message
 from testkit.processes import Lifecycle
 from testkit.resources import QueueResource, SqsTrigger
 
@@ -131,7 +130,7 @@ class Poller:
         messages = self.receive()
         if not messages:
             return None
-        event = event_from_messages(messages, queue_arn=self.queue.arn, region=REGION)
+        event = {"Records": [record_from_message(message, queue_arn=self.queue.arn) for message in messages]}
         report = self._settle(messages, self.runtime.invoke(event))
         if self.on_batch is not None:
             self.on_batch(report)

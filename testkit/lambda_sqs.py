@@ -31,7 +31,7 @@ def _message_attribute(value: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def record_from_message(message: dict[str, Any], *, queue_arn: str, region: str = REGION) -> dict[str, Any]:
+def record_from_message(message: dict[str, Any], *, queue_arn: str) -> dict[str, Any]:
     """One ``Records[]`` entry from one message of a ``ReceiveMessage`` answer."""
     record: dict[str, Any] = {
         "messageId": message["MessageId"],
@@ -45,15 +45,11 @@ def record_from_message(message: dict[str, Any], *, queue_arn: str, region: str 
         "md5OfBody": message.get("MD5OfBody", ""),
         "eventSource": "aws:sqs",
         "eventSourceARN": queue_arn,
-        "awsRegion": region,
+        "awsRegion": REGION,
     }
     if message.get("MD5OfMessageAttributes"):
         record["md5OfMessageAttributes"] = message["MD5OfMessageAttributes"]
     return record
-
-
-def event_from_messages(messages: list[dict[str, Any]], *, queue_arn: str, region: str = REGION) -> dict[str, Any]:
-    return {"Records": [record_from_message(message, queue_arn=queue_arn, region=region) for message in messages]}
 
 
 def sqs_record(
