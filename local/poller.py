@@ -1,10 +1,8 @@
 """A poller that behaves as Lambda's SQS event source mapping.
 
-Receive up to the batch size (long polling, topped up within the batching window), invoke the function with the event
-Lambda would build, then delete every record but the reported failures. When the handler raised, timed out, or (with
-``ReportBatchItemFailures``) answered a malformed response or an ``itemIdentifier`` not in the batch, delete nothing:
-the whole batch comes back after its visibility timeout. Receive counts and the move to the dead-letter queue are the
-queue's own redrive policy.
+Receive a batch, invoke the function with the event Lambda would build, then delete every record but the reported
+failures; after an error, a timeout or an invalid response delete nothing. Receive counts and the move to the
+dead-letter queue are the queue's own redrive policy.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """What Lambda hands an SQS-triggered function: the records, the event and the context.
 
-The record shape is Lambda's (``sam local generate-event sqs receive-message``): camelCase keys, system attributes as
-strings, message attributes in the lowercase shape with binary values base64-encoded, ``eventSource`` ``aws:sqs``. The
-local poller builds records from real ``ReceiveMessage`` answers; tests and the benchmark build them from a body.
+The record shape is Lambda's (``sam local generate-event sqs receive-message``). The local poller builds records from
+real ``ReceiveMessage`` answers; tests and the benchmark build them from a body.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """A webhook sink on loopback: records every POST, verifies its signature, answers as a test tells it to.
 
-``verified``: the reference ``standardwebhooks`` library accepts its signature with ``secret`` (the local stack's
-signing secret). ``GET /requests`` returns what was received as JSON (for ``make run`` users and other processes);
-in-process, ``WebhookSink.received`` does the same. ``answer_next`` plans the next answers (status, delay, seconds
-between its bytes), for any request or for one ``Idempotency-Key``, so tests can make the downstream fail, stall or
-reject; once a plan runs out the POST gets the ``default`` answer.
+``verified``: ``standardwebhooks`` accepts its signature with ``secret``. ``GET /requests`` lists what was received
+(for ``make run`` users and other processes); ``answer_next`` lets tests make the downstream fail, stall or reject.
 """
 
 from __future__ import annotations
