@@ -26,7 +26,7 @@ _TRANSACT_ACTIONS = ("Put", "Update", "Delete", "ConditionCheck")
 
 def number_size(text: str) -> int:
     mantissa = text.lstrip("+-").lower().split("e", 1)[0]
-    digits = mantissa.replace(".", "").lstrip("0").rstrip("0")
+    digits = mantissa.replace(".", "").strip("0")
     return (len(digits) + 1) // 2 + 1
 
 
