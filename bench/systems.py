@@ -100,11 +100,8 @@ class LedgerBusiness:
 
 
 class PowertoolsBaseline:
-    """``BatchProcessor`` with ``idempotent_function`` on DynamoDB, composed as its documentation does for SQS.
-
-    Keyed on the body's key with payload validation (like the consumer's key-reuse check),
-    the Lambda context registered so an in-progress record expires with the invocation.
-    """
+    """``BatchProcessor`` with ``idempotent_function`` on DynamoDB, composed as its documentation does for SQS, with
+    payload validation (like the consumer's key-reuse check) and an in-progress record expiring with the invocation."""
 
     name = "Powertools"
 

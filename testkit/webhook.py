@@ -83,7 +83,6 @@ class WebhookSink(Lifecycle):
         return [request for request in self.received() if not request.verified]
 
     def keys(self) -> list[str | None]:
-        """The ``Idempotency-Key`` of every POST received, in order."""
         return [request.idempotency_key for request in self.received()]
 
     def answer_next(self, *answers: Answer, key: str | None = None) -> None:
