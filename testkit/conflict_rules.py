@@ -39,9 +39,7 @@ class ItemHolds:
             if conflicting:
                 return None, conflicting
             token = object()
-            for item in items:
-                if item is not None:
-                    self._holders[item] = token
+            self._holders.update((item, token) for item in items if item is not None)
             return token, []
 
     def release(self, items: Sequence[ItemKey | None], token: object) -> None:
