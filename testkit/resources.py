@@ -14,7 +14,7 @@ from typing import Any
 
 from testkit.tables import TABLE_TYPE as TABLE
 from testkit.tables import create_table
-from testkit.template import ACCOUNT_ID, PARTITION, Template, TemplateError
+from testkit.template import ACCOUNT_ID, LOCAL_TABLES, PARTITION, Template, TemplateError, table_parameter
 
 QUEUE = "AWS::SQS::Queue"
 FUNCTIONS = ("AWS::Serverless::Function", "AWS::Lambda::Function")
@@ -152,10 +152,15 @@ class _Resolver:
         return self.queues[logical_id]
 
     def table(self, logical_id: str) -> TableResource:
+        """A table of the stack's, or one given by a parameter (made from its LocalTables keys, under its value)."""
         if logical_id in self.tables:
             return self.tables[logical_id]
-        properties = self._properties_to_create(logical_id)
-        name = properties.get("TableName") or self._default_name(logical_id)
+        external = (
+            self._template.local(LOCAL_TABLES).get(logical_id) if logical_id not in self._template.resources else None
+        )
+        properties = self._template.resolve(external) if external else self._properties_to_create(logical_id)
+        name = self._template.parameters[table_parameter(logical_id)] if external else properties.get("TableName")
+        name = name or self._default_name(logical_id)
         create_table(self._dynamodb, name, properties)
         arn = self._arn("dynamodb", f"table/{name}")
         self.tables[logical_id] = TableResource(name, arn)
@@ -210,7 +215,7 @@ def create_resources(template: Template, sqs: Any, dynamodb: Any) -> LocalResour
     resolver = _Resolver(template, sqs, dynamodb)
     for logical_id in template.resources_of_type(QUEUE):
         resolver.queue(logical_id)
-    for logical_id in template.resources_of_type(TABLE):
+    for logical_id in [*template.resources_of_type(TABLE), *template.local(LOCAL_TABLES)]:
         resolver.table(logical_id)
     functions = {
         logical_id: resolver.function(logical_id)

@@ -33,7 +33,9 @@ def ttl_attribute(properties: Mapping[str, Any]) -> str | None:
 
 def create_table(dynamodb: Any, name: str, properties: Mapping[str, Any]) -> None:
     """Create ``name`` from a table's resolved template properties; an existing table is kept as it is."""
-    request: dict[str, Any] = {key: properties[key] for key in _CREATE_TABLE_PARAMETERS if key in properties}
+    # On demand unless the properties say otherwise: LocalTables gives keys alone.
+    request: dict[str, Any] = {"BillingMode": "PAY_PER_REQUEST"}
+    request |= {key: properties[key] for key in _CREATE_TABLE_PARAMETERS if key in properties}
     stream = properties.get("StreamSpecification")
     if stream:
         request["StreamSpecification"] = {"StreamEnabled": True, **stream}
@@ -53,9 +55,10 @@ def create_table(dynamodb: Any, name: str, properties: Mapping[str, Any]) -> Non
 
 
 def create_template_tables(dynamodb: Any, names: Mapping[str, str], template: Template | None = None) -> None:
-    """Create each table of the template named in ``names`` (logical id -> table name)."""
+    """Create each table of the template named in ``names`` (logical id -> table name), a resource or one given by
+    a parameter (its keys from the template's LocalTables)."""
     template = template or Template.from_file()
     for logical_id, name in names.items():
-        if template.resources.get(logical_id, {}).get("Type") != TABLE_TYPE:
+        if (definition := template.table_definition(logical_id)) is None:
             raise ValueError(f"{logical_id!r} is not a DynamoDB table of {template.path}")
-        create_table(dynamodb, name, template.properties(logical_id))
+        create_table(dynamodb, name, definition)

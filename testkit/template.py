@@ -36,6 +36,15 @@ PARTITION = "aws"
 REGION = "us-east-1"
 # What `sam package` puts in place of a local CodeUri before CloudFormation transforms the template.
 PACKAGED_CODE_URI = "s3://packaged-artifacts/consumer.zip"
+# The template's Metadata keys for what only a deployment is given, read by make test and the local stack alone:
+# a value for each parameter without a Default, and the keys of each table given by a parameter (``table_parameter``).
+LOCAL_PARAMETERS = "LocalParameters"
+LOCAL_TABLES = "LocalTables"
+
+
+def table_parameter(logical_id: str) -> str:
+    """The parameter that names an existing table a handler declares, in place of a resource: OrdersTableName."""
+    return f"{logical_id}Name"
 
 
 class TemplateError(ValueError):
@@ -141,6 +150,15 @@ class Template:
     def resources(self) -> dict[str, dict[str, Any]]:
         return self.document["Resources"]
 
+    def local(self, key: str) -> dict[str, Any]:
+        return dict((self.document.get("Metadata") or {}).get(key) or {})
+
+    def table_definition(self, logical_id: str) -> dict[str, Any] | None:
+        """A table's properties: its resource's, or the keys LocalTables gives a table named by a parameter."""
+        if self.resources.get(logical_id, {}).get("Type") == "AWS::DynamoDB::Table":
+            return self.properties(logical_id)
+        return self.local(LOCAL_TABLES).get(logical_id)
+
     def resources_of_type(self, resource_type: str) -> list[str]:
         return [name for name, resource in self.resources.items() if resource.get("Type") == resource_type]
 
@@ -185,14 +203,27 @@ class Template:
         unknown = set(self.parameter_overrides) - set(declared)
         if unknown:
             raise TemplateError(f"unknown parameter(s): {', '.join(sorted(unknown))}")
+        # A table given by a parameter is, locally, the one made from its LocalTables keys, named as a resource is.
+        local = {table_parameter(table): f"{self.stack_name}-{table}" for table in self.local(LOCAL_TABLES)}
+        local |= self.local(LOCAL_PARAMETERS)
         values: dict[str, Any] = {}
         for name, spec in declared.items():
             if name in self.parameter_overrides:
                 value = self.parameter_overrides[name]
             elif "Default" in spec:
                 value = spec["Default"]
+            elif name in local:
+                value = local[name]
             else:
-                raise TemplateError(f"parameter {name} has no default: pass a value for it")
+                table = name.removesuffix("Name") if name.endswith("TableName") else None
+                where = (
+                    f"{table}'s keys under {LOCAL_TABLES}:" if table else f'"{name}: <value>" under {LOCAL_PARAMETERS}:'
+                )
+                raise TemplateError(
+                    f"parameter {name} has no Default: for make test and the local stack, add {where} in the"
+                    " template's Metadata (a deployment is given its own value: samconfig.toml's parameter_overrides,"
+                    f' or make deploy PARAMETERS="{name}=...")'
+                )
             values[name] = _checked_parameter(name, spec, value)
         return values
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from testkit.template import TEMPLATE_PATH, Template, load_template, transform
+from testkit.template import TEMPLATE_PATH, Template, TemplateError, load_template, transform
 from tests.deployment.environment import FUNCTION, environment_mistakes
 from tests.deployment.lookups import properties, read
 
@@ -19,8 +19,20 @@ def template_path() -> Path:
     return Path(os.environ.get(TEMPLATE_VARIABLE) or TEMPLATE_PATH)
 
 
+def parameter_mistake(template_path: Path) -> str | None:
+    """Why the template cannot be read with its parameters' values (one lacks a Default and a local value)."""
+    try:
+        Template.from_file(template_path)
+    except TemplateError as error:
+        return str(error)
+    return None
+
+
 @pytest.fixture(scope="session")
 def source_template(template_path: Path) -> dict[str, Any]:
+    # Every check reads the template with its parameters' values: one missing is test_outputs_and_config's one failure.
+    if parameter_mistake(template_path):
+        pytest.skip("a parameter has no value: test_every_parameter_has_a_value_for_the_checks names it")
     return load_template(template_path)
 
 

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from testkit.template import REPO_ROOT, ResourceRef, Template
+from testkit.template import ACCOUNT_ID, LOCAL_TABLES, PARTITION, REPO_ROOT, ResourceRef, Template, table_parameter
 
 SAMCONFIG_PATH = REPO_ROOT / "samconfig.toml"
 # SQS: up to 80 characters, a FIFO queue's ending in ".fifo".
@@ -77,8 +77,16 @@ def policy_statements(template: Mapping[str, Any], role_id: str, **overrides: An
 
 def grants_by_statement(template: Mapping[str, Any], role_id: str, **overrides: Any) -> dict[str, dict[str, set[str]]]:
     """Allowed actions per statement (its Sid, or its index) and per logical id of the stack resource they apply to
-    (via its Arn), or per exact ARN for what lives outside the stack and a parameter names (the webhook secret)."""
+    (via its Arn, or the ARN of a table a parameter names), or per exact ARN for what else lives outside the stack and
+    a parameter names (the webhook secret)."""
     reading = read(template, **overrides)
+    # A table given by a parameter is granted on the ARN its name makes: named by its logical id, as a resource is.
+    arn = f"arn:{PARTITION}:dynamodb:{reading.region}:{ACCOUNT_ID}:table/"
+    tables = {
+        arn + str(reading.parameters[table_parameter(table)]): table
+        for table in reading.local(LOCAL_TABLES)
+        if table_parameter(table) in reading.parameters
+    }
     grants: dict[str, dict[str, set[str]]] = {}
     for index, statement in enumerate(policy_statements(template, role_id, **overrides)):
         if statement["Effect"] != "Allow":
@@ -88,7 +96,7 @@ def grants_by_statement(template: Mapping[str, Any], role_id: str, **overrides: 
             if isinstance(resource, ResourceRef) and resource.attribute == "Arn":
                 by_resource.setdefault(resource.logical_id, set()).update(as_list(statement["Action"]))
             elif isinstance(resource, str) and resource.startswith("arn:") and "*" not in resource:
-                by_resource.setdefault(resource, set()).update(as_list(statement["Action"]))
+                by_resource.setdefault(tables.get(resource, resource), set()).update(as_list(statement["Action"]))
             else:
                 raise AssertionError(f"statement {statement.get('Sid')} grants on {resource!r}, not a stack resource")
     return grants

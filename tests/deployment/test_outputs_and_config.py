@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from testkit.template import ResourceRef, Template
+from tests.deployment.conftest import parameter_mistake
 from tests.deployment.lookups import SAMCONFIG_PATH, SQS_QUEUE_NAME, properties
 
 # Output -> what it must evaluate to. Scripts and the README read these names.
@@ -27,6 +29,13 @@ IAM_NAME_PROPERTIES = {
     "AWS::IAM::InstanceProfile": "InstanceProfileName",
 }
 STACK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,127}")
+
+
+def test_every_parameter_has_a_value_for_the_checks(template_path: Path) -> None:
+    # A Default, or for make test and the local stack a value under the template's Metadata (LocalParameters).
+    mistake = parameter_mistake(template_path)
+    if mistake:
+        pytest.fail(f"{template_path}: {mistake}", pytrace=False)
 
 
 def _samconfig() -> dict[str, Any]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
+import yaml
 from pydantic import PositiveInt
 
 from consumer.api import HandlerSettings, SecretArn
@@ -13,6 +15,9 @@ from consumer.errors import ConfigurationError
 from consumer.handler import declared_settings
 from consumer.idempotency.lease import lease_duration
 from service.registry import HANDLERS
+from testkit.template import LOCAL_PARAMETERS
+from tests import kit
+from tests.core.handlers import TallyHandler
 
 REQUIRED = {"IDEMPOTENCY_TABLE_NAME": "i", "ORDERS_TABLE_NAME": "o", "DEAD_LETTER_QUEUE_URL": "https://q"}
 TABLES = ("OrdersTable",)
@@ -184,3 +189,43 @@ def test_the_cores_settings_name_no_handlers_setting() -> None:
         for name in model.model_fields:
             assert name not in Settings.model_fields
             assert name not in source and name.upper() not in source, (model.__name__, name)
+
+
+class BilledTally(TallyHandler):
+    """A handler whose own settings have a required one (BillingSettings' ``billing_url``)."""
+
+    settings_model: ClassVar[type[HandlerSettings]] = BillingSettings
+
+
+def _with_billing_url(tmp_path: Path, local_value: str | None) -> Path:
+    """A template of its own (the checks' own, whatever template.yaml holds): README's BillingUrl parameter (no
+    Default) and its variable, and ``local_value`` (if any) under the Metadata's LocalParameters."""
+    function = {"Type": "AWS::Serverless::Function", "Properties": {"Environment": {"Variables": {}}}}
+    document: dict[str, Any] = {"Metadata": {}, "Parameters": {}, "Resources": {"ConsumerFunction": function}}
+    if local_value is not None:
+        document["Parameters"]["BillingUrl"] = {"Type": "String", "AllowedPattern": r"^https://\S+$"}
+        document["Metadata"][LOCAL_PARAMETERS] = {"BillingUrl": local_value}
+        function["Properties"]["Environment"]["Variables"]["BILLING_URL"] = {"Ref": "BillingUrl"}
+    path = tmp_path / "template.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_the_kit_gives_a_required_setting_left_out_the_value_the_template_gives_its_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kit, "TEMPLATE_PATH", _with_billing_url(tmp_path, "https://billing.example.com"))
+
+    assert kit.settings_for([BilledTally]).of(BillingSettings).billing_url == "https://billing.example.com"
+    # A value the test gives wins.
+    given = kit.settings_for([BilledTally], billing_url="https://other.example.com")
+    assert given.of(BillingSettings).billing_url == "https://other.example.com"
+
+
+def test_a_required_setting_with_no_value_anywhere_names_the_line_to_add(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kit, "TEMPLATE_PATH", _with_billing_url(tmp_path, None))
+
+    with pytest.raises(kit.NoTestValue, match=r'"BILLING_URL: !Ref <its parameter>".* or pass it here: billing_url='):
+        kit.settings_for([BilledTally])

@@ -4,20 +4,53 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from consumer.handler import declared_tables
 from consumer.idempotency import store
 from service.registry import HANDLERS
+from testkit.template import LOCAL_TABLES, table_parameter
 from tests.deployment.lookups import key_schema, properties, resources_of_type
 
 
-def test_each_table_a_handler_declares_is_a_template_table(transformed_template: dict[str, Any]) -> None:
+def table_mistakes(template: dict[str, Any], declared: tuple[str, ...]) -> list[str]:
+    """Each declared table neither a resource nor given by its parameter (with its keys for the local stack), and
+    each table or table parameter no handler declares."""
+    tables = resources_of_type(template, "AWS::DynamoDB::Table")
+    parameters = template.get("Parameters") or {}
+    local_tables = (template.get("Metadata") or {}).get(LOCAL_TABLES) or {}
+    mistakes = []
+    for table in ("IdempotencyTable", *declared):
+        if table in tables:
+            continue
+        parameter = table_parameter(table)
+        if parameter not in parameters:
+            mistakes.append(
+                f"a handler declares {table}: add an AWS::DynamoDB::Table of that name to template.yaml, or a"
+                f" parameter {parameter} naming an existing table"
+            )
+        elif table not in local_tables:
+            mistakes.append(
+                f"{table} is the existing table parameter {parameter} names: give its keys for the local stack under"
+                f" the template's Metadata, {LOCAL_TABLES}: {table}: (AttributeDefinitions, KeySchema)"
+            )
+    wanted = {"IdempotencyTable", *declared}
+    mistakes += [f"{table} is in template.yaml but no handler declares it: remove it" for table in set(tables) - wanted]
+    mistakes += [
+        f"{LOCAL_TABLES} describes {table}, which no handler declares by its parameter {table_parameter(table)}:"
+        " remove it"
+        for table in sorted(set(local_tables) - (wanted - set(tables)))
+    ]
+    return sorted(mistakes)
+
+
+def test_each_table_a_handler_declares_is_a_template_table_or_given_by_its_parameter(
+    transformed_template: dict[str, Any],
+) -> None:
     # Its variable in the function's environment: test_function's test_environment_is_what_the_code_reads.
-    tables = resources_of_type(transformed_template, "AWS::DynamoDB::Table")
-    for table in ("IdempotencyTable", *declared_tables(HANDLERS)):
-        assert table in tables, f"a handler declares {table}: add an AWS::DynamoDB::Table of that name to template.yaml"
-    assert set(tables) == {"IdempotencyTable", *declared_tables(HANDLERS)}, (
-        "a table in template.yaml that no handler declares"
-    )
+    mistakes = table_mistakes(transformed_template, declared_tables(HANDLERS))
+    if mistakes:
+        pytest.fail("\n".join(mistakes), pytrace=False)
 
 
 def test_tables_are_on_demand_and_encrypted_with_kms(transformed_template: dict[str, Any]) -> None:

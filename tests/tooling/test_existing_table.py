@@ -1,0 +1,113 @@
+"""README's "A table that already exists", followed to the letter on copies of the project: the inventory example's
+table given by a parameter naming an existing table, its keys under the template's LocalTables.
+
+With every step, the static checks pass, the handler's own tests and the generic contract run on the table the local
+stack makes from those keys; with a step left out or written as for a table of the stack's, the static stage fails,
+the check that README names saying what to write.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.tooling.test_making_it_theirs import REPO_ROOT, _copy_of_the_project, _insert, _pytest, _register
+from tests.utils import readme_blocks, readme_checklist
+
+_PARAMETER, _KEYS, _VARIABLE, _GRANT = range(4)
+# The checks make test's static stage runs (tests/deployment but those on the local stack), and the registry's.
+_STATIC = ["tests/deployment", "tests/app/test_handler_registry.py"]
+_ON_THE_STACK = ["-rfE", "--ignore=tests/deployment/test_events.py", "--ignore=tests/deployment/test_template.py"]
+
+
+def _follow(project: Path, skip: int | None = None, replace: tuple[int, str, str] | None = None) -> None:
+    """README's steps: the handler copied and registered as "A handler with its own table" says, then this section's
+    blocks, but ``skip`` (a block's index) and with ``replace`` (index, old, new) applied to one block."""
+    steps = readme_blocks("### A table that already exists")
+    assert len(steps) == 4, "README's existing-table steps changed shape: update this test"
+    if replace:
+        index, old, new = replace
+        steps[index] = steps[index].replace(old, new)
+    application = project / "src" / "service"
+    shutil.copy(project / "examples" / "inventory_reserved.py", application / "handlers" / "inventory_reserved.py")
+    _register(application / "registry.py", readme_checklist()[0])
+    template = project / "template.yaml"
+    anchors = {
+        _PARAMETER: ("\nParameters:\n", True),
+        _KEYS: ("\nMetadata:\n", True),
+        _VARIABLE: ("          IDEMPOTENCY_TABLE_NAME: !Ref IdempotencyTable\n", True),
+        _GRANT: ("              - Sid: ParkPoisonMessages\n", False),
+    }
+    for index, (anchor, after) in anchors.items():
+        if index != skip:
+            _insert(template, anchor, steps[index] + ("\n" if index == _PARAMETER else ""), after=after)
+
+
+def _copy(project: Path) -> None:
+    """A copy of the project, with the checkout's SAM CLI, DynamoDB Local and function runtime (none is copied)."""
+    _copy_of_the_project(project)
+    for prepared in (".venv-sam", "node_modules", ".lambda-runtime"):
+        if (REPO_ROOT / prepared).exists():
+            (project / prepared).symlink_to(REPO_ROOT / prepared)
+
+
+def _failures(stdout: str) -> list[str]:
+    return re.findall(r"^FAILED (\S+)", stdout, re.MULTILINE)
+
+
+@pytest.mark.long(60)
+@pytest.mark.timeout(600)
+def test_an_existing_table_given_as_the_readme_says_passes_the_checks_and_the_contract(tmp_path: Path) -> None:
+    _copy(tmp_path)
+    _follow(tmp_path)
+    template = (tmp_path / "template.yaml").read_text()
+    assert "InventoryTable:\n    Type: AWS::DynamoDB::Table" not in template
+
+    done = _pytest(tmp_path, _STATIC, "-p", "no:xdist", *_ON_THE_STACK, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+    # The handler's own tests (moto, the table made from its LocalTables keys) and the contract on the local stack.
+    contract = ["tests/app/test_inventory_reserved.py", "tests/app/test_handler_contract.py", "-k", "InventoryReserved"]
+    done = _pytest(tmp_path, contract, "-p", "no:xdist", timeout=400)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout
+
+
+@pytest.mark.long(20)
+@pytest.mark.parametrize(
+    ("skip", "replace", "caught_by", "said"),
+    [
+        (_KEYS, None, "test_every_parameter_has_a_value_for_the_checks", "InventoryTable's keys under LocalTables:"),
+        (
+            None,
+            (_VARIABLE, "!Ref InventoryTableName", "!Ref InventoryTable"),
+            "test_environment_is_what_the_code_reads",
+            '"INVENTORY_TABLE_NAME: !Ref InventoryTableName"',
+        ),
+        (_GRANT, None, "test_role_grants_exactly_what_the_code_calls", "on InventoryTable"),
+        (_PARAMETER, None, "test_environment_is_what_the_code_reads", "INVENTORY_TABLE_NAME"),
+        (
+            None,
+            (_PARAMETER, "Type: String\n", "Type: String\n    Default: inventory\n"),
+            "test_each_table_a_handler_declares_is_a_template_table_or_given_by_its_parameter",
+            "",
+        ),
+    ],
+    ids=["keys-left-out", "variable-from-the-table", "grant-left-out", "parameter-left-out", "a-default-is-fine"],
+)
+def test_each_mistake_fails_the_static_stage_naming_what_to_write(
+    tmp_path: Path, skip: int | None, replace: tuple[int, str, str] | None, caught_by: str, said: str
+) -> None:
+    _copy(tmp_path)
+    _follow(tmp_path, skip=skip, replace=replace)
+
+    done = _pytest(tmp_path, _STATIC, "-p", "no:xdist", *_ON_THE_STACK, timeout=300)
+
+    if not said:
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        return
+    assert caught_by in [failure.rsplit("::", 1)[-1] for failure in _failures(done.stdout)], done.stdout[-4000:]
+    assert said in done.stdout, done.stdout[-4000:]
