@@ -80,34 +80,38 @@ def test_an_existing_table_given_as_the_readme_says_passes_the_checks_and_the_co
 @pytest.mark.parametrize(
     ("skip", "replace", "caught_by", "said"),
     [
-        (_KEYS, None, "test_every_parameter_has_a_value_for_the_checks", "InventoryTable's keys under LocalTables:"),
+        (_KEYS, None, "test_outputs_and_config.py", "InventoryTable's keys under LocalTables:"),
         (
             None,
             (_VARIABLE, "!Ref InventoryTableName", "!Ref InventoryTable"),
-            "test_environment_is_what_the_code_reads",
+            "test_function.py",
             '"INVENTORY_TABLE_NAME: !Ref InventoryTableName"',
         ),
-        (_GRANT, None, "test_role_grants_exactly_what_the_code_calls", "on InventoryTable"),
-        (_PARAMETER, None, "test_environment_is_what_the_code_reads", "INVENTORY_TABLE_NAME"),
-        (
-            None,
-            (_PARAMETER, "Type: String\n", "Type: String\n    Default: inventory\n"),
-            "test_each_table_a_handler_declares_is_a_template_table_or_given_by_its_parameter",
-            "",
-        ),
+        (_GRANT, None, "test_iam_matches_code.py", "on InventoryTable"),
+        (_PARAMETER, None, "test_function.py", "INVENTORY_TABLE_NAME"),
     ],
-    ids=["keys-left-out", "variable-from-the-table", "grant-left-out", "parameter-left-out", "a-default-is-fine"],
+    ids=["keys-left-out", "variable-from-the-table", "grant-left-out", "parameter-left-out"],
 )
-def test_each_mistake_fails_the_static_stage_naming_what_to_write(
+def test_each_step_left_out_or_written_for_a_stack_table_fails_the_check_readme_names(
     tmp_path: Path, skip: int | None, replace: tuple[int, str, str] | None, caught_by: str, said: str
 ) -> None:
     _copy(tmp_path)
     _follow(tmp_path, skip=skip, replace=replace)
 
-    done = _pytest(tmp_path, _STATIC, "-p", "no:xdist", *_ON_THE_STACK, timeout=300)
+    done = _pytest(tmp_path, [f"tests/deployment/{caught_by}"], "-p", "no:xdist", "-rfE", timeout=300)
 
-    if not said:
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-        return
-    assert caught_by in [failure.rsplit("::", 1)[-1] for failure in _failures(done.stdout)], done.stdout[-4000:]
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
     assert said in done.stdout, done.stdout[-4000:]
+
+
+@pytest.mark.long(15)
+def test_a_table_parameter_with_a_default_needs_its_keys_all_the_same(tmp_path: Path) -> None:
+    _copy(tmp_path)
+    _follow(tmp_path, skip=_KEYS, replace=(_PARAMETER, "Type: String\n", "Type: String\n    Default: inventory\n"))
+
+    done = _pytest(tmp_path, ["tests/deployment/test_tables.py"], "-p", "no:xdist", "-rfE", timeout=300)
+
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
+    assert (
+        "give its keys for the local stack under the template's Metadata, LocalTables: InventoryTable:" in done.stdout
+    )
