@@ -34,16 +34,21 @@ def _follow(project: Path, skip: int | None = None, replace: tuple[int, str, str
     application = project / "src" / "service"
     shutil.copy(project / "examples" / "inventory_reserved.py", application / "handlers" / "inventory_reserved.py")
     _register(application / "registry.py", readme_checklist()[0])
-    template = project / "template.yaml"
-    anchors = {
-        _PARAMETER: ("\nParameters:\n", True),
-        _KEYS: ("\nMetadata:\n", True),
-        _VARIABLE: ("          IDEMPOTENCY_TABLE_NAME: !Ref IdempotencyTable\n", True),
-        _GRANT: ("              - Sid: ParkPoisonMessages\n", False),
-    }
-    for index, (anchor, after) in anchors.items():
+    places = [PARAMETERS, METADATA, VARIABLES, ("              - Sid: ParkPoisonMessages\n", False)]
+    into_template(project / "template.yaml", steps, places, skip)
+
+
+# Where README's blocks go in template.yaml: (the line they go by, after it or before it).
+PARAMETERS = ("\nParameters:\n", True)
+METADATA = ("\nMetadata:\n", True)
+VARIABLES = ("          IDEMPOTENCY_TABLE_NAME: !Ref IdempotencyTable\n", True)
+
+
+def into_template(template: Path, blocks: list[str], places: list[tuple[str, bool]], skip: int | None) -> None:
+    """Each of README's ``blocks`` at its place in ``template``, but the ``skip``-th."""
+    for index, (block, (anchor, after)) in enumerate(zip(blocks, places, strict=True)):
         if index != skip:
-            _insert(template, anchor, steps[index] + ("\n" if index == _PARAMETER else ""), after=after)
+            _insert(template, anchor, block, after=after)
 
 
 def _copy(project: Path) -> None:

@@ -13,8 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.tooling.test_existing_table import _ON_THE_STACK, _STATIC, _copy, _failures
-from tests.tooling.test_making_it_theirs import _insert, _pytest, _register
+from tests.tooling.test_existing_table import (
+    _ON_THE_STACK,
+    _STATIC,
+    METADATA,
+    PARAMETERS,
+    VARIABLES,
+    _copy,
+    _failures,
+    into_template,
+)
+from tests.tooling.test_making_it_theirs import _pytest, _register
 from tests.utils import readme_blocks
 
 _HANDLER_HEAD = '''"""README's settings example around a handler of this test's."""
@@ -50,7 +59,7 @@ _HANDLER_BODY = """    event_type: ClassVar[str] = "RenewalDue"
         put = Put(table=self.table_names["LedgerTable"], item=entry, condition="attribute_not_exists(entryId)")
         return Effect(result={"renewed": payload.renewalId}, writes=(put,))
 """
-_CODE, _PARAMETERS, _LOCAL_VALUES, _VARIABLES, _CONDITION, _POLICY = range(6)
+_CODE, _LOCAL_VALUES = 0, 2
 
 
 def _follow(project: Path, skip: int | None = None) -> None:
@@ -60,17 +69,8 @@ def _follow(project: Path, skip: int | None = None) -> None:
     (project / "src/service/handlers/renewal_due.py").write_text(_HANDLER_HEAD + code)
     _register(project / "src/service/registry.py", "from service.handlers.renewal_due import RenewalHandler\n"
               "HANDLERS: T = (..., RenewalHandler)")  # fmt: skip
-    template = project / "template.yaml"
-    anchors = {
-        _PARAMETERS: ("\nParameters:\n", True),
-        _LOCAL_VALUES: ("\nMetadata:\n", True),
-        _VARIABLES: ("          IDEMPOTENCY_TABLE_NAME: !Ref IdempotencyTable\n", True),
-        _CONDITION: ("\nConditions:\n", True),
-        _POLICY: ("  ConsumerFunction:\n", False),
-    }
-    for index, (anchor, after) in anchors.items():
-        if index != skip:
-            _insert(template, anchor, blocks[index], after=after)
+    places = [PARAMETERS, METADATA, VARIABLES, ("\nConditions:\n", True), ("  ConsumerFunction:\n", False)]
+    into_template(project / "template.yaml", blocks[1:], places, None if skip is None else skip - 1)
 
 
 @pytest.mark.long(60)
