@@ -206,7 +206,7 @@ class BilledTally(TallyHandler):
 def _with_billing_url(tmp_path: Path, local_value: str | None) -> Path:
     """A template of its own (the checks' own, whatever template.yaml holds): README's BillingUrl parameter (no
     Default) and its variable, and ``local_value`` (if any) under the Metadata's LocalParameters."""
-    function = {"Type": "AWS::Serverless::Function", "Properties": {"Environment": {"Variables": {}}}}
+    function: dict[str, Any] = {"Type": "AWS::Serverless::Function", "Properties": {"Environment": {"Variables": {}}}}
     document: dict[str, Any] = {"Metadata": {}, "Parameters": {}, "Resources": {"ConsumerFunction": function}}
     if local_value is not None:
         document["Parameters"]["BillingUrl"] = {"Type": "String", "AllowedPattern": r"^https://\S+$"}
