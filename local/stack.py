@@ -92,9 +92,8 @@ def deploy_stack(
 ) -> DeployedStack:
     """Create the template's resources and make its function ready against them.
 
-    With a ``webhook`` sink, its ``webhook_parameters`` and every secret's parameter (a SecretArn setting's, whatever
-    its name: SecretArn's pattern, which the static checks require of it) at a secret holding the sink's, unless
-    overridden; ``memory_mb`` overrides ``MemorySize`` (and with it the CPU share).
+    With a ``webhook`` sink, its ``webhook_parameters`` and each parameter of SecretArn's pattern (any name) at a secret
+    holding the sink's, unless overridden; ``memory_mb`` overrides ``MemorySize`` (and with it the CPU share).
     """
     overrides = {**(webhook_parameters(webhook, template_path) if webhook else {}), **(parameter_overrides or {})}
     for name, spec in load_template(template_path).get("Parameters", {}).items():

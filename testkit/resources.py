@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from consumer.config import table_parameter
 from testkit.tables import TABLE_TYPE as TABLE
 from testkit.tables import create_table
-from testkit.template import ACCOUNT_ID, LOCAL_TABLES, PARTITION, Template, TemplateError, table_parameter
+from testkit.template import ACCOUNT_ID, LOCAL_TABLES, PARTITION, Template, TemplateError
 
 QUEUE = "AWS::SQS::Queue"
 FUNCTIONS = ("AWS::Serverless::Function", "AWS::Lambda::Function")
@@ -152,15 +153,14 @@ class _Resolver:
         return self.queues[logical_id]
 
     def table(self, logical_id: str) -> TableResource:
-        """A table of the stack's, or one given by a parameter (made from its LocalTables keys, under its value)."""
         if logical_id in self.tables:
             return self.tables[logical_id]
-        external = (
-            self._template.local(LOCAL_TABLES).get(logical_id) if logical_id not in self._template.resources else None
-        )
-        properties = self._template.resolve(external) if external else self._properties_to_create(logical_id)
-        name = self._template.parameters[table_parameter(logical_id)] if external else properties.get("TableName")
-        name = name or self._default_name(logical_id)
+        if logical_id in self._template.resources:
+            properties = self._properties_to_create(logical_id)
+            name = properties.get("TableName") or self._default_name(logical_id)
+        else:  # given by a parameter: made from its LocalTables keys, named by the parameter's value
+            properties = self._template.local(LOCAL_TABLES)[logical_id]
+            name = self._template.parameters[table_parameter(logical_id)]
         create_table(self._dynamodb, name, properties)
         arn = self._arn("dynamodb", f"table/{name}")
         self.tables[logical_id] = TableResource(name, arn)

@@ -12,7 +12,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from testkit.template import Template
+from testkit.template import LOCAL_TABLES, Template
 
 TABLE_TYPE = "AWS::DynamoDB::Table"
 IDEMPOTENCY_TABLE = "IdempotencyTable"
@@ -33,8 +33,7 @@ def ttl_attribute(properties: Mapping[str, Any]) -> str | None:
 
 def create_table(dynamodb: Any, name: str, properties: Mapping[str, Any]) -> None:
     """Create ``name`` from a table's resolved template properties; an existing table is kept as it is."""
-    # On demand unless the properties say otherwise: LocalTables gives keys alone.
-    request: dict[str, Any] = {"BillingMode": "PAY_PER_REQUEST"}
+    request: dict[str, Any] = {"BillingMode": "PAY_PER_REQUEST"}  # unless given: LocalTables gives keys alone
     request |= {key: properties[key] for key in _CREATE_TABLE_PARAMETERS if key in properties}
     stream = properties.get("StreamSpecification")
     if stream:
@@ -55,10 +54,12 @@ def create_table(dynamodb: Any, name: str, properties: Mapping[str, Any]) -> Non
 
 
 def create_template_tables(dynamodb: Any, names: Mapping[str, str], template: Template | None = None) -> None:
-    """Create each table of the template named in ``names`` (logical id -> table name), a resource or one given by
-    a parameter (its keys from the template's LocalTables)."""
+    """Create each table of the template named in ``names`` (logical id -> table name), or of its LocalTables."""
     template = template or Template.from_file()
     for logical_id, name in names.items():
-        if (definition := template.table_definition(logical_id)) is None:
+        if logical_id in template.resources_of_type(TABLE_TYPE):
+            create_table(dynamodb, name, template.properties(logical_id))
+        elif logical_id in template.local(LOCAL_TABLES):
+            create_table(dynamodb, name, template.local(LOCAL_TABLES)[logical_id])
+        else:
             raise ValueError(f"{logical_id!r} is not a DynamoDB table of {template.path}")
-        create_table(dynamodb, name, definition)

@@ -29,6 +29,8 @@ from samtranslator.plugins.globals.globals import Globals
 from samtranslator.public.parser import Parser
 from samtranslator.public.translator import Translator
 
+from consumer.config import table_parameter
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_PATH = REPO_ROOT / "template.yaml"
 ACCOUNT_ID = "123456789012"  # moto's default account: queue URLs and ARNs match what it returns
@@ -36,15 +38,9 @@ PARTITION = "aws"
 REGION = "us-east-1"
 # What `sam package` puts in place of a local CodeUri before CloudFormation transforms the template.
 PACKAGED_CODE_URI = "s3://packaged-artifacts/consumer.zip"
-# The template's Metadata keys for what only a deployment is given, read by make test and the local stack alone:
-# a value for each parameter without a Default, and the keys of each table given by a parameter (``table_parameter``).
-LOCAL_PARAMETERS = "LocalParameters"
-LOCAL_TABLES = "LocalTables"
-
-
-def table_parameter(logical_id: str) -> str:
-    """The parameter that names an existing table a handler declares, in place of a resource: OrdersTableName."""
-    return f"{logical_id}Name"
+# Metadata read by make test and the local stack alone, for what a deployment is given: a value for each parameter
+# without a Default, and the keys of each table given by a parameter (``consumer.config.table_parameter``).
+LOCAL_PARAMETERS, LOCAL_TABLES = "LocalParameters", "LocalTables"
 
 
 class TemplateError(ValueError):
@@ -153,12 +149,6 @@ class Template:
     def local(self, key: str) -> dict[str, Any]:
         return dict((self.document.get("Metadata") or {}).get(key) or {})
 
-    def table_definition(self, logical_id: str) -> dict[str, Any] | None:
-        """A table's properties: its resource's, or the keys LocalTables gives a table named by a parameter."""
-        if self.resources.get(logical_id, {}).get("Type") == "AWS::DynamoDB::Table":
-            return self.properties(logical_id)
-        return self.local(LOCAL_TABLES).get(logical_id)
-
     def resources_of_type(self, resource_type: str) -> list[str]:
         return [name for name, resource in self.resources.items() if resource.get("Type") == resource_type]
 
@@ -215,14 +205,11 @@ class Template:
             elif name in local:
                 value = local[name]
             else:
-                table = name.removesuffix("Name") if name.endswith("TableName") else None
-                where = (
-                    f"{table}'s keys under {LOCAL_TABLES}:" if table else f'"{name}: <value>" under {LOCAL_PARAMETERS}:'
-                )
+                table, value = name.removesuffix("Name"), f'"{name}: <value>" under {LOCAL_PARAMETERS}:'
+                where = f"{table}'s keys under {LOCAL_TABLES}:" if name.endswith("TableName") else value
                 raise TemplateError(
-                    f"parameter {name} has no Default: for make test and the local stack, add {where} in the"
-                    " template's Metadata (a deployment is given its own value: samconfig.toml's parameter_overrides,"
-                    f' or make deploy PARAMETERS="{name}=...")'
+                    f"parameter {name} has no Default: for make test and the local stack, add {where} in the template's"
+                    f" Metadata (a deployment is given its own: samconfig.toml's parameter_overrides, or PARAMETERS=)"
                 )
             values[name] = _checked_parameter(name, spec, value)
         return values

@@ -12,10 +12,10 @@ from typing import Any
 
 from cfnlint.decode import cfn_yaml
 
-from consumer.config import Settings, is_secret_arn, table_variable
+from consumer.config import Settings, is_secret_arn, table_parameter, table_variable
 from consumer.handler import declared_settings, declared_tables
 from service.registry import HANDLERS
-from testkit.template import load_template, table_parameter
+from testkit.template import load_template
 from tests.deployment.source_scan import package_modules
 
 FUNCTION = "ConsumerFunction"

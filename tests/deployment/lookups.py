@@ -6,7 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from testkit.template import ACCOUNT_ID, LOCAL_TABLES, PARTITION, REPO_ROOT, ResourceRef, Template, table_parameter
+from consumer.config import table_parameter
+from testkit.template import ACCOUNT_ID, LOCAL_TABLES, PARTITION, REPO_ROOT, ResourceRef, Template
 
 SAMCONFIG_PATH = REPO_ROOT / "samconfig.toml"
 # SQS: up to 80 characters, a FIFO queue's ending in ".fifo".

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from consumer.config import table_parameter
 from testkit.aws import DUMMY_CREDENTIALS_ENV
-from testkit.template import LOCAL_TABLES, REPO_ROOT, ResourceRef, Template, table_parameter
+from testkit.template import LOCAL_TABLES, REPO_ROOT, ResourceRef, Template
 from tests.deployment.lookups import properties, read, resources_of_type
 
 # AWS metrics the dashboard may chart: namespace -> metric -> (dimension, resource type it names).

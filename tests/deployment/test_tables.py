@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
+from consumer.config import table_parameter
 from consumer.handler import declared_tables
 from consumer.idempotency import store
 from service.registry import HANDLERS
-from testkit.template import LOCAL_TABLES, table_parameter
+from testkit.template import LOCAL_TABLES
 from tests.deployment.lookups import key_schema, properties, resources_of_type
 
 
