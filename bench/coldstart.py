@@ -34,6 +34,8 @@ from testkit.lambda_venv import find_python, venv_python
 CONSUMER, POWERTOOLS, FLOOR = "this consumer", "Powertools", "botocore floor"
 # The same functions with and without the build step's bytecode: what it saves, and what it does for Powertools.
 NO_BYTECODE, POWERTOOLS_BYTECODE = "this consumer, no bytecode", "Powertools, with bytecode"
+# This consumer traced (Tracing=on, every invocation sampled), and built and run on the previous runtime.
+TRACED, PREVIOUS_RUNTIME, PREVIOUS_PYTHON = "this consumer, tracing on", "this consumer, Python 3.12", "3.12"
 # Lambda's own (LAMBDA_SHARES): init unthrottled (methodology.md), then the process joins the share's cgroup.
 FULL_CPU, LAMBDA_SHARES = 0, -1
 # What each system's module runs at import, binding ``handler``: its init phase.
@@ -51,7 +53,15 @@ INIT_CODE = {
     ),
 }
 INIT_CODE |= {NO_BYTECODE: INIT_CODE[CONSUMER], POWERTOOLS_BYTECODE: INIT_CODE[POWERTOOLS]}
-PROFILED = (CONSUMER, NO_BYTECODE, POWERTOOLS, POWERTOOLS_BYTECODE)
+INIT_CODE |= {TRACED: INIT_CODE[CONSUMER], PREVIOUS_RUNTIME: INIT_CODE[CONSUMER]}
+PROFILED = (CONSUMER, NO_BYTECODE, POWERTOOLS, POWERTOOLS_BYTECODE, TRACED)
+# Lambda's active tracing: the trace header of a sampled invocation, and the daemon's address (nothing listens).
+_TRACED_ENV = {
+    "TRACING": "true",
+    "_X_AMZN_TRACE_ID": "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1",
+    "AWS_XRAY_DAEMON_ADDRESS": "127.0.0.1:9",
+}
+
 # The driver's own imports come before the clock starts; the system's code runs between the marks.
 _DRIVER = """
 import json, os, sys, time
@@ -101,6 +111,16 @@ def artifacts() -> Iterator[dict[str, list[Path]]]:
         environment = {**os.environ, "PATH": f"{python.parent}:{os.environ['PATH']}", "FUNCTION_ARCH": _HOST_ARCH}
         sam = [str(REPO_ROOT / ".venv-sam" / "bin" / "sam"), "build", "--no-cached", "--build-dir", str(built)]
         _run("sam build", [*sam, "--template-file", str(REPO_ROOT / "template.yaml")], env=environment)
+        # The previous runtime's artifact: the build's own recipe (sam build runs it in a copy of src/), on 3.12.
+        previous, older = Path(work) / "previous", find_python(PREVIOUS_PYTHON)
+        make = ["make", "-s", "-f", str(REPO_ROOT / "Makefile"), "build-ConsumerFunction", f"ARTIFACTS_DIR={previous}"]
+        path = f"{older.parent}:{os.environ['PATH']}"
+        _run(
+            "the 3.12 build",
+            [*make, f"FUNCTION_PYTHON={PREVIOUS_PYTHON}"],
+            env={**environment, "PATH": path},
+            cwd=REPO_ROOT / "src",
+        )
         # SAM's pip builder unpacks the wheels and compiles nothing: what a function without a build step ships.
         pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
         _run("pip install", [*pip, "--target", str(unpacked), "-r", str(REPO_ROOT / "src" / "requirements.txt")])
@@ -116,12 +136,14 @@ def artifacts() -> Iterator[dict[str, list[Path]]]:
             POWERTOOLS: [unpacked, REPO_ROOT],
             POWERTOOLS_BYTECODE: [built / "ConsumerFunction", REPO_ROOT],
             FLOOR: [REPO_ROOT],
+            TRACED: [built / "ConsumerFunction", REPO_ROOT],
+            PREVIOUS_RUNTIME: [previous, REPO_ROOT],
         }
 
 
 @dataclass(frozen=True)
 class _Starts:
-    python: Path
+    pythons: dict[str, Path]
     paths: dict[str, list[Path]]
     environments: dict[str, dict[str, str]]
     quota: cpu_quota.CpuQuota | None
@@ -133,7 +155,7 @@ class _Starts:
         procs = str(self.quota.path / "cgroup.procs") if self.quota is not None and share != FULL_CPU else ""
         options = ["-X", "importtime"] if importtime else []
         command = [
-            str(self.python),
+            str(self.pythons.get(system, self.pythons[CONSUMER])),
             *options,
             "-c",
             _DRIVER,
@@ -196,7 +218,9 @@ def measure_cold_starts(processes: int, memory_mb: int, profiles: int = 5) -> Co
         }
         handler = timed_handler()
         draws = Draws(handler, lambda payloads: backend.seed(settings, handler, payloads))
-        starts = _Starts(venv_python(), paths, environments, quota, draws)
+        environments[TRACED] |= _TRACED_ENV
+        pythons = {CONSUMER: venv_python(), PREVIOUS_RUNTIME: venv_python(PREVIOUS_PYTHON)}
+        starts = _Starts(pythons, paths, environments, quota, draws)
         for _ in range(_WARM_UP_ROUNDS):  # untimed: DynamoDB Local's JVM compiles its paths for each table
             for system in INIT_CODE:
                 starts.start(system)

@@ -157,10 +157,11 @@ def cold_start_section(starts: ColdStarts) -> list[str]:
     for share, system in starts.init_s:
         series = (starts.init_s[share, system], starts.first_s[share, system], starts.total_s(share, system))
         spread = [_interval(statistics.median(values), median_ci(values)) for values in series]
-        floor, theirs = (statistics.median(starts.total_s(share, name)) for name in (FLOOR, POWERTOOLS))
+        bases = [statistics.median(starts.total_s(share, name)) for name in (FLOOR, POWERTOOLS, COLD_CONSUMER)]
         ours = statistics.median(series[2])
-        rows.append([_cold_share(share), system, *spread, f"{ours / floor:.2f}{TIMES}", f"{ours / theirs:.2f}{TIMES}"])
+        rows.append([_cold_share(share), system, *spread, *(f"{ours / base:.2f}{TIMES}" for base in bases)])
     header = ["CPU", "system", "init ms [95% CI]", "first invocation", "init + first", "÷ floor", "÷ Powertools"]
+    header.append(f"÷ {COLD_CONSUMER}")
     lines = [*_table(header, rows), "", f"n = {len(next(iter(starts.init_s.values())))} fresh processes per row."]
     if systems := list(starts.import_ms):
         groups = sorted(set().union(*starts.import_ms.values()), key=lambda g: -starts.import_ms[systems[0]].get(g, 0))

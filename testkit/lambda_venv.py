@@ -73,13 +73,13 @@ def _interpreter_version(python: Path) -> str:
     return answer.stdout.strip()
 
 
-def venv_python() -> Path:
-    """The venv's interpreter, building the venv first when its requirements changed."""
-    python = find_python()
+def venv_python(version: str = LAMBDA_PYTHON_VERSION) -> Path:
+    """The venv's interpreter (on Python ``version``), building the venv first when its requirements changed."""
+    python = find_python(version)
     wanted = requirements()
     locked = ARTIFACT_REQUIREMENTS.read_text(encoding="utf-8")
     digest = hashlib.sha256("\n".join([_interpreter_version(python), locked, *wanted]).encode()).hexdigest()[:12]
-    venv = CACHE_DIR / f"venv-{digest}"
+    venv = CACHE_DIR / f"venv-{version}-{digest}"
     interpreter = venv / "bin" / "python"
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     # Two processes (make run and a test run) may build at once: one builds, the other waits.
@@ -88,7 +88,7 @@ def venv_python() -> Path:
         if (venv / ".complete").exists():
             return interpreter
         _build(python, venv, wanted)
-        for stale in CACHE_DIR.glob("venv-*"):
+        for stale in CACHE_DIR.glob(f"venv-{version}-*"):
             if stale != venv:
                 shutil.rmtree(stale, ignore_errors=True)
     return interpreter

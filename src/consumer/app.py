@@ -62,6 +62,10 @@ class LambdaHandler:
             )
             session = botocore.session.get_session()
             require_botocore(session)
+            if settings.tracing:
+                from consumer.tracing import trace_calls  # noqa: PLC0415 (only here: off, nothing of it is imported)
+
+                trace_calls(session)
             self._consumer = wire(
                 settings, session, handlers=build_handlers(self.handlers, settings), check_tables=True
             )

@@ -107,6 +107,8 @@ class Settings(BaseModel):
     conflict_retry_base_ms: PositiveInt = 5
     conflict_retry_max_ms: PositiveInt = 200
     conflict_retry_attempts: PositiveInt = 10
+    # X-Ray subsegments for every call (consumer.tracing), under the segments of Lambda's active tracing.
+    tracing: bool = False
 
     @model_validator(mode="after")
     def _fields_fit_together(self) -> Self:

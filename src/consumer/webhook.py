@@ -24,8 +24,19 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 from consumer.errors import ConfigurationError, ErrorType, PoisonMessage, TransientError
+
+
+def _untraced(method: str, url: str) -> AbstractContextManager[dict[str, Any]]:
+    return contextlib.nullcontext({})
+
+
+# What each call runs in: ``consumer.tracing`` puts its subsegment here when the function traces (TRACING=true),
+# so a function that does not trace imports nothing of it. The call puts its answer's status in the dict.
+trace_call: Callable[[str, str], AbstractContextManager[dict[str, Any]]] = _untraced
 
 _RETRYABLE_4XX = frozenset({408, 425, 429})
 _KEY_SAFE = "!#$&'()*+,-./:;<=>?@[]^_`{|}~"
@@ -151,6 +162,7 @@ class WebhookClient:
                 f" receiver that cannot verify), got {url!r}"
             )
         self._https = parts.scheme == "https"
+        self._url = url.split("?", 1)[0].split("#", 1)[0]  # traced without its query: it may carry a token
         self._host = parts.hostname
         self._port = parts.port
         # Everything after the authority (path and query string), without a fragment.
@@ -181,8 +193,9 @@ class WebhookClient:
         timer = threading.Timer(deadline_s, expire)
         timer.start()
         try:
-            connection.request("POST", self._path, body=body, headers=sent)
-            status = connection.getresponse().status
+            with trace_call("POST", self._url) as answer:
+                connection.request("POST", self._path, body=body, headers=sent)
+                status = answer["status"] = connection.getresponse().status
         except (OSError, http.client.HTTPException) as error:
             if expired.is_set():
                 raise TransientError(f"webhook call passed its {deadline_s:.1f} s deadline") from None

@@ -73,7 +73,17 @@ def policy_statements(template: Mapping[str, Any], role_id: str, **overrides: An
         created = "Condition" not in policy or reading.condition(policy["Condition"])
         if created and {"Ref": role_id} in policy["Properties"].get("Roles", []):
             documents.append(policy["Properties"]["PolicyDocument"])
-    return [statement for document in documents for statement in as_list(document["Statement"])]
+    statements = [statement for document in documents for statement in as_list(document["Statement"])]
+    return [chosen for statement in statements for chosen in _chosen(statement, reading)]
+
+
+def _chosen(statement: dict[str, Any], reading: Template) -> list[dict[str, Any]]:
+    """A statement, or for one under Fn::If (the X-Ray grant) the branch the parameters choose, if any."""
+    if set(statement) != {"Fn::If"}:
+        return [statement]
+    condition, when_true, when_false = statement["Fn::If"]
+    branch = when_true if reading.condition(condition) else when_false
+    return [] if branch == {"Ref": "AWS::NoValue"} else [branch]
 
 
 def grants_by_statement(template: Mapping[str, Any], role_id: str, **overrides: Any) -> dict[str, dict[str, set[str]]]:
@@ -98,6 +108,9 @@ def grants_by_statement(template: Mapping[str, Any], role_id: str, **overrides: 
                 by_resource.setdefault(resource.logical_id, set()).update(as_list(statement["Action"]))
             elif isinstance(resource, str) and resource.startswith("arn:") and "*" not in resource:
                 by_resource.setdefault(tables.get(resource, resource), set()).update(as_list(statement["Action"]))
+            elif resource == "*" and all(action.startswith("xray:") for action in as_list(statement["Action"])):
+                # X-Ray has no resource-level permissions: its actions are granted on "*" or not at all.
+                by_resource.setdefault(resource, set()).update(as_list(statement["Action"]))
             else:
                 raise AssertionError(f"statement {statement.get('Sid')} grants on {resource!r}, not a stack resource")
     return grants

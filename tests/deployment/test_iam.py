@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from consumer.config import is_secret_arn
 from consumer.handler import declared_settings
 from service.registry import HANDLERS
@@ -94,3 +96,18 @@ def test_a_handlers_secret_is_readable_only_when_named_and_only_that_secret(
         if "secretsmanager" in spec.get("AllowedPattern", "")
     }
     assert taking_secrets == set(secret_parameters.values())
+
+
+@pytest.mark.parametrize("tracing", ["off", "on"])
+def test_tracing_is_active_with_xrays_grant_only_when_on_and_the_code_is_told(
+    transformed_template: dict[str, Any], tracing: str
+) -> None:
+    # Lambda refuses active tracing to a role that cannot send traces; a grant left when off is a wildcard for nothing.
+    function = read(transformed_template, Tracing=tracing).properties("ConsumerFunction")
+    grants = grants_by_resource(transformed_template, ROLE, Tracing=tracing)
+    untraced = grants_by_resource(transformed_template, ROLE, Tracing="off")
+    on = tracing == "on"
+    assert function["TracingConfig"] == {"Mode": "Active" if on else "PassThrough"}
+    assert function["Environment"]["Variables"]["TRACING"] == str(on).lower()
+    assert grants == ({**untraced, "*": {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}} if on else untraced)
+    assert "*" not in untraced

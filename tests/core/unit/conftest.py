@@ -7,22 +7,29 @@ concurrency: those tests run against DynamoDB Local (tests/core/integration).
 
 from __future__ import annotations
 
+import io
+import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
 import pytest
 
+from consumer import app
+from consumer.config import table_variable
 from consumer.handler import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
 from consumer.outcome import Log
-from testkit.lambda_sqs import REGION
+from testkit.lambda_sqs import REGION, LambdaContext
 from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
 from tests import kit
 from tests.core.handlers import (
     CALL_TABLE,
     TALLY_TABLE,
+    CallHandler,
+    TallyHandler,
     create_test_tables,
     handlers_for_tests,
     tally_entries,
@@ -91,3 +98,41 @@ def consumer(dynamodb: Any, sqs: Any, clock: Clock) -> Consumer:
 
 
 os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "IdempotentConsumerTests")
+
+
+@pytest.fixture
+def function_env(dynamodb: Any, sqs: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The function's environment on moto's tables and a dead-letter queue of its own (its URL)."""
+    dlq_url = sqs.create_queue(QueueName="consumer-dlq")["QueueUrl"]
+    for name, value in table_environment().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DEAD_LETTER_QUEUE_URL", dlq_url)
+    monkeypatch.setenv("MAX_WORKERS", "1")  # moto in process is not thread-safe
+    yield dlq_url
+
+
+# What the entry point is given here: the core's test handlers, not the application's (it builds whatever it is given).
+TEST_REGISTRY = (TallyHandler, CallHandler)
+
+
+def function_tables() -> dict[str, str]:
+    """The function's tables by logical id (the idempotency table and the test handlers'), as the tests name them."""
+    tables = settings_for_tests().every_table()
+    return {table: tables[table] for table in ("IdempotencyTable", *(t for h in TEST_REGISTRY for t in h.tables))}
+
+
+def table_environment() -> dict[str, str]:
+    return {table_variable(table): name for table, name in function_tables().items()}
+
+
+def run(event: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Invoke; return the response and every JSON line: log records and the metrics blob."""
+    # The logger's handler holds the stdout of import time; point it at a buffer.
+    logs = io.StringIO()
+    previous = app.logger.registered_handler.setStream(logs)  # type: ignore[attr-defined]
+    try:
+        response = app.lambda_handler(TEST_REGISTRY)(event, LambdaContext())
+    finally:
+        app.logger.registered_handler.setStream(previous)  # type: ignore[attr-defined]
+    output = logs.getvalue() + capsys.readouterr().out
+    return response, [json.loads(line) for line in output.splitlines() if line.startswith("{")]

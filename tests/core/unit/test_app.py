@@ -6,63 +6,24 @@ it builds whatever it is given.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from consumer import app
-from consumer.config import table_variable
 from consumer.errors import ConfigurationError
 from consumer.handler import build_handlers
 from consumer.outcome import Outcome
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import LambdaContext, sqs_record
 from testkit.template import REPO_ROOT
-from tests.core.handlers import CallHandler, TallyHandler, tally_body
-from tests.core.unit.conftest import IDEMPOTENCY_TABLE, total
+from tests.core.handlers import TallyHandler, tally_body
+from tests.core.unit.conftest import IDEMPOTENCY_TABLE, TEST_REGISTRY, function_tables, run, table_environment, total
 from tests.utils import settings_for_tests
-
-
-@pytest.fixture
-def function_env(dynamodb: Any, sqs: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    dlq_url = sqs.create_queue(QueueName="consumer-dlq")["QueueUrl"]
-    for name, value in table_environment().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("DEAD_LETTER_QUEUE_URL", dlq_url)
-    monkeypatch.setenv("MAX_WORKERS", "1")  # moto in process is not thread-safe
-    yield dlq_url
-
-
-TEST_REGISTRY = (TallyHandler, CallHandler)
-
-
-def function_tables() -> dict[str, str]:
-    """The function's tables by logical id (the idempotency table and the test handlers'), as the tests name them."""
-    tables = settings_for_tests().every_table()
-    return {table: tables[table] for table in ("IdempotencyTable", *(t for h in TEST_REGISTRY for t in h.tables))}
-
-
-def table_environment() -> dict[str, str]:
-    return {table_variable(table): name for table, name in function_tables().items()}
-
-
-def run(event: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Invoke; return the response and every JSON line: log records and the metrics blob."""
-    # The logger's handler holds the stdout of import time; point it at a buffer.
-    logs = io.StringIO()
-    previous = app.logger.registered_handler.setStream(logs)  # type: ignore[attr-defined]
-    try:
-        response = app.lambda_handler(TEST_REGISTRY)(event, LambdaContext())
-    finally:
-        app.logger.registered_handler.setStream(previous)  # type: ignore[attr-defined]
-    output = logs.getvalue() + capsys.readouterr().out
-    return response, [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
 
 def test_the_handler_returns_the_partial_batch_response(
