@@ -155,12 +155,12 @@ class _Resolver:
     def table(self, logical_id: str) -> TableResource:
         if logical_id in self.tables:
             return self.tables[logical_id]
-        if logical_id in self._template.resources:
-            properties = self._properties_to_create(logical_id)
-            name = properties.get("TableName") or self._default_name(logical_id)
-        else:  # given by a parameter: made from its LocalTables keys, named by the parameter's value
-            properties = self._template.local(LOCAL_TABLES)[logical_id]
-            name = self._template.parameters[table_parameter(logical_id)]
+        # One given by a parameter is made from its LocalTables keys, named by the parameter's value.
+        given = (
+            None if logical_id in self._template.resources else self._template.parameters[table_parameter(logical_id)]
+        )
+        properties = self._template.local(LOCAL_TABLES)[logical_id] if given else self._properties_to_create(logical_id)
+        name = given or properties.get("TableName") or self._default_name(logical_id)
         create_table(self._dynamodb, name, properties)
         arn = self._arn("dynamodb", f"table/{name}")
         self.tables[logical_id] = TableResource(name, arn)

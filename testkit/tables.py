@@ -57,9 +57,6 @@ def create_template_tables(dynamodb: Any, names: Mapping[str, str], template: Te
     """Create each table of the template named in ``names`` (logical id -> table name), or of its LocalTables."""
     template = template or Template.from_file()
     for logical_id, name in names.items():
-        if logical_id in template.resources_of_type(TABLE_TYPE):
-            create_table(dynamodb, name, template.properties(logical_id))
-        elif logical_id in template.local(LOCAL_TABLES):
-            create_table(dynamodb, name, template.local(LOCAL_TABLES)[logical_id])
-        else:
+        if logical_id not in [*template.resources_of_type(TABLE_TYPE), *(local := template.local(LOCAL_TABLES))]:
             raise ValueError(f"{logical_id!r} is not a DynamoDB table of {template.path}")
+        create_table(dynamodb, name, local[logical_id] if logical_id in local else template.properties(logical_id))
