@@ -18,7 +18,7 @@ LAMBDA_PYTHON := $(shell command -v pyenv >/dev/null 2>&1 && pyenv prefix $(FUNC
 BUILD_PATH := $(if $(LAMBDA_PYTHON),$(LAMBDA_PYTHON)/bin:,)$(PATH)
 
 .PHONY: help
-# Each target's "## [group]" puts it under its role in the README's map: product (what is deployed), local stack
+# Each target's "## [group]" puts it under its role in docs/layout.md's map: product (what is deployed), local stack
 # (what runs it on this machine), proof (what checks the guarantees); an untagged target is listed last.
 help:
 	@for group in product 'local stack' proof; do \
@@ -116,11 +116,18 @@ INSTALLS := $(VENV)/.installed $(SAM_VENV)/.installed node_modules/.installed
 # spread over the workers, and a module's fixtures are set up once.
 PYTEST_WORKERS := -n 3 --dist loadfile --no-loadscope-reorder
 
+# The documentation site from docs/ into site/ (mkdocs.yml): --strict fails the build on every warning, and mkdocs.yml's
+# validation makes a link to a missing page or anchor one. Never --quiet: it drops the warnings before --strict counts
+# them, and the build passes whatever is broken. Material's notice about its successor is not a warning.
+.PHONY: docs
+docs: venv ## [proof] the documentation (docs/, MkDocs with the Material theme) built into site/: a broken link or anchor fails
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 .PHONY: test
 test: ## [proof] your loop, for a change to the application or the template: the static stage (lint, import contracts, template, tables, IAM), then your handlers' tests, the generic contract and the core's unit tests
 	@$(MAKE) --no-print-directory -j3 --output-sync=target $(INSTALLS)
 	@# The static stage: a mistake there stops make test here, before any server or runtime starts.
-	@$(MAKE) --no-print-directory -j3 --output-sync=target lint validate static lambda-venv
+	@$(MAKE) --no-print-directory -j3 --output-sync=target lint validate static docs lambda-venv
 	$(PY) -m pytest $(PYTEST_WORKERS) $(TEST_TESTS) $(addprefix --ignore=,$(STATIC_TESTS) $(FUZZ_SAMPLE))
 
 .PHONY: proof
@@ -203,7 +210,7 @@ redrive: venv ## [local stack] move the running stack's dead-lettered messages b
 
 # ARGS="--only cold-start --cold-starts 9": the cold starts alone (sam build, then fresh processes), printed.
 .PHONY: bench
-bench: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [proof] this consumer against Powertools and the seed pattern at Lambda's CPU share, and cold starts: writes BENCHMARKS.md and its two charts
+bench: venv node_modules/.installed $(LAMBDA_RUNTIME) ## [proof] this consumer against Powertools and the seed pattern at Lambda's CPU share, and cold starts: writes docs/benchmarks.md and its two charts
 	PYTHONPATH=src $(PY) -m bench $(ARGS)
 
 .PHONY: chaos

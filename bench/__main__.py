@@ -1,4 +1,4 @@
-"""`python -m bench`: measure, then write BENCHMARKS.md and its two charts and print the table.
+"""`python -m bench`: measure, then write docs/benchmarks.md and its two charts and print the table.
 
 Calls and capacity units per message on moto in process; then each system as a Lambda function of
 its own on DynamoDB Local at each memory size's CPU share; then cold
@@ -58,9 +58,9 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--cost-messages", type=int, default=10, help="messages per case for calls and units")
     parser.add_argument("--cold-starts", type=int, default=9, help="fresh processes per system and CPU share")
     parser.add_argument("--only", choices=["cold-start", "hostile"], help="run one section, print it, write nothing")
-    parser.add_argument("--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
-    parser.add_argument("--chart", type=Path, default=REPO_ROOT / "bench" / "batch-latency.png")
-    parser.add_argument("--cost-chart", type=Path, default=REPO_ROOT / "bench" / "cost-per-million.png")
+    parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--chart", type=Path, default=REPO_ROOT / "docs" / "img" / "batch-latency.png")
+    parser.add_argument("--cost-chart", type=Path, default=REPO_ROOT / "docs" / "img" / "cost-per-million.png")
     return parser.parse_args(argv)
 
 

@@ -1,4 +1,4 @@
-"""Everything one run measured; as tables, the targets' verdicts, and BENCHMARKS.md, all from that run alone."""
+"""Everything one run measured; as tables, the targets' verdicts, and docs/benchmarks.md, all from that run alone."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A handler with a table of its own: reserve stock of a SKU, never below zero, each reservation once.
 
-README "A handler with its own table" adds it in five steps (this file, its registration,
+docs/tables.md ("A handler with its own table") adds it in five steps (this file, its registration,
 the table, its variable and its grant in template.yaml); ``tests/tooling/test_making_it_theirs.py``
 follows those steps on a copy of the project and checks that ``make test``'s checks catch each
 step left out.

@@ -15,9 +15,9 @@ pending, another waits: it comes back with the retry backoff (``held_by``) rathe
 refused, so renewals of one subscription are serial.
 
 Not registered: to use it, add it to ``HANDLERS``, a ``SubscriptionTable`` keyed by
-``subscriptionId`` (S) to template.yaml with its variable and grants (README's checklist "A
-handler with its own table"), and its settings (``BillingSettings``: ``BILLING_WEBHOOK_URL``, and
-``BILLING_SECRET_ARN`` beyond loopback; README "A setting of your own"). Tests:
+``subscriptionId`` (S) to template.yaml with its variable and grants (the checklist in
+docs/tables.md), and its settings (``BillingSettings``: ``BILLING_WEBHOOK_URL``, and
+``BILLING_SECRET_ARN`` beyond loopback; docs/settings.md). Tests:
 ``tests/app/test_subscription_renewed.py``.
 """
 

@@ -1,7 +1,7 @@
 """``make demo``: a realistic workload through the whole local pipeline, then every invariant checked.
 
-The workload (two phases: drawn messages, resends, poison; then late resends and reused keys) and its checks: README,
-"Quick start, on your machine"; with ``--fifo`` each group's order too (``local.fifo``).
+The workload (two phases: drawn messages, resends, poison; then late resends and reused keys) and its checks:
+docs/local-stack.md; with ``--fifo`` each group's order too (``local.fifo``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``make smoke``: a message of each registered handler, its resend and one poison message through a stack, checked.
 
-What it sends, checks and cleans up, and the permissions it needs: README, "Deploying to AWS" (``make smoke``).
+What it sends, checks and cleans up, and the permissions it needs: docs/deploying.md (``make smoke``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A loopback HTTP proxy in front of DynamoDB Local that raises transaction conflicts as DynamoDB does.
 
-The rule it applies: README, "Conflicts, locally" (code in ``testkit.conflict_rules``). One proxy serves every process
-of the local stack; everything else is forwarded as it is (body, status, headers, ``x-amz-crc32``, errors). Injected
-latency is spent half each way, so a hold covers only DynamoDB's time. It exits when its stdin closes.
+The rule it applies: docs/local-stack.md#conflicts-locally (code in ``testkit.conflict_rules``). One proxy serves
+every process of the local stack; everything else is forwarded as it is (body, status, headers, ``x-amz-crc32``,
+errors). Injected latency is spent half each way, so a hold covers only DynamoDB's time. It exits when its stdin closes.
 """
 
 from __future__ import annotations

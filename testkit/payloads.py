@@ -1,5 +1,5 @@
 """Messages for any registered handler: payloads drawn from its ``payload_model``, payloads it must refuse, and
-the seed items its author gives for the business state it needs (``<snake_event_type>_seeds.py``, see README).
+the seed items its author gives for the business state it needs (``<snake_event_type>_seeds.py``, docs/local-stack.md).
 
 Draws are polyfactory's, deterministic from a seed, and each is checked against the model the way the consumer reads a
 body (JSON): a valid draw the model refuses, or an invalid one it accepts, raises ``GeneratorError`` saying so.

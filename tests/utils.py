@@ -44,20 +44,22 @@ def settings_on_local_servers(servers: LocalServers, **overrides: Any) -> Settin
     return settings_for_tests(tables={**resources.tables, **own}, **overrides)
 
 
-def readme_blocks(heading: str) -> list[str]:
-    """The code blocks of README's section ``heading`` (up to the next heading), in order."""
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index(f"\n{heading}\n") + len(heading) + 2 :]
-    section = section[: section.index("\n#")]
-    return re.findall(r"^```\w*\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+def page_blocks(page: str, heading: str | None = None) -> list[str]:
+    """The code blocks of docs/``page``, or of its section ``heading`` (up to the next heading), in order."""
+    text = (REPO_ROOT / "docs" / page).read_text(encoding="utf-8")
+    if heading is not None:
+        text = text[text.index(f"\n{heading}\n") + len(heading) + 2 :]
+    end = text.find("\n#", 1)
+    text = text if end < 0 else text[:end]
+    return re.findall(r"^```\w*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
 
 
-def readme_checklist() -> list[str]:
-    """The code blocks of README's "A handler with its own table", in order: the registration,
+def tables_checklist() -> list[str]:
+    """The code blocks of docs/tables.md ("A handler with its own table"), in order: the registration,
     the table, its variable, its grant (then the local trial). Tests follow them as written, so the
-    README cannot drift."""
-    blocks = readme_blocks("### A handler with its own table")
-    assert len(blocks) == 5, "README's checklist changed shape: update tests/utils.py and the tests that follow it"
+    page cannot drift."""
+    blocks = page_blocks("tables.md")
+    assert len(blocks) == 5, "docs/tables.md's checklist changed shape: update tests/utils.py and its tests"
     return blocks[:4]
 
 

@@ -1,6 +1,6 @@
 """Everything a handler author imports, from one place: ``from consumer.api import ...``.
 
-See ``MessageHandler`` for a complete handler, and README "Writing your own handler".
+See ``MessageHandler`` for a complete handler, and docs/writing-a-handler.md.
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ class MessageHandler(ABC, Generic[PayloadT]):
     Then add ``PointsEarnedHandler`` to ``HANDLERS`` in ``src/service/registry.py``. A lock-mode
     handler (``Mode.LOCK``) may call outside DynamoDB before returning its writes, through a
     ``WebhookClient``; raise ``PoisonMessage`` for a message that can never succeed, ``TransientError``
-    for one that may later. README "Writing your own handler" has the rest.
+    for one that may later. docs/writing-a-handler.md has the rest.
     """
 
     event_type: ClassVar[str]

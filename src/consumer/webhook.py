@@ -1,7 +1,7 @@
 """The one HTTP client for lock-mode side effects: one POST, within one deadline, never redirected.
 
 What it promises (outcomes per status, the key's headers and their encoding, Standard Webhooks
-signing, the secret's rotation, headers a caller adds) is README "Writing your own handler",
+signing, the secret's rotation, headers a caller adds) is docs/writing-a-handler.md,
 the paragraphs on ``WebhookClient``; this module keeps only why it is built as it is.
 
 The deadline covers the whole call (connect, send, status and headers), enforced by a timer

@@ -1,4 +1,4 @@
-"""The inventory example (examples/inventory_reserved.py), with its table exactly as README's checklist adds it."""
+"""The inventory example (examples/inventory_reserved.py), with its table exactly as docs/tables.md adds it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import yaml
 from examples.inventory_reserved import InventoryReservedHandler
 from testkit.tables import create_table
 from tests.kit import Clock, consumer_of, settings_for, sqs_record
-from tests.utils import readme_checklist
+from tests.utils import tables_checklist
 
 
 def reservation(reservation_id: str, quantity: int, key: str | None = None) -> str:
@@ -22,8 +22,8 @@ def reservation(reservation_id: str, quantity: int, key: str | None = None) -> s
 def test_the_example_inventory_handler_reserves_once_and_never_below_zero(
     dynamodb: Any, sqs: Any, clock: Clock
 ) -> None:
-    # The table exactly as README's checklist adds it to template.yaml.
-    _, table, _, _ = readme_checklist()
+    # The table exactly as docs/tables.md's checklist adds it to template.yaml.
+    _, table, _, _ = tables_checklist()
     create_table(dynamodb, "inventory", yaml.safe_load(table)["InventoryTable"]["Properties"])
     stock = {"sku": {"S": "sku-1"}, "entryId": {"S": "STOCK"}}
     dynamodb.put_item(TableName="inventory", Item={**stock, "stock": {"N": "5"}})

@@ -116,12 +116,11 @@ def test_a_payment_applied_by_its_resend_is_named() -> None:
     assert not_first_copies(sent, {"p1": "m3", "p2": "m2"}) == ["payment p1: applied by m3, its first copy sent was m1"]
 
 
-def test_the_readmes_test_of_a_handler_of_your_own_passes_as_written(dynamodb: Any, sqs: Any, clock: Clock) -> None:
-    """README's "Testing" shows a handler's test on this example: it must run as written (it goes with the example)."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("\n## Testing\n") :]
-    code = section[section.index("```python\n") + len("```python\n") :]
-    namespace: dict[str, Any] = {"__name__": "readme_test"}
-    exec(compile(code[: code.index("```")], "README.md", "exec", dont_inherit=True), namespace)
+def test_the_docs_test_of_a_handler_of_your_own_passes_as_written(dynamodb: Any, sqs: Any, clock: Clock) -> None:
+    """docs/testing.md shows a handler's test on this example: it must run as written (it goes with the example)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text(encoding="utf-8")
+    code = page[page.index("```python\n") + len("```python\n") :]
+    namespace: dict[str, Any] = {"__name__": "docs_test"}
+    exec(compile(code[: code.index("```")], "docs/testing.md", "exec", dont_inherit=True), namespace)
     (test,) = [value for name, value in namespace.items() if name.startswith("test_")]
     test(dynamodb, sqs, clock)

@@ -13,7 +13,7 @@ from testkit.template import ResourceRef, Template
 from tests.deployment.conftest import parameter_mistake
 from tests.deployment.lookups import SAMCONFIG_PATH, SQS_QUEUE_NAME, properties
 
-# Output -> what it must evaluate to. Scripts and the README read these names.
+# Output -> what it must evaluate to. Scripts and the docs read these names.
 REQUIRED_OUTPUTS = {
     "ConsumerQueueUrl": ResourceRef("ConsumerQueue"),
     "DeadLetterQueueUrl": ResourceRef("ConsumerDeadLetterQueue"),

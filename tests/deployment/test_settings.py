@@ -137,7 +137,7 @@ def test_a_declared_table_without_its_variable_is_named_with_the_table() -> None
 
 
 class BillingSettings(HandlerSettings):
-    """A handler's own settings, as README "A setting of your own" shows them."""
+    """A handler's own settings, as docs/settings.md ("A setting of your own") shows them."""
 
     billing_url: str
     billing_timeout_ms: PositiveInt = 3_000
@@ -186,7 +186,7 @@ def test_a_secret_arn_setting_is_marked_for_the_templates_grant() -> None:
 def test_the_cores_settings_name_no_handlers_setting() -> None:
     """A handler's setting goes with the handler: removing it leaves nothing of it in consumer.config."""
     tree = ast.parse((Path(__file__).resolve().parents[2] / "src" / "consumer" / "config.py").read_text("utf-8"))
-    # Its code, without the docstrings: one may take README's example (``billing_url``) to explain a handler's settings.
+    # Its code, not its docstrings: one may take the docs' example (``billing_url``) to explain a handler's settings.
     for node in ast.walk(tree):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef) and ast.get_docstring(node) is not None:
             node.body[0] = ast.Pass()
@@ -204,7 +204,7 @@ class BilledTally(TallyHandler):
 
 
 def _with_billing_url(tmp_path: Path, local_value: str | None) -> Path:
-    """A template of its own (the checks' own, whatever template.yaml holds): README's BillingUrl parameter (no
+    """A template of its own (whatever template.yaml holds): docs/settings.md's BillingUrl parameter (no
     Default) and its variable, and ``local_value`` (if any) under the Metadata's LocalParameters."""
     function: dict[str, Any] = {"Type": "AWS::Serverless::Function", "Properties": {"Environment": {"Variables": {}}}}
     document: dict[str, Any] = {"Metadata": {}, "Parameters": {}, "Resources": {"ConsumerFunction": function}}

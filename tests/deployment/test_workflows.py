@@ -1,7 +1,7 @@
-"""The GitHub Actions workflows, read as files: they run the README's commands, every action from outside this
-repository is pinned to a commit, credentials come from OIDC alone and no job can write more than it needs; the
-stages of samconfig.toml and the deploy role agree with them. Each check is also shown failing on a planted
-mistake, so that a check that can no longer fail does not pass unnoticed."""
+"""The GitHub Actions workflows, read as files: they run the commands README and docs/deploying.md give, every
+action from outside this repository is pinned to a commit, credentials come from OIDC alone and no job can write
+more than it needs; the stages of samconfig.toml and the deploy role agree with them. Each check is also shown
+failing on a planted mistake, so that a check that can no longer fail does not pass unnoticed."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from tests.deployment.lookups import SAMCONFIG_PATH
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 ACTIONS = REPO_ROOT / ".github" / "actions"
 README = REPO_ROOT / "README.md"
+DEPLOYING = REPO_ROOT / "docs" / "deploying.md"
 CI_SCRIPT = REPO_ROOT / ".ci" / "run"
 DEPLOY_ROLE = REPO_ROOT / "pipeline" / "deploy-role.yaml"
 STAGES = ("dev", "prod")
@@ -208,7 +209,7 @@ def test_a_push_to_main_is_tested_then_deployed_to_dev_then_prod(files: dict[str
     assert jobs["dev"]["if"] == "github.ref == 'refs/heads/main'"
 
 
-def test_a_stage_deploys_with_the_readmes_commands_one_at_a_time(files: dict[str, dict[str, Any]]) -> None:
+def test_a_stage_deploys_with_the_documented_commands_one_at_a_time(files: dict[str, dict[str, Any]]) -> None:
     [job] = files[".github/workflows/stage.yml"]["jobs"].values()
     # The GitHub environment of the stage's name: its reviewers guard prod, its variables name the stage's role.
     assert job["environment"] == "${{ inputs.stage }}"
@@ -221,9 +222,9 @@ def test_a_stage_deploys_with_the_readmes_commands_one_at_a_time(files: dict[str
     assert "--role-arn $CLOUDFORMATION_ROLE_ARN" in arguments
     assert 'make smoke STACK="$STACK" REGION="$REGION"' in lines
     assert job["env"]["STACK"] == "idempotent-sqs-consumer-${{ inputs.stage }}"
-    readme = README.read_text(encoding="utf-8")
-    assert "make deploy STAGE=dev" in readme
-    assert "make smoke STACK=" in readme
+    page = DEPLOYING.read_text(encoding="utf-8")
+    assert "make deploy STAGE=dev" in page
+    assert "make smoke STACK=" in page
 
 
 def test_the_stages_are_samconfig_environments_a_person_confirms(samconfig: dict[str, Any]) -> None:

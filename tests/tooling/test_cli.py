@@ -1,4 +1,4 @@
-"""The commands as the README gives them: run, send, dlq, redrive, invoke; nothing left running after."""
+"""The commands as the docs give them: run, send, dlq, redrive, invoke; nothing left running after."""
 
 from __future__ import annotations
 

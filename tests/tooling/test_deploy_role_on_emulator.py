@@ -1,8 +1,9 @@
-"""The pipeline's deploy role (pipeline/deploy-role.yaml) deployed as the README says, per stage, onto the emulator
-``make rehearse`` uses (``make rehearse`` runs this module after the stack's rehearsal). The emulator's CloudFormation
-has no AWS::IAM::OIDCProvider, so the provider is created through its IAM API and passed as an existing one
-(``OidcProviderArn``): the template's branch that creates it is checked by cfn-lint alone. The emulator cannot show
-that the grants suffice for ``sam deploy`` on AWS: it neither exchanges a GitHub token nor deploys as a role."""
+"""The pipeline's deploy role (pipeline/deploy-role.yaml) deployed as docs/deploying.md says, per stage, onto the
+emulator ``make rehearse`` uses (``make rehearse`` runs this module after the stack's rehearsal). The emulator's
+CloudFormation has no AWS::IAM::OIDCProvider, so the provider is created through its IAM API and passed as an
+existing one (``OidcProviderArn``): the template's branch that creates it is checked by cfn-lint alone. The emulator
+cannot show that the grants suffice for ``sam deploy`` on AWS: it neither exchanges a GitHub token nor deploys as a
+role."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class Emulator:
         return subprocess.run([*command, *arguments], env=self.env, capture_output=True, text=True, check=False)
 
     def deploy(self, stack: str, *parameters: str) -> subprocess.CompletedProcess[str]:
-        """README's command for the role, as written."""
+        """docs/deploying.md's command for the role, as written."""
         return self.aws(
             "cloudformation", "deploy", "--stack-name", stack, "--template-file", str(TEMPLATE),
             "--capabilities", "CAPABILITY_IAM", "--parameter-overrides", *parameters,

@@ -1,9 +1,9 @@
-"""README's "A table that already exists", followed to the letter on copies of the project: the inventory example's
-table given by a parameter naming an existing table, its keys under the template's LocalTables.
+"""docs/tables.md's "A table that already exists", followed to the letter on copies of the project: the inventory
+example's table given by a parameter naming an existing table, its keys under the template's LocalTables.
 
 With every step, the static checks pass, the handler's own tests and the generic contract run on the table the local
 stack makes from those keys; with a step left out or written as for a table of the stack's, the static stage fails,
-the check that README names saying what to write.
+the check the page names saying what to write.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.tooling.test_making_it_theirs import REPO_ROOT, _copy_of_the_project, _insert, _pytest, _register
-from tests.utils import readme_blocks, readme_checklist
+from tests.utils import page_blocks, tables_checklist
 
 _PARAMETER, _KEYS, _VARIABLE, _GRANT = range(4)
 # The checks make test's static stage runs (tests/deployment but those on the local stack), and the registry's.
@@ -24,28 +24,28 @@ _ON_THE_STACK = ["-rfE", "--ignore=tests/deployment/test_events.py", "--ignore=t
 
 
 def _follow(project: Path, skip: int | None = None, replace: tuple[int, str, str] | None = None) -> None:
-    """README's steps: the handler copied and registered as "A handler with its own table" says, then this section's
+    """The page's steps: the handler copied and registered as "A handler with its own table" says, then this section's
     blocks, but ``skip`` (a block's index) and with ``replace`` (index, old, new) applied to one block."""
-    steps = readme_blocks("### A table that already exists")
-    assert len(steps) == 4, "README's existing-table steps changed shape: update this test"
+    steps = page_blocks("tables.md", "## A table that already exists")
+    assert len(steps) == 4, "docs/tables.md's existing-table steps changed shape: update this test"
     if replace:
         index, old, new = replace
         steps[index] = steps[index].replace(old, new)
     application = project / "src" / "service"
     shutil.copy(project / "examples" / "inventory_reserved.py", application / "handlers" / "inventory_reserved.py")
-    _register(application / "registry.py", readme_checklist()[0])
+    _register(application / "registry.py", tables_checklist()[0])
     places = [PARAMETERS, METADATA, VARIABLES, ("              - Sid: ParkPoisonMessages\n", False)]
     into_template(project / "template.yaml", steps, places, skip)
 
 
-# Where README's blocks go in template.yaml: (the line they go by, after it or before it).
+# Where the pages' blocks go in template.yaml: (the line they go by, after it or before it).
 PARAMETERS = ("\nParameters:\n", True)
 METADATA = ("\nMetadata:\n", True)
 VARIABLES = ("          IDEMPOTENCY_TABLE_NAME: !Ref IdempotencyTable\n", True)
 
 
 def into_template(template: Path, blocks: list[str], places: list[tuple[str, bool]], skip: int | None) -> None:
-    """Each of README's ``blocks`` at its place in ``template``, but the ``skip``-th."""
+    """Each of a page's ``blocks`` at its place in ``template``, but the ``skip``-th."""
     for index, (block, (anchor, after)) in enumerate(zip(blocks, places, strict=True)):
         if index != skip:
             _insert(template, anchor, block, after=after)

@@ -1,11 +1,11 @@
-"""README's "A handler with its own table", followed to the letter on copies of the project (and the
+"""docs/tables.md ("A handler with its own table"), followed to the letter on copies of the project (and the
 steps that test_replacing_the_examples.py shares).
 
 With every step the tests a new handler and table can break pass, and the handler is routed
 with its table named, beside any handler the user registered already; with one step left out or
-mistyped, the test that README names fails, saying what is missing. The steps' text (the
+mistyped, the test that the page names fails, saying what is missing. The steps' text (the
 registration, the table, its variable, its grant; the files, registrations and template lines
-that go with each example) is read from README itself.
+that go with each example) is read from the pages themselves.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import readme_checklist
+from tests.utils import tables_checklist
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # What a handler with its own table touches: routing, settings, the function's start, the template's
-# tables, environment and grants, and the examples (which build the README's table).
+# tables, environment and grants, and the examples (which build the page's table).
 _SUITE = [
     "tests/app/test_handler_registry.py",
     "tests/core/unit/test_app.py",
@@ -49,7 +49,7 @@ def _copy_of_the_project(target: Path) -> None:
 
 def _insert(path: Path, anchor: str, text: str, *, after: bool) -> None:
     content = path.read_text()
-    assert content.count(anchor) == 1, f"{anchor!r} moved in {path.name}: update README's checklist and this test"
+    assert content.count(anchor) == 1, f"{anchor!r} moved in {path.name}: update docs/tables.md and this test"
     path.write_text(content.replace(anchor, anchor + text if after else text + anchor))
 
 
@@ -59,12 +59,12 @@ def _handlers_statement(source: str) -> tuple[ast.AnnAssign, list[ast.expr]]:
     (node,) = [
         node for node in statements if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "HANDLERS"
     ]
-    assert isinstance(node.value, ast.Tuple), "HANDLERS is no longer a tuple: update README's step 2 and this test"
+    assert isinstance(node.value, ast.Tuple), "HANDLERS is no longer a tuple: update docs/tables.md's step 2 and this"
     return node, node.value.elts
 
 
 def _register(registry: Path, block: str = "", remove: tuple[str, ...] = ()) -> None:
-    """README's registration ``block`` (an import, then ``HANDLERS`` with ``...`` for the handlers already
+    """The page's registration ``block`` (an import, then ``HANDLERS`` with ``...`` for the handlers already
     there) applied to ``registry``: the import among the handler imports, its names at the end of
     ``HANDLERS``, every registration kept but those of ``remove`` (their imports go too)."""
     import_line, statement = block.strip().split("\n", 1) if block else ("", "HANDLERS: T = ()")
@@ -89,8 +89,8 @@ def _register(registry: Path, block: str = "", remove: tuple[str, ...] = ()) -> 
 
 
 def _follow(project: Path, skip: int | None = None, typo: tuple[str, str] | None = None) -> None:
-    """README's steps on ``project``, but ``skip`` (a step's block), and ``typo`` replaced in the variable."""
-    steps = readme_checklist()
+    """The page's steps on ``project``, but ``skip`` (a step's block), and ``typo`` replaced in the variable."""
+    steps = tables_checklist()
     if typo:
         steps[_VARIABLE] = steps[_VARIABLE].replace(*typo)
     application = project / "src" / "service"
@@ -136,7 +136,7 @@ def _routed(project: Path) -> dict[str, dict[str, str]]:
 
 
 @pytest.mark.long(25)
-def test_a_handler_with_its_own_table_added_as_the_readme_says_passes_and_is_routed(tmp_path: Path) -> None:
+def test_a_handler_with_its_own_table_added_as_the_docs_say_passes_and_is_routed(tmp_path: Path) -> None:
     _copy_of_the_project(tmp_path)
     _follow(tmp_path)
 
@@ -148,12 +148,12 @@ def test_a_handler_with_its_own_table_added_as_the_readme_says_passes_and_is_rou
 
 
 @pytest.mark.long(25)
-def test_the_readme_steps_keep_a_handler_the_user_registered_already(tmp_path: Path) -> None:
+def test_the_documented_steps_keep_a_handler_the_user_registered_already(tmp_path: Path) -> None:
     """A user's handler beside the shipped ones (the refund example, registered as "Writing your own
     handler" says, not yet committed): adding the next one keeps it, and the tests still pass."""
     _copy_of_the_project(tmp_path)
     shutil.copy(tmp_path / "examples" / "refund_issued.py", tmp_path / "src" / "service" / "handlers")
-    step = readme_checklist()[_REGISTRATION]
+    step = tables_checklist()[_REGISTRATION]
     _register(
         tmp_path / "src/service/registry.py",
         step.replace("inventory_reserved", "refund_issued").replace("InventoryReserved", "RefundIssued"),
@@ -179,7 +179,7 @@ def test_the_readme_steps_keep_a_handler_the_user_registered_already(tmp_path: P
     ],
     ids=["unregistered-file", "missing-grant", "mistyped-variable", "missing-variable"],
 )
-def test_each_step_left_out_fails_the_test_the_readme_names(
+def test_each_step_left_out_fails_the_test_the_page_names(
     tmp_path: Path, skip: int | None, typo: tuple[str, str] | None, caught_by: str, said: str
 ) -> None:
     _copy_of_the_project(tmp_path)

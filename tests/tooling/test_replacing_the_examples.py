@@ -1,4 +1,4 @@
-"""README's "Replacing the examples", followed to the letter on a copy of the project.
+"""docs/replacing-the-examples.md, followed to the letter on a copy of the project.
 
 A file of its own, so that make proof (which deals whole files to its workers) runs this, its
 longest test, beside the other steps' tests rather than after them.
@@ -26,11 +26,11 @@ from tests.tooling.test_making_it_theirs import (
 
 def _delete_with_indented(path: Path, block: str) -> None:
     """Each line of ``block`` deleted from ``path`` (where it must appear exactly once) with the lines
-    indented under it, as README's "Replacing the examples" asks."""
+    indented under it, as docs/replacing-the-examples.md asks."""
     lines = path.read_text().splitlines(keepends=True)
     for wanted in filter(str.strip, block.splitlines()):
         found = [i for i, line in enumerate(lines) if line.rstrip("\n") == wanted]
-        assert len(found) == 1, f"{wanted!r} is {len(found)} times in {path.name}: update README's list"
+        assert len(found) == 1, f"{wanted!r} is {len(found)} times in {path.name}: update the page's list"
         start = end = found[0]
         depth = len(wanted) - len(wanted.lstrip())
         end += 1
@@ -41,16 +41,14 @@ def _delete_with_indented(path: Path, block: str) -> None:
 
 
 def _replace_the_examples(project: Path) -> None:
-    """README's "Replacing the examples" on ``project``: every example's files deleted, its registration
+    """docs/replacing-the-examples.md on ``project``: every example's files deleted, its registration
     removed, its lines of template.yaml deleted with the lines indented under them."""
-    text = (project / "README.md").read_text()
-    section = text[text.index("\n## Replacing the examples\n") + 1 :]
-    section = section[: section.index("\n## ")]
+    section = (project / "docs" / "replacing-the-examples.md").read_text()
     for listed in re.findall(r"^- Files: ((?:.|\n  )*)", section, re.MULTILINE):
         for name in re.findall(r"`([^`]+)`", listed):
             (project / name).unlink()
     removed = tuple(re.findall(r"^- Registration: `(\w+)`", section, re.MULTILINE))
-    assert len(removed) == 3, "README names each example's registration: update this test if that changed"
+    assert len(removed) == 3, "the page names each example's registration: update this test if that changed"
     registry = project / "src/service/registry.py"
     # A registered example's module goes with its registration (the refund's copy, when a user made one).
     for module, name in re.findall(r"^from service\.handlers\.(\w+) import (\w+)$", registry.read_text(), re.MULTILINE):
@@ -60,7 +58,7 @@ def _replace_the_examples(project: Path) -> None:
     template = project / "template.yaml"
     for name in re.findall(r"each line marked\s+`# example: (\w+)`", section):
         marked = [line for line in template.read_text().splitlines() if line.endswith(f"  # example: {name}")]
-        assert marked, f"no line of template.yaml is marked '# example: {name}': update README or the template"
+        assert marked, f"no line of template.yaml is marked '# example: {name}': update the page or the template"
         _delete_with_indented(template, "\n".join(marked))
     for block in re.findall(r"^```yaml\n(.*?)^```", section, re.MULTILINE | re.DOTALL):
         _delete_with_indented(template, block)
@@ -78,10 +76,10 @@ _LINT = (
 # Lint and the unit tests of a whole copy, beside the other workers' tests on two cores: about five minutes, more
 # than the suite's bound for one test; its own commands keep their bounds (_run), so a hang still stops it.
 @pytest.mark.timeout(600)
-def test_replacing_the_examples_as_the_readme_says_leaves_a_project_that_passes_lint_and_tests(
+def test_replacing_the_examples_as_the_docs_say_leaves_a_project_that_passes_lint_and_tests(
     tmp_path: Path,
 ) -> None:
-    """Both examples removed and the inventory example added, each as README says, on a copy: lint and the
+    """Both examples removed and the inventory example added, each as the docs say, on a copy: lint and the
     static and unit tests pass there. The whole suite on a copy (the local stack, chaos) is too slow for
     one test; it is what a clone runs after this."""
     _copy_of_the_project(tmp_path)

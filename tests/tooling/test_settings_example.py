@@ -1,8 +1,9 @@
-"""README's "A setting of your own", copied as shown into a copy of the project: a required setting (``billing_url``)
-from a parameter without a Default, a secret's parameter under a name of its own, their variables and grant.
+"""docs/settings.md's "A setting of your own", copied as shown into a copy of the project: a required setting
+(``billing_url``) from a parameter without a Default, a secret's parameter under a name of its own, their variables
+and grant.
 
 The copy passes make test's static stage and the generic contract on the local stack (whose secret for that parameter
-signs what the sink verifies); the one part README leaves to the reader, what ``...`` stands for in its handler, is
+signs what the sink verifies); the one part the page leaves to the reader, what ``...`` stands for in its handler, is
 written here: an optimistic handler that records a renewal in the examples' ledger.
 """
 
@@ -24,9 +25,9 @@ from tests.tooling.test_existing_table import (
     into_template,
 )
 from tests.tooling.test_making_it_theirs import _pytest, _register
-from tests.utils import readme_blocks
+from tests.utils import page_blocks
 
-_HANDLER_HEAD = '''"""README's settings example around a handler of this test's."""
+_HANDLER_HEAD = '''"""docs/settings.md's settings example around a handler of this test's."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class Renewal(BaseModel):
 
 
 '''  # fmt: skip
-# What README's ``...`` stands for.
+# What the page's ``...`` stands for.
 _HANDLER_BODY = """    event_type: ClassVar[str] = "RenewalDue"
     mode: ClassVar[Mode] = Mode.OPTIMISTIC
     payload_model: ClassVar[type[BaseModel]] = Renewal
@@ -63,8 +64,8 @@ _CODE, _LOCAL_VALUES = 0, 2
 
 
 def _follow(project: Path, skip: int | None = None) -> None:
-    blocks = readme_blocks("### A setting of your own")
-    assert len(blocks) == 6, "README's settings example changed shape: update this test"
+    blocks = page_blocks("settings.md", "### A setting of your own")
+    assert len(blocks) == 6, "docs/settings.md's settings example changed shape: update this test"
     code = blocks[_CODE].replace("    ...\n", _HANDLER_BODY, 1)
     (project / "src/service/handlers/renewal_due.py").write_text(_HANDLER_HEAD + code)
     _register(project / "src/service/registry.py", "from service.handlers.renewal_due import RenewalHandler\n"

@@ -1,5 +1,5 @@
-"""What an upgrade replaces and what it never touches: README's "Upgrading the core" against the paths its handler
-steps have you edit."""
+"""What an upgrade replaces and what it never touches: docs/upgrading.md against the paths the handler pages' steps
+have you edit."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ from testkit.template import REPO_ROOT
 _PATH = re.compile(r"`([\w./-]+(?:/|\.py|\.yaml|\.json|\.toml))`")
 
 
-def _readme_section(heading: str) -> str:
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index(f"\n{heading}\n") :]
-    end = section.find("\n## ", 1)
-    return section if end < 0 else section[:end]
+# The pages that have you write and wire a handler.
+HANDLER_PAGES = ("writing-a-handler", "guards", "settings", "tables", "contract")
+
+
+def _page(name: str) -> str:
+    return (REPO_ROOT / "docs" / f"{name}.md").read_text(encoding="utf-8")
 
 
 def _columns() -> tuple[list[str], list[str]]:
-    """README's upgrade table: the paths replaced whole (ours), and those never touched (yours)."""
-    (row,) = [line for line in _readme_section("## Upgrading the core").splitlines() if line.startswith("| `")]
+    """docs/upgrading.md's table: the paths replaced whole (ours), and those never touched (yours)."""
+    (row,) = [line for line in _page("upgrading").splitlines() if line.startswith("| `")]
     ours, yours = row.strip("|").split(" | ")
     return _PATH.findall(ours), _PATH.findall(yours)
 
@@ -32,8 +33,9 @@ def edited_in_core(steps: str, ours: list[str]) -> list[str]:
 
 def test_no_step_of_writing_your_own_handler_edits_a_file_an_upgrade_replaces() -> None:
     ours, yours = _columns()
-    assert "src/consumer/" in ours and "src/service/" in yours, "README's upgrade table changed shape"
-    steps = _readme_section("## Writing your own handler")
+    assert "src/consumer/" in ours and "src/service/" in yours, "docs/upgrading.md's table changed shape"
+    steps = "\n".join(map(_page, HANDLER_PAGES))
+    assert edited_in_core(steps, ["src/service/"]), "no numbered step names a file of the handler's: the pages moved"
 
     assert edited_in_core(steps, ours) == []
     # The check itself: a step that had you edit the core would be named.

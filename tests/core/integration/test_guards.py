@@ -126,7 +126,7 @@ class ChargeHandler(MessageHandler[Charge]):
                 **minus,
             )
         else:
-            # README's lock mode before guards: the rule is only checked at the commit, after the call.
+            # Lock mode before guards (docs/guards.md): the rule is only checked at the commit, after the call.
             settle = Update(
                 self.table_names["AccountTable"],
                 {"id": payload.accountId},

@@ -51,7 +51,7 @@ class BillingSettings(HandlerSettings):
 
 
 class BillingHandler(MessageHandler[Charge]):
-    """A handler of a user's own that builds its client at start, as README shows."""
+    """A handler of a user's own that builds its client at start, as docs/writing-a-handler.md shows."""
 
     event_type: ClassVar[str] = "ChargeRequested"
     mode: ClassVar[Mode] = Mode.LOCK
