@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tooling.test_making_it_theirs import REPO_ROOT, _copy_of_the_project, _insert, _pytest, _register
+from tests.tooling.template_copies import project_copy
+from tests.tooling.test_making_it_theirs import REPO_ROOT, _insert, _pytest, _register
 from tests.utils import page_blocks, tables_checklist
 
 _PARAMETER, _KEYS, _VARIABLE, _GRANT = range(4)
@@ -53,7 +54,7 @@ def into_template(template: Path, blocks: list[str], places: list[tuple[str, boo
 
 def _copy(project: Path) -> None:
     """A copy of the project, with the checkout's SAM CLI, DynamoDB Local and function runtime (none is copied)."""
-    _copy_of_the_project(project)
+    project_copy(project, environments=False)
     for prepared in (".venv-sam", "node_modules", ".lambda-runtime"):
         if (REPO_ROOT / prepared).exists():
             (project / prepared).symlink_to(REPO_ROOT / prepared)
