@@ -86,8 +86,9 @@ def test_environment_at_the_defaults_is_accepted_by_the_settings(
 def test_function_logs_to_its_own_log_group_with_bounded_retention(
     transformed_template: dict[str, Any], resolver: Template
 ) -> None:
-    function = resolver.resolve(properties(transformed_template, "ConsumerFunction"))
-    assert function["LoggingConfig"]["LogGroup"] == ResourceRef("ConsumerLogGroup")
+    # Its logging config alone: the environment's mistakes are test_environment_is_what_the_code_reads's to name.
+    logging = resolver.resolve(properties(transformed_template, "ConsumerFunction")["LoggingConfig"])
+    assert logging["LogGroup"] == ResourceRef("ConsumerLogGroup")
     log_group = properties(transformed_template, "ConsumerLogGroup")
     assert resolver.resolve(log_group["RetentionInDays"]) == 30
     retention_parameter = parameter_name(log_group["RetentionInDays"])

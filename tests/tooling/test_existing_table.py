@@ -94,7 +94,7 @@ def test_an_existing_table_given_as_the_readme_says_passes_the_checks_and_the_co
             '"INVENTORY_TABLE_NAME: !Ref InventoryTableName"',
         ),
         (_GRANT, None, "test_iam_matches_code.py", "on InventoryTable"),
-        (_PARAMETER, None, "test_function.py", "INVENTORY_TABLE_NAME"),
+        (_PARAMETER, None, "test_tables.py", "or a parameter InventoryTableName naming an existing table"),
     ],
     ids=["keys-left-out", "variable-from-the-table", "grant-left-out", "parameter-left-out"],
 )
