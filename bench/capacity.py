@@ -21,12 +21,11 @@ WRITE_UNIT_BYTES = 1024
 READ_UNIT_BYTES = 4096
 TRANSACTION_FACTOR = 2
 _CONDITION_FAILURES = frozenset({"ConditionalCheckFailedException", "TransactionCanceledException"})
-_TRANSACT_ACTIONS = ("Put", "Update", "Delete", "ConditionCheck")
 
 
 def number_size(text: str) -> int:
     mantissa = text.lstrip("+-").lower().split("e", 1)[0]
-    digits = mantissa.replace(".", "").lstrip("0").rstrip("0")
+    digits = mantissa.replace(".", "").strip("0")
     return (len(digits) + 1) // 2 + 1
 
 
@@ -90,12 +89,8 @@ class CapacityMeter:
         if not observed():
             return
         if model.name == "TransactWriteItems":
-            targets = [
-                self._target(action, item[action])
-                for item in params["TransactItems"]
-                for action in _TRANSACT_ACTIONS
-                if action in item
-            ]
+            # Each entry holds exactly one action: Put, Update, Delete or ConditionCheck.
+            targets = [self._target(action, spec) for item in params["TransactItems"] for action, spec in item.items()]
             context["bench_write"] = (targets, TRANSACTION_FACTOR)
         elif model.name in ("PutItem", "UpdateItem", "DeleteItem"):
             context["bench_write"] = ([self._target(model.name.removesuffix("Item"), params)], 1)

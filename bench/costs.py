@@ -20,7 +20,7 @@ from bench.probe import RoundTripProbe, unobserved
 from bench.systems import System
 from consumer.api import ID_PATTERN
 from consumer.config import Settings
-from consumer.handler import MessageHandler, Mode
+from consumer.handler import MessageHandler, Mode, declared_settings, declared_tables
 from service.registry import HANDLERS
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import LambdaContext, sqs_event
@@ -57,11 +57,10 @@ class Backend:
         """Fresh tables for one system (the idempotency table and the handlers'), and the settings that name
         them; each URL a handler's settings declare (``*_url``) is the webhook's."""
         prefix = f"{system.replace(' ', '-').lower()}-{uuid.uuid4().hex[:6]}"
-        tables = dict.fromkeys(table for handler in self.handlers for table in handler.tables)
-        own = {handler.settings_model for handler in self.handlers}
+        own = declared_settings(self.handlers)
         settings = Settings(
             idempotency_table_name=f"{prefix}-idempotency",
-            table_names={table: f"{prefix}-{table}" for table in tables},
+            table_names={table: f"{prefix}-{table}" for table in declared_tables(self.handlers)},
             dead_letter_queue_url=self.dead_letter_queue_url,
             handler_variables={
                 name.upper(): webhook_url for m in own for name in m.model_fields if name.endswith("_url")

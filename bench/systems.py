@@ -100,11 +100,8 @@ class LedgerBusiness:
 
 
 class PowertoolsBaseline:
-    """``BatchProcessor`` with ``idempotent_function`` on DynamoDB, composed as its documentation does for SQS.
-
-    Keyed on the body's key with payload validation (like the consumer's key-reuse check),
-    the Lambda context registered so an in-progress record expires with the invocation.
-    """
+    """``BatchProcessor`` with ``idempotent_function`` on DynamoDB, composed as its documentation does for SQS, with
+    payload validation (like the consumer's key-reuse check) and an in-progress record expiring with the invocation."""
 
     name = "Powertools"
 
@@ -150,12 +147,7 @@ class PowertoolsBaseline:
 
 
 class SeedPattern:
-    """The seed articles' pattern, one record after another.
-
-    A conditional ``PutItem`` of the key as IN_PROGRESS; on ``ConditionalCheckFailed`` a
-    ``GetItem`` of its status (COMPLETED: a duplicate, skipped; otherwise in flight: failed,
-    to be retried); then the business writes, then an ``UpdateItem`` to COMPLETED.
-    """
+    """The seed articles' pattern, one record after another: claim, apply, mark COMPLETED, one call each."""
 
     name = "seed pattern"
 

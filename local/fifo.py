@@ -35,10 +35,8 @@ class CompletionLog:
 
 
 def out_of_order(sent: Mapping[str, Outgoing], completed: Mapping[str, int]) -> list[str]:
-    """A line per message that completed before one sent earlier in its group, or never completed.
-
-    ``sent``: messageId -> message, in send order; ``completed``: messageId -> its completion position.
-    """
+    """A line per message (``sent``, by messageId in send order) that completed before one sent earlier in its
+    group, or never completed (``completed``: messageId -> its completion position)."""
     problems: list[str] = []
     latest: dict[str, tuple[int, str]] = {}
     for message_id, message in sent.items():

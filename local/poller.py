@@ -1,10 +1,8 @@
 """A poller that behaves as Lambda's SQS event source mapping.
 
-Receive up to the batch size (long polling, topped up within the batching window), invoke the function with the event
-Lambda would build, then delete every record but the reported failures. When the handler raised, timed out, or (with
-``ReportBatchItemFailures``) answered a malformed response or an ``itemIdentifier`` not in the batch, delete nothing:
-the whole batch comes back after its visibility timeout. Receive counts and the move to the dead-letter queue are the
-queue's own redrive policy.
+Receive a batch, invoke the function with the event Lambda would build, then delete every record but the reported
+failures; after an error, a timeout or an invalid response delete nothing. Receive counts and the move to the
+dead-letter queue are the queue's own redrive policy.
 """
 
 from __future__ import annotations
@@ -18,9 +16,8 @@ from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 from typing import Any, Self
 
-from testkit.aws import REGION
 from testkit.invocation import Invocation, Invoker
-from testkit.lambda_sqs import event_from_messages
+from testkit.lambda_sqs import record_from_message
 from testkit.processes import Lifecycle
 from testkit.resources import QueueResource, SqsTrigger
 
@@ -62,11 +59,8 @@ class BatchReport:
 
 
 def reported_failures(response: Any, batch_ids: set[str]) -> tuple[set[str] | None, str]:
-    """The ids to keep from a partial batch response, or ``None`` when it fails the whole batch.
-
-    Lambda's rules: a null or empty response, or an empty list, is full success; anything
-    malformed, or an id that is not one of the batch's, fails the whole batch.
-    """
+    """The ids to keep from a partial batch response, or ``None`` when it fails the whole batch. As in Lambda, a null
+    or empty response or list is full success; anything malformed, or an id not of the batch, fails it all."""
     if not isinstance(response, dict | None):
         return None, f"response is a {type(response).__name__}, not an object"
     failures = (response or {}).get("batchItemFailures")
@@ -134,7 +128,7 @@ class Poller:
         messages = self.receive()
         if not messages:
             return None
-        event = event_from_messages(messages, queue_arn=self.queue.arn, region=REGION)
+        event = {"Records": [record_from_message(message, queue_arn=self.queue.arn) for message in messages]}
         report = self._settle(messages, self.runtime.invoke(event))
         if self.on_batch is not None:
             self.on_batch(report)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from consumer.config import table_parameter
 from local import smoke
 from local.demo import Check, show_checks
 from local.smoke import DEFAULT_TIMEOUT_S, OUTPUTS, POISON_ERROR_TYPE, Target, wait
@@ -23,6 +24,8 @@ from local.stack import webhook_parameters
 from testkit import dead_letters, messages, payloads
 from testkit.aws import DUMMY_CREDENTIALS_ENV, client
 from testkit.processes import LOOPBACK, LoopbackServer, children
+from testkit.tables import create_template_tables
+from testkit.template import LOCAL_TABLES, Template
 from testkit.webhook import WebhookSink
 
 REPO = Path(__file__).resolve().parent.parent
@@ -182,8 +185,12 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
     # Dummy credentials only, and no AWS config that could name a real account.
     env = {**os.environ, **DUMMY_CREDENTIALS_ENV, "AWS_ENDPOINT_URL": url, "SAM_CLI_TELEMETRY": "0"}
     env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
-    # The parameters samconfig.toml cannot know: this run's webhook (ARGS replaces its parameter_overrides).
-    urls = " ".join(f"{name}={url}" for name, url in webhook_parameters(sink).items())
+    # What samconfig.toml cannot know (ARGS replaces its parameter_overrides): this run's webhook, the local values.
+    template = Template.from_file(stack_name=STACK)
+    given = {n: v for n, v in template.parameters.items() if "Default" not in template.document["Parameters"][n]}
+    names = {table: template.parameters[table_parameter(table)] for table in template.local(LOCAL_TABLES)}
+    create_template_tables(client("dynamodb", url), names)
+    urls = " ".join(f"{name}={value}" for name, value in {**given, **webhook_parameters(sink)}.items())
     overrides = f"ARGS=--parameter-overrides Architecture=x86_64 {urls}"
     _run(["make", "deploy", "ARCH=x86_64", "CONFIG_ENV=rehearse", overrides], env)
     described = _run([AWS_CLI, "--endpoint-url", url, "cloudformation", "describe-stacks", "--stack-name", STACK], env)

@@ -26,11 +26,8 @@ def running_stack(
     memory_mb: int | None = None,
     log_sink: TextIO | None = None,
 ) -> Iterator[tuple[DeployedStack, WebhookSink]]:
-    """Servers, webhook sink and the template deployed; with ``publish``, the state file too.
-
-    The function's log lines go to ``log_sink``, by default this process's stdout at the
-    time of the call (a command that sent its stdout to the function log gets them there).
-    """
+    """Servers, webhook sink and the template deployed; with ``publish``, the state file too. The function logs to
+    ``log_sink``, else to ``sys.stdout`` as it is now (a command that sent it to the function log gets them there)."""
     with LocalServers() as servers, WebhookSink() as sink:
         stack = deploy_stack(
             servers,

@@ -88,11 +88,8 @@ def poison_body(run_id: str) -> str:
 
 
 def send(target: Target, body: str, group: str) -> None:
-    request: dict[str, Any] = {"QueueUrl": target.queue_url, "MessageBody": body}
-    if target.fifo:
-        # A new deduplication id per send: the resend must reach the consumer, not be dropped by SQS.
-        request.update(MessageGroupId=group, MessageDeduplicationId=uuid.uuid4().hex)
-    target.sqs.send_message(**request)
+    fifo = messages.fifo_fields(group) if target.fifo else {}
+    target.sqs.send_message(QueueUrl=target.queue_url, MessageBody=body, **fifo)
 
 
 def table_items(dynamodb: Any, tables: Mapping[str, str]) -> Items:

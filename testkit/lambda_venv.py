@@ -35,14 +35,12 @@ class LambdaVenvError(RuntimeError):
 
 def find_python(version: str = LAMBDA_PYTHON_VERSION) -> Path:
     """pyenv's ``version`` if pyenv has it, else ``python<version>`` on PATH."""
-    pyenv = shutil.which("pyenv")
-    if pyenv is not None:
+    if (pyenv := shutil.which("pyenv")) is not None:
         answer = subprocess.run([pyenv, "prefix", version], capture_output=True, text=True, check=False)
         candidate = Path(answer.stdout.strip().splitlines()[0]) / "bin" / f"python{version}" if answer.stdout else None
         if answer.returncode == 0 and candidate is not None and candidate.exists():
             return candidate
-    on_path = shutil.which(f"python{version}")
-    if on_path is not None:
+    if (on_path := shutil.which(f"python{version}")) is not None:
         return Path(on_path)
     raise LambdaPythonMissing(
         f"no Python {version} found (the function's runtime is python{version}): "
@@ -50,14 +48,10 @@ def find_python(version: str = LAMBDA_PYTHON_VERSION) -> Path:
     )
 
 
-def _requirement_lines(path: Path) -> list[str]:
-    lines = [line.split("#", 1)[0].strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    return [line for line in lines if line]
-
-
 def requirements() -> list[str]:
     """What the venv installs beside the artifact's hash-locked requirements: Lambda's boto3 and runtime client."""
-    pinned = {line.split("==", 1)[0].strip().lower(): line for line in _requirement_lines(DEV_REQUIREMENTS)}
+    lines = (line.split("#", 1)[0].strip() for line in DEV_REQUIREMENTS.read_text(encoding="utf-8").splitlines())
+    pinned = {line.split("==", 1)[0].strip().lower(): line for line in lines if line}
     missing = [name for name in _RUNTIME_PROVIDED if name not in pinned]
     if missing:
         raise LambdaVenvError(f"{DEV_REQUIREMENTS} pins no {', '.join(missing)}")

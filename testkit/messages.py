@@ -99,14 +99,10 @@ def is_fifo(queue_url: str) -> bool:
     return queue_url.endswith(".fifo")
 
 
-def fifo_fields(message: Outgoing) -> dict[str, str]:
-    """What a FIFO queue requires of each send: the group, and a deduplication id of this send's own.
-
-    A new id per send, not one per body: the template turns content-based deduplication off,
-    and a producer's resend must reach the consumer (whose idempotency record suppresses it)
-    rather than depend on SQS's five-minute deduplication window.
-    """
-    return {"MessageGroupId": message.group_id, "MessageDeduplicationId": uuid.uuid4().hex}
+def fifo_fields(group: str) -> dict[str, str]:
+    """The group, and a deduplication id per send (not per body): content-based deduplication is off, and a
+    producer's resend must reach the consumer, whose idempotency record suppresses it, not SQS's 5-minute window."""
+    return {"MessageGroupId": group, "MessageDeduplicationId": uuid.uuid4().hex}
 
 
 def send_all(
@@ -126,7 +122,7 @@ def send_all(
                 "Id": str(index),
                 "MessageBody": message.body,
                 **({"MessageAttributes": message.attributes} if message.attributes else {}),
-                **(fifo_fields(message) if fifo else tenant_field(message)),
+                **(fifo_fields(message.group_id) if fifo else tenant_field(message)),
             }
             for index, message in enumerate(chunk)
         ]

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from consumer.config import table_parameter
 from testkit.tables import TABLE_TYPE as TABLE
 from testkit.tables import create_table
-from testkit.template import ACCOUNT_ID, PARTITION, Template, TemplateError
+from testkit.template import ACCOUNT_ID, LOCAL_TABLES, PARTITION, Template, TemplateError
 
 QUEUE = "AWS::SQS::Queue"
 FUNCTIONS = ("AWS::Serverless::Function", "AWS::Lambda::Function")
@@ -154,8 +155,12 @@ class _Resolver:
     def table(self, logical_id: str) -> TableResource:
         if logical_id in self.tables:
             return self.tables[logical_id]
-        properties = self._properties_to_create(logical_id)
-        name = properties.get("TableName") or self._default_name(logical_id)
+        # One given by a parameter is made from its LocalTables keys, named by the parameter's value.
+        given = (
+            None if logical_id in self._template.resources else self._template.parameters[table_parameter(logical_id)]
+        )
+        properties = self._template.local(LOCAL_TABLES)[logical_id] if given else self._properties_to_create(logical_id)
+        name = given or properties.get("TableName") or self._default_name(logical_id)
         create_table(self._dynamodb, name, properties)
         arn = self._arn("dynamodb", f"table/{name}")
         self.tables[logical_id] = TableResource(name, arn)
@@ -210,7 +215,7 @@ def create_resources(template: Template, sqs: Any, dynamodb: Any) -> LocalResour
     resolver = _Resolver(template, sqs, dynamodb)
     for logical_id in template.resources_of_type(QUEUE):
         resolver.queue(logical_id)
-    for logical_id in template.resources_of_type(TABLE):
+    for logical_id in [*template.resources_of_type(TABLE), *template.local(LOCAL_TABLES)]:
         resolver.table(logical_id)
     functions = {
         logical_id: resolver.function(logical_id)

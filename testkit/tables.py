@@ -12,7 +12,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from testkit.template import Template
+from testkit.template import LOCAL_TABLES, Template
 
 TABLE_TYPE = "AWS::DynamoDB::Table"
 IDEMPOTENCY_TABLE = "IdempotencyTable"
@@ -33,7 +33,8 @@ def ttl_attribute(properties: Mapping[str, Any]) -> str | None:
 
 def create_table(dynamodb: Any, name: str, properties: Mapping[str, Any]) -> None:
     """Create ``name`` from a table's resolved template properties; an existing table is kept as it is."""
-    request: dict[str, Any] = {key: properties[key] for key in _CREATE_TABLE_PARAMETERS if key in properties}
+    request: dict[str, Any] = {"BillingMode": "PAY_PER_REQUEST"}  # unless given: LocalTables gives keys alone
+    request |= {key: properties[key] for key in _CREATE_TABLE_PARAMETERS if key in properties}
     stream = properties.get("StreamSpecification")
     if stream:
         request["StreamSpecification"] = {"StreamEnabled": True, **stream}
@@ -53,9 +54,9 @@ def create_table(dynamodb: Any, name: str, properties: Mapping[str, Any]) -> Non
 
 
 def create_template_tables(dynamodb: Any, names: Mapping[str, str], template: Template | None = None) -> None:
-    """Create each table of the template named in ``names`` (logical id -> table name)."""
+    """Create each table of the template named in ``names`` (logical id -> table name), or of its LocalTables."""
     template = template or Template.from_file()
     for logical_id, name in names.items():
-        if template.resources.get(logical_id, {}).get("Type") != TABLE_TYPE:
+        if logical_id not in [*template.resources_of_type(TABLE_TYPE), *(local := template.local(LOCAL_TABLES))]:
             raise ValueError(f"{logical_id!r} is not a DynamoDB table of {template.path}")
-        create_table(dynamodb, name, template.properties(logical_id))
+        create_table(dynamodb, name, local[logical_id] if logical_id in local else template.properties(logical_id))

@@ -29,6 +29,8 @@ from samtranslator.plugins.globals.globals import Globals
 from samtranslator.public.parser import Parser
 from samtranslator.public.translator import Translator
 
+from consumer.config import table_parameter
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_PATH = REPO_ROOT / "template.yaml"
 ACCOUNT_ID = "123456789012"  # moto's default account: queue URLs and ARNs match what it returns
@@ -36,6 +38,9 @@ PARTITION = "aws"
 REGION = "us-east-1"
 # What `sam package` puts in place of a local CodeUri before CloudFormation transforms the template.
 PACKAGED_CODE_URI = "s3://packaged-artifacts/consumer.zip"
+# Metadata read by make test and the local stack alone, for what a deployment is given: a value for each parameter
+# without a Default, and the keys of each table given by a parameter (``consumer.config.table_parameter``).
+LOCAL_PARAMETERS, LOCAL_TABLES = "LocalParameters", "LocalTables"
 
 
 class TemplateError(ValueError):
@@ -141,6 +146,9 @@ class Template:
     def resources(self) -> dict[str, dict[str, Any]]:
         return self.document["Resources"]
 
+    def local(self, key: str) -> dict[str, Any]:
+        return dict((self.document.get("Metadata") or {}).get(key) or {})
+
     def resources_of_type(self, resource_type: str) -> list[str]:
         return [name for name, resource in self.resources.items() if resource.get("Type") == resource_type]
 
@@ -185,14 +193,24 @@ class Template:
         unknown = set(self.parameter_overrides) - set(declared)
         if unknown:
             raise TemplateError(f"unknown parameter(s): {', '.join(sorted(unknown))}")
+        # A table given by a parameter is, locally, the one made from its LocalTables keys, named as a resource is.
+        local = {table_parameter(table): f"{self.stack_name}-{table}" for table in self.local(LOCAL_TABLES)}
+        local |= self.local(LOCAL_PARAMETERS)
         values: dict[str, Any] = {}
         for name, spec in declared.items():
             if name in self.parameter_overrides:
                 value = self.parameter_overrides[name]
             elif "Default" in spec:
                 value = spec["Default"]
+            elif name in local:
+                value = local[name]
             else:
-                raise TemplateError(f"parameter {name} has no default: pass a value for it")
+                table, value = name.removesuffix("Name"), f'"{name}: <value>" under {LOCAL_PARAMETERS}:'
+                where = f"{table}'s keys under {LOCAL_TABLES}:" if name.endswith("TableName") else value
+                raise TemplateError(
+                    f"parameter {name} has no Default: for make test and the local stack, add {where} in the template's"
+                    f" Metadata (a deployment is given its own: samconfig.toml's parameter_overrides, or PARAMETERS=)"
+                )
             values[name] = _checked_parameter(name, spec, value)
         return values
 

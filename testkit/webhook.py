@@ -1,10 +1,7 @@
 """A webhook sink on loopback: records every POST, verifies its signature, answers as a test tells it to.
 
-``verified``: the reference ``standardwebhooks`` library accepts its signature with ``secret`` (the local stack's
-signing secret). ``GET /requests`` returns what was received as JSON (for ``make run`` users and other processes);
-in-process, ``WebhookSink.received`` does the same. ``answer_next`` plans the next answers (status, delay, seconds
-between its bytes), for any request or for one ``Idempotency-Key``, so tests can make the downstream fail, stall or
-reject; once a plan runs out the POST gets the ``default`` answer.
+``verified``: ``standardwebhooks`` accepts its signature with ``secret``. ``GET /requests`` lists what was received
+(for ``make run`` users and other processes); ``answer_next`` lets tests make the downstream fail, stall or reject.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
@@ -86,7 +83,6 @@ class WebhookSink(Lifecycle):
         return [request for request in self.received() if not request.verified]
 
     def keys(self) -> list[str | None]:
-        """The ``Idempotency-Key`` of every POST received, in order."""
         return [request.idempotency_key for request in self.received()]
 
     def answer_next(self, *answers: Answer, key: str | None = None) -> None:
@@ -116,16 +112,13 @@ class WebhookSink(Lifecycle):
             self._thread.join(timeout=5)
         self._server, self._thread = None, None
 
-    def _next_answer(self, key: str | None) -> Answer:
+    def _answer(self, request: ReceivedRequest) -> Answer:
+        """The next planned answer (its key's plan first), recorded with the request."""
         with self._lock:
-            for plan in (self._plans_by_key.get(key or ""), self._plan):
-                if plan:
-                    return plan.popleft()
-            return self.default
-
-    def _record(self, request: ReceivedRequest) -> None:
-        with self._lock:
-            self._received.append(request)
+            plan = next((p for p in (self._plans_by_key.get(request.idempotency_key or ""), self._plan) if p), None)
+            answer = plan.popleft() if plan else self.default
+            self._received.append(replace(request, status=int(answer.status)))
+            return answer
 
 
 def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
@@ -144,10 +137,9 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
             with contextlib.suppress(WebhookVerificationError, ValueError):
                 Webhook(sink.secret).verify(raw, headers, json_parse=False)
                 verified = True
-            key = self.headers.get("Idempotency-Key")
-            answer = sink._next_answer(key)
             body = raw.decode("utf-8", "replace")
-            sink._record(ReceivedRequest(self.path, key, body, headers, int(answer.status), time.time(), verified))
+            key = self.headers.get("Idempotency-Key")
+            answer = sink._answer(ReceivedRequest(self.path, key, body, headers, 0, time.time(), verified))
             if answer.delay_s:
                 time.sleep(answer.delay_s)
             self._reply(answer.status, {"status": int(answer.status)}, answer.trickle_s)

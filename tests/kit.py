@@ -40,6 +40,7 @@ from testkit.dead_letters import DeadLetter, drain, reasons
 from testkit.lambda_sqs import REGION, sqs_record
 from testkit.messages import envelope
 from testkit.tables import create_template_tables
+from testkit.template import TEMPLATE_PATH, Template
 
 __all__ = [
     "Clock",
@@ -97,11 +98,20 @@ def settings_for(
     ``table_name_for_tests`` or by ``tables`` (logical id -> a name, or a resource with a ``name``); an
     override that is no field of ``Settings`` is a handler's own setting (``billing_url="http://..."``).
 
-    A required setting of a handler's own (no default) is given here, by its name in lower case: a test
-    that leaves it out fails with the handler's ``ConfigurationError``, naming the setting."""
+    A required setting of a handler's own (no default) is given here, by its name in lower case; left out, it
+    takes the value template.yaml gives its variable (from its parameter's Default, or its LocalParameters value).
+    """
     own = {name.upper(): str(overrides.pop(name)) for name in set(overrides) - set(Settings.model_fields)}
     declared = {name.upper() for model in declared_settings(handlers) for name in model.model_fields}
     assert set(own) <= declared, f"no setting and no handler's own setting: {sorted(set(own) - declared)}"
+    required = {
+        name: model
+        for model in declared_settings(handlers)
+        for name, f in model.model_fields.items()
+        if f.is_required()
+    }
+    if missing := {name: model for name, model in required.items() if name.upper() not in own}:
+        own |= _template_values(missing)
     given = {table: getattr(name, "name", name) for table, name in (tables or {}).items()}
     every = dict.fromkeys(("IdempotencyTable", *declared_tables(handlers), *given))
     names = {table: given.get(table, table_name_for_tests(table)) for table in every}
@@ -112,6 +122,25 @@ def settings_for(
         "handler_variables": own,
     }
     return Settings(**(values | overrides))
+
+
+class NoTestValue(AssertionError):
+    """A required setting of a handler's own that neither the test nor the template gives a value."""
+
+
+def _template_values(settings: Mapping[str, type[Any]]) -> dict[str, str]:
+    """The value template.yaml gives each required setting's variable, at its parameters' Defaults and local values."""
+    template = Template.from_file(TEMPLATE_PATH)
+    (function,) = template.resources_of_type("AWS::Serverless::Function")
+    variables = template.properties(function).get("Environment", {}).get("Variables", {})
+    for name, model in settings.items():
+        if not str(variables.get(name.upper(), "")):
+            raise NoTestValue(
+                f"{name.upper()} ({model.__name__}.{name}) is required and has no value for the tests: give the"
+                f' function "{name.upper()}: !Ref <its parameter>" in {TEMPLATE_PATH.name} (the parameter with a'
+                f" Default or a value under the Metadata's LocalParameters), or pass it here: {name}=<value>"
+            )
+    return {name.upper(): str(variables[name.upper()]) for name in settings}
 
 
 @dataclass

@@ -28,6 +28,11 @@ def table_variable(logical_id: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", logical_id).upper() + "_NAME"
 
 
+def table_parameter(logical_id: str) -> str:
+    """The template parameter that names an existing table instead of a resource: OrdersTable -> OrdersTableName."""
+    return f"{logical_id}Name"
+
+
 class HandlerSettings(BaseModel):
     """Settings a handler declares as its own (``MessageHandler.settings_model``): each field is read
     from its upper-case variable at start (``billing_url`` from ``BILLING_URL``); a field without a

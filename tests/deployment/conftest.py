@@ -7,14 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cfnlint.decode import cfn_yaml
 
 from consumer.handler import declared_tables
 from service.registry import HANDLERS
 from testkit.aws import DUMMY_CREDENTIALS_ENV
-from testkit.template import REPO_ROOT, TEMPLATE_PATH, Template, load_template, transform
+from testkit.template import REPO_ROOT, TEMPLATE_PATH, Template, TemplateError, load_template, transform
 from tests.deployment.environment import FUNCTION, environment_mistakes, unregistered_handlers
-from tests.deployment.lookups import properties, read, resources_of_type
+from tests.deployment.lookups import properties, read, table_mistakes
 
 # The template the static checks read: template.yaml, or a copy (the test that a mistake stops `make test` early).
 TEMPLATE_VARIABLE = "STATIC_CHECKS_TEMPLATE"
@@ -25,27 +24,26 @@ def template_path() -> Path:
     return Path(os.environ.get(TEMPLATE_VARIABLE) or TEMPLATE_PATH)
 
 
+def parameter_mistake(template_path: Path) -> str | None:
+    """Why the template cannot be read with its parameters' values (one lacks a Default and a local value)."""
+    try:
+        Template.from_file(template_path)
+    except TemplateError as error:
+        return str(error)
+    return None
+
+
 @pytest.fixture(scope="session")
 def source_template(template_path: Path) -> dict[str, Any]:
+    # Every check reads the template with its parameters' values: one missing is test_outputs_and_config's one failure.
+    if parameter_mistake(template_path):
+        pytest.skip("a parameter has no value: test_every_parameter_has_a_value_for_the_checks names it")
     return load_template(template_path)
 
 
-def parameters_without_default(template_path: Path) -> list[str]:
-    """Each parameter the template gives no Default, at its file:line."""
-    document = cfn_yaml.loads(template_path.read_text(encoding="utf-8"), str(template_path))
-    return [
-        f"{template_path}:{name.start_mark.line + 1}: parameter {name} has no Default"
-        for name, spec in (document.get("Parameters") or {}).items()
-        if "Default" not in spec
-    ]
-
-
 @pytest.fixture(scope="session")
-def transformed_template(source_template: dict[str, Any], template_path: Path) -> dict[str, Any]:
-    """The template as CloudFormation reads it, for the tests that read it at its parameters' defaults: a parameter
-    without one skips them (test_every_parameter_has_a_default names it)."""
-    if parameters_without_default(template_path):
-        pytest.skip("a parameter has no Default: test_every_parameter_has_a_default names it")
+def transformed_template(source_template: dict[str, Any]) -> dict[str, Any]:
+    """The template as CloudFormation reads it."""
     return transform(source_template)
 
 
@@ -56,7 +54,7 @@ def resolver(transformed_template: dict[str, Any]) -> Template:
 
 
 # A mistake is reported once, by the check that names its cause: the checks that depend on what it breaks skip. In
-# order: each parameter with a default (above), each handler file registered (tests/app/test_handler_registry.py),
+# order: each parameter with a value (above), each handler file registered (tests/app/test_handler_registry.py),
 # each table a handler declares in the template (test_tables.py), the function's environment what the code reads and
 # the function able to start (test_function.py).
 @pytest.fixture(scope="session")
@@ -65,9 +63,10 @@ def registered_handlers(transformed_template: dict[str, Any]) -> None:
     a handler declares that the template lacks, skips them."""
     if unregistered_handlers():
         pytest.skip("a handler file is not registered: test_every_handler_file_is_registered_in_handlers names it")
-    if set(declared_tables(HANDLERS)) - set(resources_of_type(transformed_template, "AWS::DynamoDB::Table")):
+    if table_mistakes(transformed_template, declared_tables(HANDLERS)):
         pytest.skip(
-            "a table a handler declares is missing: test_each_table_a_handler_declares_is_a_template_table names it"
+            "a handler's table has a mistake: test_each_table_a_handler_declares_is_a_template_table_or_given"
+            "_by_its_parameter names it"
         )
 
 

@@ -16,9 +16,10 @@ from typing import Any
 from cfnlint.decode import cfn_yaml
 
 import service.handlers
-from consumer.config import Settings, is_secret_arn, table_variable
+from consumer.config import Settings, is_secret_arn, table_parameter, table_variable
 from consumer.handler import MessageHandler, declared_settings, declared_tables
 from service.registry import HANDLERS
+from testkit.template import load_template
 from tests.deployment.source_scan import package_modules
 
 FUNCTION = "ConsumerFunction"
@@ -89,13 +90,26 @@ def _lines(template_path: Path) -> tuple[int, dict[str, int]]:
     return key.start_mark.line + 1, {name: name.start_mark.line + 1 for name in environment["Variables"]}
 
 
+def table_source(template_path: Path, table: str) -> str:
+    """What a table's variable refers to: the table's resource, or the parameter naming an existing one, if the template
+    has that parameter and no such resource."""
+    document = load_template(template_path)
+    parameter = table_parameter(table)
+    return parameter if table not in document["Resources"] and parameter in document.get("Parameters", {}) else table
+
+
 def environment_mistakes(template_path: Path, variables: Mapping[str, Any]) -> list[str]:
     """What is wrong with ``variables`` (the function's, from ``template_path``), one sentence per mistake."""
     variables_line, lines = _lines(template_path)
     wanted: dict[str, str | None] = dict.fromkeys(
         STACK_PROVIDED_VARIABLES | handler_variables(only_stack_provided=True)
     )
-    wanted.update({table_variable(table): table for table in ("IdempotencyTable", *declared_tables(HANDLERS))})
+    wanted.update(
+        {
+            table_variable(table): table_source(template_path, table)
+            for table in ("IdempotencyTable", *declared_tables(HANDLERS))
+        }
+    )
     read = variables_the_code_reads()
     unread = sorted(name for name in variables if name not in read and not name.startswith("POWERTOOLS_"))
     mistakes = []

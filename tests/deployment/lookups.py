@@ -6,7 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from testkit.template import REPO_ROOT, ResourceRef, Template
+from consumer.config import table_parameter
+from testkit.template import ACCOUNT_ID, LOCAL_TABLES, PARTITION, REPO_ROOT, ResourceRef, Template
 
 SAMCONFIG_PATH = REPO_ROOT / "samconfig.toml"
 # SQS: up to 80 characters, a FIFO queue's ending in ".fifo".
@@ -87,8 +88,16 @@ def _chosen(statement: dict[str, Any], reading: Template) -> list[dict[str, Any]
 
 def grants_by_statement(template: Mapping[str, Any], role_id: str, **overrides: Any) -> dict[str, dict[str, set[str]]]:
     """Allowed actions per statement (its Sid, or its index) and per logical id of the stack resource they apply to
-    (via its Arn), or per exact ARN for what lives outside the stack and a parameter names (the webhook secret)."""
+    (via its Arn, or the ARN of a table a parameter names), or per exact ARN for what else lives outside the stack and
+    a parameter names (the webhook secret)."""
     reading = read(template, **overrides)
+    # A table given by a parameter is granted on the ARN its name makes: named by its logical id, as a resource is.
+    arn = f"arn:{PARTITION}:dynamodb:{reading.region}:{ACCOUNT_ID}:table/"
+    tables = {
+        arn + str(reading.parameters[table_parameter(table)]): table
+        for table in reading.local(LOCAL_TABLES)
+        if table_parameter(table) in reading.parameters
+    }
     grants: dict[str, dict[str, set[str]]] = {}
     for index, statement in enumerate(policy_statements(template, role_id, **overrides)):
         if statement["Effect"] != "Allow":
@@ -98,7 +107,7 @@ def grants_by_statement(template: Mapping[str, Any], role_id: str, **overrides: 
             if isinstance(resource, ResourceRef) and resource.attribute == "Arn":
                 by_resource.setdefault(resource.logical_id, set()).update(as_list(statement["Action"]))
             elif isinstance(resource, str) and resource.startswith("arn:") and "*" not in resource:
-                by_resource.setdefault(resource, set()).update(as_list(statement["Action"]))
+                by_resource.setdefault(tables.get(resource, resource), set()).update(as_list(statement["Action"]))
             elif resource == "*" and all(action.startswith("xray:") for action in as_list(statement["Action"])):
                 # X-Ray has no resource-level permissions: its actions are granted on "*" or not at all.
                 by_resource.setdefault(resource, set()).update(as_list(statement["Action"]))
@@ -124,3 +133,34 @@ def key_schema(table: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     """A table's key attribute -> (key type, attribute type)."""
     types = {definition["AttributeName"]: definition["AttributeType"] for definition in table["AttributeDefinitions"]}
     return {key["AttributeName"]: (key["KeyType"], types[key["AttributeName"]]) for key in table["KeySchema"]}
+
+
+def table_mistakes(template: dict[str, Any], declared: tuple[str, ...]) -> list[str]:
+    """Each declared table neither a resource nor given by its parameter (with its keys for the local stack), and
+    each table or table parameter no handler declares."""
+    tables = resources_of_type(template, "AWS::DynamoDB::Table")
+    parameters = template.get("Parameters") or {}
+    local_tables = (template.get("Metadata") or {}).get(LOCAL_TABLES) or {}
+    mistakes = []
+    for table in ("IdempotencyTable", *declared):
+        if table in tables:
+            continue
+        parameter = table_parameter(table)
+        if parameter not in parameters:
+            mistakes.append(
+                f"a handler declares {table}: add an AWS::DynamoDB::Table of that name to template.yaml, or a"
+                f" parameter {parameter} naming an existing table"
+            )
+        elif table not in local_tables:
+            mistakes.append(
+                f"{table} is the existing table parameter {parameter} names: give its keys for the local stack under"
+                f" the template's Metadata, {LOCAL_TABLES}: {table}: (AttributeDefinitions, KeySchema)"
+            )
+    wanted = {"IdempotencyTable", *declared}
+    mistakes += [f"{table} is in template.yaml but no handler declares it: remove it" for table in set(tables) - wanted]
+    mistakes += [
+        f"{LOCAL_TABLES} describes {table}, which no handler declares by its parameter {table_parameter(table)}:"
+        " remove it"
+        for table in sorted(set(local_tables) - (wanted - set(tables)))
+    ]
+    return sorted(mistakes)

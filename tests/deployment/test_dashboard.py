@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from testkit.template import ResourceRef, Template
+from consumer.config import table_parameter
+from testkit.template import LOCAL_TABLES, ResourceRef, Template
 from tests.deployment.lookups import properties, read, resources_of_type
 
 # AWS metrics the dashboard may chart: namespace -> metric -> (dimension, resource type it names).
@@ -92,9 +93,11 @@ def test_every_custom_metric_charted_is_one_the_function_emits(
 
 
 def test_every_aws_metric_charted_exists_and_names_a_resource_of_the_stack(
-    dashboard: dict[str, Any], emitted: list[dict[str, Any]], transformed_template: dict[str, Any]
+    dashboard: dict[str, Any], emitted: list[dict[str, Any]], transformed_template: dict[str, Any], resolver: Template
 ) -> None:
     custom_namespaces = {directive["Namespace"] for directive in emitted}
+    # A table given by a parameter is charted by its name, the parameter's value.
+    given = {resolver.parameters.get(table_parameter(table)): table for table in resolver.local(LOCAL_TABLES)}
     charted = set()
     for namespace, metric, dimensions in _charted(dashboard):
         if namespace in custom_namespaces:
@@ -103,8 +106,9 @@ def test_every_aws_metric_charted_exists_and_names_a_resource_of_the_stack(
         dimension, resource_type = AWS_METRICS[namespace][metric]
         assert set(dimensions) == {dimension}, (namespace, metric, dimensions)
         # Resource values come through Fn::Sub as "LogicalId" or "LogicalId.Attribute".
-        logical_id = dimensions[dimension].split(".")[0]
-        assert transformed_template["Resources"][logical_id]["Type"] == resource_type, (metric, logical_id)
+        logical_id = given.get(dimensions[dimension]) or dimensions[dimension].split(".")[0]
+        if logical_id not in given.values():
+            assert transformed_template["Resources"][logical_id]["Type"] == resource_type, (metric, logical_id)
         if resource_type == "AWS::SQS::Queue":
             assert dimensions[dimension] == str(ResourceRef(logical_id, "QueueName"))
         charted.add((namespace, metric, logical_id))

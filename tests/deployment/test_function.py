@@ -15,7 +15,7 @@ from service.registry import HANDLERS
 from testkit.lambda_venv import LAMBDA_PYTHON_VERSION
 from testkit.template import REPO_ROOT, ResourceRef, Template
 from tests.deployment.conftest import start_error
-from tests.deployment.environment import FUNCTION, environment_mistakes
+from tests.deployment.environment import FUNCTION, environment_mistakes, table_source
 from tests.deployment.lookups import parameter_name, properties, read
 
 
@@ -66,7 +66,7 @@ def test_the_function_starts(function_start: subprocess.CompletedProcess[str]) -
 
 
 def test_environment_at_the_defaults_is_accepted_by_the_settings(
-    started_function: str, function_variables: dict[str, Any], resolver: Template
+    started_function: str, function_variables: dict[str, Any], resolver: Template, template_path: Path
 ) -> None:
     variables = resolver.resolve(function_variables)
     environment = {name: _as_environment_value(value) for name, value in variables.items()}
@@ -74,7 +74,11 @@ def test_environment_at_the_defaults_is_accepted_by_the_settings(
         environment, tables=declared_tables(HANDLERS), handler_settings=declared_settings(HANDLERS)
     )
     assert settings.idempotency_table_name == "IdempotencyTable-after-deployment"
-    assert settings.table_names == {table: f"{table}-after-deployment" for table in declared_tables(HANDLERS)}
+    # A table's resource, or the parameter naming an existing one.
+    names = {
+        table: resolver.resolve({"Ref": table_source(template_path, table)}) for table in declared_tables(HANDLERS)
+    }
+    assert settings.table_names == {table: _as_environment_value(name) for table, name in names.items()}
     assert settings.dead_letter_queue_url == "ConsumerDeadLetterQueue-after-deployment"
     assert settings.idempotency_ttl_seconds == 7 * 24 * 3600
 
@@ -82,8 +86,9 @@ def test_environment_at_the_defaults_is_accepted_by_the_settings(
 def test_function_logs_to_its_own_log_group_with_bounded_retention(
     transformed_template: dict[str, Any], resolver: Template
 ) -> None:
-    function = resolver.resolve(properties(transformed_template, "ConsumerFunction"))
-    assert function["LoggingConfig"]["LogGroup"] == ResourceRef("ConsumerLogGroup")
+    # Its logging config alone: the environment's mistakes are test_environment_is_what_the_code_reads's to name.
+    logging = resolver.resolve(properties(transformed_template, "ConsumerFunction")["LoggingConfig"])
+    assert logging["LogGroup"] == ResourceRef("ConsumerLogGroup")
     log_group = properties(transformed_template, "ConsumerLogGroup")
     assert resolver.resolve(log_group["RetentionInDays"]) == 30
     retention_parameter = parameter_name(log_group["RetentionInDays"])

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from testkit.template import ResourceRef, Template
-from tests.deployment.conftest import parameters_without_default
+from tests.deployment.conftest import parameter_mistake
 from tests.deployment.lookups import SAMCONFIG_PATH, SQS_QUEUE_NAME, properties
 
 # Output -> what it must evaluate to. Scripts and the docs read these names.
@@ -29,6 +29,13 @@ IAM_NAME_PROPERTIES = {
     "AWS::IAM::InstanceProfile": "InstanceProfileName",
 }
 STACK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,127}")
+
+
+def test_every_parameter_has_a_value_for_the_checks(template_path: Path) -> None:
+    # A Default, or for make test and the local stack a value under the template's Metadata (LocalParameters).
+    mistake = parameter_mistake(template_path)
+    if mistake:
+        pytest.fail(f"{template_path}: {mistake}", pytrace=False)
 
 
 def _samconfig() -> dict[str, Any]:
@@ -75,11 +82,3 @@ def test_samconfig_deploys_through_a_reviewed_change_set_with_a_managed_bucket()
     assert _samconfig()["version"] == 0.1
     assert _deploy_setting("confirm_changeset") is True
     assert _deploy_setting("resolve_s3") is True
-
-
-def test_every_parameter_has_a_default(template_path: Path) -> None:
-    # The local stack and these checks read the template at its defaults; a deploy passes the account's own values
-    # (samconfig.toml's parameter_overrides, PARAMETERS=...) over them.
-    if missing := parameters_without_default(template_path):
-        fix = ': give it one (Default: "" for a setting that may stay empty until the deploy passes its value)'
-        pytest.fail("\n".join(line + fix for line in missing), pytrace=False)

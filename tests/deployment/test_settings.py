@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
+import yaml
 from pydantic import PositiveInt
 
 from consumer.api import HandlerSettings, SecretArn
@@ -15,6 +16,9 @@ from consumer.errors import ConfigurationError
 from consumer.handler import declared_settings
 from consumer.idempotency.lease import lease_duration
 from service.registry import HANDLERS
+from testkit.template import LOCAL_PARAMETERS
+from tests import kit
+from tests.core.handlers import TallyHandler
 
 REQUIRED = {"IDEMPOTENCY_TABLE_NAME": "i", "ORDERS_TABLE_NAME": "o", "DEAD_LETTER_QUEUE_URL": "https://q"}
 TABLES = ("OrdersTable",)
@@ -180,28 +184,54 @@ def test_a_secret_arn_setting_is_marked_for_the_templates_grant() -> None:
 
 
 def test_the_cores_settings_name_no_handlers_setting() -> None:
-    """A handler's setting goes with the handler: removing it leaves nothing of it in consumer.config's code (its
-    docstrings may show one, as docs/settings.md does: ``billing_url``)."""
-    config = Path(__file__).resolve().parents[2] / "src" / "consumer" / "config.py"
-    tree = ast.parse(config.read_text(encoding="utf-8"))
-    documented = {
-        id(node.body[0].value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef) and ast.get_docstring(node) is not None
-        and isinstance(node.body[0], ast.Expr)
-    }  # fmt: skip
-    words = {
-        word
-        for node in ast.walk(tree)
-        if id(node) not in documented
-        for word in (
-            [node.id] if isinstance(node, ast.Name) else [node.attr] if isinstance(node, ast.Attribute)
-            else [node.arg] if isinstance(node, ast.arg | ast.keyword) and node.arg
-            else re.findall(r"\w+", node.value) if isinstance(node, ast.Constant) and isinstance(node.value, str)
-            else []
-        )
-    }  # fmt: skip
+    """A handler's setting goes with the handler: removing it leaves nothing of it in consumer.config."""
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "src" / "consumer" / "config.py").read_text("utf-8"))
+    # Its code, not its docstrings: one may take the docs' example (``billing_url``) to explain a handler's settings.
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef) and ast.get_docstring(node) is not None:
+            node.body[0] = ast.Pass()
+    code = ast.unparse(tree)
     for model in declared_settings(HANDLERS):
         for name in model.model_fields:
             assert name not in Settings.model_fields
-            assert name not in words and name.upper() not in words, (model.__name__, name)
+            assert name not in code and name.upper() not in code, (model.__name__, name)
+
+
+class BilledTally(TallyHandler):
+    """A handler whose own settings have a required one (BillingSettings' ``billing_url``)."""
+
+    settings_model: ClassVar[type[HandlerSettings]] = BillingSettings
+
+
+def _with_billing_url(tmp_path: Path, local_value: str | None) -> Path:
+    """A template of its own (whatever template.yaml holds): docs/settings.md's BillingUrl parameter (no
+    Default) and its variable, and ``local_value`` (if any) under the Metadata's LocalParameters."""
+    function: dict[str, Any] = {"Type": "AWS::Serverless::Function", "Properties": {"Environment": {"Variables": {}}}}
+    document: dict[str, Any] = {"Metadata": {}, "Parameters": {}, "Resources": {"ConsumerFunction": function}}
+    if local_value is not None:
+        document["Parameters"]["BillingUrl"] = {"Type": "String", "AllowedPattern": r"^https://\S+$"}
+        document["Metadata"][LOCAL_PARAMETERS] = {"BillingUrl": local_value}
+        function["Properties"]["Environment"]["Variables"]["BILLING_URL"] = {"Ref": "BillingUrl"}
+    path = tmp_path / "template.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_the_kit_gives_a_required_setting_left_out_the_value_the_template_gives_its_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kit, "TEMPLATE_PATH", _with_billing_url(tmp_path, "https://billing.example.com"))
+
+    assert kit.settings_for([BilledTally]).of(BillingSettings).billing_url == "https://billing.example.com"
+    # A value the test gives wins.
+    given = kit.settings_for([BilledTally], billing_url="https://other.example.com")
+    assert given.of(BillingSettings).billing_url == "https://other.example.com"
+
+
+def test_a_required_setting_with_no_value_anywhere_names_the_line_to_add(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kit, "TEMPLATE_PATH", _with_billing_url(tmp_path, None))
+
+    with pytest.raises(kit.NoTestValue, match=r'"BILLING_URL: !Ref <its parameter>".* or pass it here: billing_url='):
+        kit.settings_for([BilledTally])

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from consumer.handler import declared_tables
 from consumer.idempotency import store
 from service.registry import HANDLERS
-from tests.deployment.lookups import key_schema, properties, resources_of_type
+from tests.deployment.lookups import key_schema, properties, resources_of_type, table_mistakes
 
 
-def test_each_table_a_handler_declares_is_a_template_table(transformed_template: dict[str, Any]) -> None:
+def test_each_table_a_handler_declares_is_a_template_table_or_given_by_its_parameter(
+    transformed_template: dict[str, Any],
+) -> None:
     # Its variable in the function's environment: test_function's test_environment_is_what_the_code_reads.
-    tables = resources_of_type(transformed_template, "AWS::DynamoDB::Table")
-    for table in ("IdempotencyTable", *declared_tables(HANDLERS)):
-        assert table in tables, f"a handler declares {table}: add an AWS::DynamoDB::Table of that name to template.yaml"
-    assert set(tables) == {"IdempotencyTable", *declared_tables(HANDLERS)}, (
-        "a table in template.yaml that no handler declares"
-    )
+    mistakes = table_mistakes(transformed_template, declared_tables(HANDLERS))
+    if mistakes:
+        pytest.fail("\n".join(mistakes), pytrace=False)
 
 
 def test_tables_are_on_demand_and_encrypted_with_kms(transformed_template: dict[str, Any]) -> None:

@@ -111,12 +111,21 @@ def test_every_webhook_url_parameter_points_at_the_sink_and_the_stack_signs_with
     def add_a_handlers_webhook(document: dict[str, Any]) -> None:
         document["Parameters"]["MyWebhookUrl"] = {"Type": "String", "Default": ""}
         document["Parameters"]["OtherWebhookUrl"] = {"Type": "String", "Default": ""}
-        # The secret's parameter, as a handler that signs its calls declares it.
-        document["Parameters"]["WebhookSecretArn"] = {"Type": "String", "Default": ""}
+        # Secrets' parameters by any name, as handlers' SecretArn settings take them (the example's pattern).
+        secret = {**document["Parameters"].pop("WebhookSecretArn"), "Default": ""}
+        document["Parameters"] |= {"BillingSecretArn": secret, "RefundsSigningSecret": secret}
         function_properties(document)["CodeUri"] = str(REPO_ROOT / "src")
         variables = function_properties(document)["Environment"]["Variables"]
         variables |= {"MY_WEBHOOK_URL": {"Ref": "MyWebhookUrl"}, "OTHER_WEBHOOK_URL": {"Ref": "OtherWebhookUrl"}}
-        variables["WEBHOOK_SECRET_ARN"] = {"Ref": "WebhookSecretArn"}
+        variables.pop("WEBHOOK_SECRET_ARN")
+        variables |= {
+            "BILLING_SECRET_ARN": {"Ref": "BillingSecretArn"},
+            "REFUNDS_SECRET": {"Ref": "RefundsSigningSecret"},
+        }
+        document["Conditions"]["HasWebhookSecret"] = {"Fn::Not": [{"Fn::Equals": [{"Ref": "BillingSecretArn"}, ""]}]}
+        document["Resources"]["WebhookSecretPolicy"]["Properties"]["PolicyDocument"]["Statement"][0]["Resource"] = {
+            "Ref": "BillingSecretArn"
+        }
 
     stack = make_stack(
         template_path=template_copy(tmp_path, add_a_handlers_webhook),
@@ -126,5 +135,6 @@ def test_every_webhook_url_parameter_points_at_the_sink_and_the_stack_signs_with
     environment = stack.function_environment
     assert environment["MY_WEBHOOK_URL"] == f"{webhook_sink.url}/MyWebhookUrl"
     assert environment["OTHER_WEBHOOK_URL"] == "https://receiver.example/hook"  # a given value wins
-    secret = stack.servers.client("secretsmanager").get_secret_value(SecretId=environment["WEBHOOK_SECRET_ARN"])
-    assert secret["SecretString"] == webhook_sink.secret
+    for variable in ("BILLING_SECRET_ARN", "REFUNDS_SECRET"):
+        secret = stack.servers.client("secretsmanager").get_secret_value(SecretId=environment[variable])
+        assert secret["SecretString"] == webhook_sink.secret

@@ -134,8 +134,9 @@ MISTAKES: dict[Callable[[Path], None], tuple[str, str]] = {
         'ConsumerFunction\'s Environment.Variables lacks BILLING_URL: add "BILLING_URL: <value>" under it',
     ),
     parameter_without_default: (
-        "test_every_parameter_has_a_default",
-        "template.yaml:127: parameter BillingUrl has no Default: give it one",
+        "test_every_parameter_has_a_value_for_the_checks",
+        'parameter BillingUrl has no Default: for make test and the local stack, add "BillingUrl: <value>" under'
+        " LocalParameters: in the template's Metadata",
     ),
     required_setting_empty_at_the_defaults: (
         "test_the_function_starts",
@@ -143,8 +144,9 @@ MISTAKES: dict[Callable[[Path], None], tuple[str, str]] = {
         " and is empty or unset",
     ),
     table_not_in_the_template: (
-        "test_each_table_a_handler_declares_is_a_template_table",
-        "a handler declares OrdersTable: add an AWS::DynamoDB::Table of that name to template.yaml",
+        "test_each_table_a_handler_declares_is_a_template_table_or_given_by_its_parameter",
+        "a handler declares OrdersTable: add an AWS::DynamoDB::Table of that name to template.yaml, or a parameter"
+        " OrdersTableName naming an existing table",
     ),
 }
 
