@@ -151,6 +151,14 @@ MISTAKES: dict[Callable[[Path], None], tuple[str, str]] = {
 }
 
 
+def _run_in(root: Path, command: list[str]) -> subprocess.CompletedProcess[str]:
+    """``command`` in the copy at ``root``, the copy's code first on the path."""
+    environment = {**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"}
+    return subprocess.run(
+        command, cwd=root, env=environment, capture_output=True, text=True, timeout=_LIMIT_S, check=False
+    )
+
+
 @pytest.mark.long(40)
 @pytest.mark.parametrize("plant", MISTAKES, ids=lambda plant: plant.__name__)
 def test_a_planted_mistake_stops_the_static_stage_with_one_failure_in_its_own_words(
@@ -158,16 +166,8 @@ def test_a_planted_mistake_stops_the_static_stage_with_one_failure_in_its_own_wo
 ) -> None:
     root = project_copy(tmp_path)
     plant(root)
-    # As make test runs it (the venv taken as built: this very test runs in it), the copy's code first on the path.
-    done = subprocess.run(
-        ["make", "--no-print-directory", "-o", ".venv/.installed", "static"],
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"},
-        capture_output=True,
-        text=True,
-        timeout=_LIMIT_S,
-        check=False,
-    )
+    # As make test runs it (the venv taken as built: this very test runs in it).
+    done = _run_in(root, ["make", "--no-print-directory", "-o", ".venv/.installed", "static"])
     output = done.stdout + done.stderr
     assert done.returncode != 0, output[-4000:]
     failed = re.findall(r"^(?:FAILED|ERROR) \S+::(\w+)", output, re.MULTILINE)
@@ -186,15 +186,7 @@ def test_a_local_stack_whose_function_cannot_start_stops_at_once_with_the_start_
     root = project_copy(tmp_path)
     guard_on_an_optimistic_handler(root)
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "local", command],
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"},
-        capture_output=True,
-        text=True,
-        timeout=_LIMIT_S,
-        check=False,
-    )
+    done = _run_in(root, [sys.executable, "-m", "local", command])
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     said = (
         "error: the function cannot start: consumer.errors.ConfigurationError: handler of PaymentReceived defines a"

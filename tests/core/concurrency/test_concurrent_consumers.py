@@ -79,11 +79,12 @@ def run_concurrently(
     barrier = threading.Barrier(CONSUMERS)
 
     def work(index: int, consumer: BatchRunner) -> None:
-        order = list(range(len(bodies)))
-        random.Random(index).shuffle(order)
-        records = [sqs_record(f"c{index}-m{i}", bodies[i]) for i in order]
         if dealt:
             records = [sqs_record(f"m{i}", bodies[i]) for i in range(index, len(bodies), CONSUMERS)]
+        else:
+            order = list(range(len(bodies)))
+            random.Random(index).shuffle(order)
+            records = [sqs_record(f"c{index}-m{i}", bodies[i]) for i in order]
         barrier.wait()
         try:
             deliver_until_done(consumer, records, failures)

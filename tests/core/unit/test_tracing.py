@@ -26,6 +26,7 @@ from consumer.tracing import Tracer
 from consumer.webhook import WebhookClient
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import sqs_record
+from testkit.processes import LOOPBACK, free_port
 from testkit.template import REPO_ROOT
 from testkit.webhook import Answer, WebhookSink
 from tests.core.handlers import tally_body
@@ -56,10 +57,8 @@ class Daemon:
 
 
 def closed_port_address() -> str:
-    """A loopback address nothing listens on (bound, then closed): a connection there is refused."""
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{closed.getsockname()[1]}"
+    """A loopback address nothing listens on (free a moment ago): a connection there is refused."""
+    return f"{LOOPBACK}:{free_port()}"
 
 
 @pytest.fixture
