@@ -15,7 +15,7 @@ from local.poller import BatchReport, Poller, PollerGroup, PollerStats
 from testkit.lambda_runtime import LambdaEnvironment, LambdaFleet
 from testkit.resources import LocalResources, QueueResource
 from testkit.servers import LocalServers
-from testkit.template import TEMPLATE_PATH, load_template
+from testkit.template import TEMPLATE_PATH, load_template, secret_parameters
 from testkit.webhook import WebhookSink
 
 
@@ -96,8 +96,8 @@ def deploy_stack(
     holding the sink's, unless overridden; ``memory_mb`` overrides ``MemorySize`` (and with it the CPU share).
     """
     overrides = {**(webhook_parameters(webhook, template_path) if webhook else {}), **(parameter_overrides or {})}
-    for name, spec in load_template(template_path).get("Parameters", {}).items():
-        if webhook and "secretsmanager" in str(spec.get("AllowedPattern")) and name not in overrides:
+    if webhook is not None:
+        for name in [name for name in secret_parameters(load_template(template_path)) if name not in overrides]:
             secret = servers.client("secretsmanager").create_secret(Name=uuid.uuid4().hex, SecretString=webhook.secret)
             overrides[name] = secret["ARN"]
     resources = servers.deploy(template_path, stack_name=stack_name, parameter_overrides=overrides)

@@ -43,6 +43,12 @@ PACKAGED_CODE_URI = "s3://packaged-artifacts/consumer.zip"
 LOCAL_PARAMETERS, LOCAL_TABLES = "LocalParameters", "LocalTables"
 
 
+def secret_parameters(document: Mapping[str, Any]) -> list[str]:
+    """The parameters that take a Secrets Manager secret's ARN (their AllowedPattern is ``SecretArn``'s), any name."""
+    parameters = document.get("Parameters") or {}
+    return [name for name, spec in parameters.items() if "secretsmanager" in str(spec.get("AllowedPattern", ""))]
+
+
 class TemplateError(ValueError):
     """The template uses something this reader cannot resolve, or a parameter value is invalid."""
 

@@ -9,6 +9,7 @@ import pytest
 from consumer.config import is_secret_arn
 from consumer.handler import declared_settings
 from service.registry import HANDLERS
+from testkit.template import secret_parameters as secret_parameters_of
 from tests.deployment.lookups import (
     EVENT_SOURCE_POLLING,
     as_list,
@@ -91,12 +92,7 @@ def test_a_handlers_secret_is_readable_only_when_named_and_only_that_secret(
         environment = read(transformed_template, **{parameter: SECRET_ARN}).properties("ConsumerFunction")
         assert environment["Environment"]["Variables"][variable] == SECRET_ARN
     # A secret's parameter (and its grant) left behind by a handler that is gone is an error too.
-    taking_secrets = {
-        name
-        for name, spec in transformed_template["Parameters"].items()
-        if "secretsmanager" in spec.get("AllowedPattern", "")
-    }
-    assert taking_secrets == set(secret_parameters.values())
+    assert set(secret_parameters_of(transformed_template)) == set(secret_parameters.values())
 
 
 @pytest.mark.parametrize("tracing", ["off", "on"])
