@@ -545,9 +545,10 @@ class IdempotencyStore:
         """
         answers: list[ApplyResult | Exception | None] = [None] * len(requests)
         tokens = [self._new_token() for _ in requests]
-        groups, alone = self._groups(requests, tokens)
+        built: dict[int, list[dict[str, Any]]] = {}
+        groups, alone = self._groups(requests, tokens, built)
         for group in groups:
-            alone += self._commit_group(group, requests, tokens, answers)
+            alone += self._commit_group(group, requests, tokens, answers, built)
         for index in sorted(alone):
             request = requests[index]
             try:
@@ -564,8 +565,11 @@ class IdempotencyStore:
         assert all(answer is not None for answer in answers), "every message of a group gets its own answer"
         return cast("list[ApplyResult | Exception]", answers)
 
-    def _groups(self, requests: Sequence[ApplyRequest], tokens: Sequence[str]) -> tuple[list[list[int]], list[int]]:
-        """The messages' indexes packed first-fit into disjoint groups within the limits; and those to apply alone."""
+    def _groups(
+        self, requests: Sequence[ApplyRequest], tokens: Sequence[str], built: dict[int, list[dict[str, Any]]]
+    ) -> tuple[list[list[int]], list[int]]:
+        """The messages' indexes packed first-fit into disjoint groups within the limits; and those to apply alone.
+        Each grouped message's items go in ``built``: its group's first attempt sends them as they are."""
         groups: list[_Group] = []
         alone: list[int] = []
         now_ms = self._now_ms()
@@ -578,6 +582,7 @@ class IdempotencyStore:
                 continue
             size = len(json.dumps(items))
             group = next((group for group in groups if group.fits(keys, len(items), size)), None)
+            built[index] = items
             if group is None:
                 groups.append(_Group([index], keys, len(items), size))
             else:
@@ -592,12 +597,17 @@ class IdempotencyStore:
         requests: Sequence[ApplyRequest],
         tokens: Sequence[str],
         answers: list[ApplyResult | Exception | None],
+        built: dict[int, list[dict[str, Any]]],
     ) -> list[int]:
         """Commit ``group``, again without each message a cancellation names; the indexes left to apply alone."""
         pending, alone = group, list[int]()
         while len(pending) > 1:
             now_ms = self._now_ms()
-            parts = [self._applying_items(requests[index], tokens[index], now_ms) for index in pending]
+            # Built for the grouping, sent once; an attempt after a cancellation builds them at its own time.
+            parts = [
+                built.pop(index, []) or self._applying_items(requests[index], tokens[index], now_ms)
+                for index in pending
+            ]
             try:
                 # A token per group request: botocore's own retries of it are idempotent at DynamoDB.
                 self._call(
