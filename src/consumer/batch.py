@@ -154,8 +154,10 @@ class BatchRunner:
         One such message alone gains nothing: it runs in its lane as before.
         """
         candidates = [lane[0] for lane in lanes if self._processor.groups(items[lane[0]])]
+        if len(candidates) < 2:
+            return {}
         starts: list[int] = []
-        for index in candidates if len(candidates) > 1 else []:
+        for index in candidates:
             # Each is started as its lane would start it: only with time left (its lane reports it if not).
             if remaining_ms() < self._deadline_margin_ms:
                 break
