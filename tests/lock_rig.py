@@ -105,7 +105,7 @@ class LockRig:
     ) -> None:
         self.now = time.time()
         self.dynamodb = dynamodb_local.client()
-        conflicts = ConflictRetry(base_ms=5, max_ms=50, attempts=10, margin_ms=1_000)
+        conflicts = ConflictRetry(base_ms=5, max_ms=50, margin_ms=1_000)
         self.store = IdempotencyStore(
             self.dynamodb, idempotency_table, ttl_seconds=RECORD_TTL_S, clock=self.clock, conflicts=conflicts
         )

@@ -106,7 +106,6 @@ class Settings(BaseModel):
     # wait of up to base x 2^attempt ms (capped), while the message's time allows.
     conflict_retry_base_ms: PositiveInt = 5
     conflict_retry_max_ms: PositiveInt = 200
-    conflict_retry_attempts: PositiveInt = 10
     # X-Ray subsegments for every call (consumer.tracing), under the segments of Lambda's active tracing.
     tracing: bool = False
     # A batch's new optimistic messages whose items are disjoint committed in one transaction (as many as

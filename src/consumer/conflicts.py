@@ -25,14 +25,12 @@ class ConflictRetry:
         *,
         base_ms: int,
         max_ms: int,
-        attempts: int,
         margin_ms: int,
         sleep: Callable[[float], None] = time.sleep,
         jitter: Callable[[], float] = random.random,
     ) -> None:
         self._base_ms = base_ms
         self._max_ms = max_ms
-        self._attempts = attempts
         self._margin_ms = margin_ms
         self._sleep = sleep
         self._jitter = jitter
@@ -41,15 +39,14 @@ class ConflictRetry:
         self,
         write: Callable[[], T],
         remaining_ms: Callable[[], int],
-        *,
-        until_out_of_time: bool = False,
     ) -> tuple[T | TransactionConflict, int]:
-        """Call ``write`` until no conflict refuses it: its answer, or the last conflict when out of tries,
-        with the number of conflicts absorbed before it.
+        """Call ``write`` until no conflict refuses it: its answer, or the last conflict when the next wait would
+        end inside the margin, with the number of conflicts absorbed before it.
 
-        ``write`` must be safe to repeat: a conflict means DynamoDB applied nothing.
-        ``until_out_of_time`` lifts the attempt limit, for a write whose failure costs
-        more than waiting (a commit after an external call).
+        ``write`` must be safe to repeat: a conflict means DynamoDB applied nothing. There is no limit of tries:
+        a message handed back for a conflict comes back only after a visibility timeout, and each return counts
+        towards its redrive limit, so a healthy message under contention could reach the DLQ; waiting here costs
+        milliseconds of an invocation that has them.
         """
         attempt = 0
         while True:
@@ -59,7 +56,6 @@ class ConflictRetry:
                 # Full jitter: contenders that collided once must not collide again in step.
                 wait_ms = self._jitter() * min(self._max_ms, self._base_ms * 2 ** min(attempt, 16))
                 attempt += 1
-                out_of_tries = attempt >= self._attempts and not until_out_of_time
-                if out_of_tries or remaining_ms() - wait_ms < self._margin_ms:
+                if remaining_ms() - wait_ms < self._margin_ms:
                     return conflict, attempt - 1
                 self._sleep(wait_ms / 1000)

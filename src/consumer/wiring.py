@@ -95,7 +95,6 @@ def wire(
     conflicts = ConflictRetry(
         base_ms=settings.conflict_retry_base_ms,
         max_ms=settings.conflict_retry_max_ms,
-        attempts=settings.conflict_retry_attempts,
         margin_ms=settings.deadline_margin_ms,
     )
     store = IdempotencyStore(

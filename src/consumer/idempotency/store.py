@@ -334,7 +334,7 @@ class IdempotencyStore:
             return answer
         lease_end = abandoned.lease_expires_at_ms or 0
         dead = Claimed(record_id, abandoned.owner_token, lease_end, abandoned.attempts)
-        released = self._absorbing(lambda: self._release_abandoned(dead, undo), remaining_ms, until_out_of_time=True)
+        released = self._absorbing(lambda: self._release_abandoned(dead, undo), remaining_ms)
         if isinstance(released, Contended):
             raise TransactionConflict(f"the abandoned claim of {record_id} could not be released: {released.reason}")
         return replace(answer, abandoned_released=released)
@@ -392,7 +392,7 @@ class IdempotencyStore:
         allows, past the attempt limit: the commit sends the same request each time, while
         giving up would leave a made external call unrecorded until the lease runs out.
         """
-        return self._absorbing(lambda: self._commit(claim, result, writes), remaining_ms, until_out_of_time=True)
+        return self._absorbing(lambda: self._commit(claim, result, writes), remaining_ms)
 
     def _commit(self, claim: Claimed, result: object, writes: Sequence[Write]) -> CommitResult:
         completion: dict[str, Any] = {
@@ -439,7 +439,7 @@ class IdempotencyStore:
         request each time, and a reservation left standing costs more than the wait): nothing
         was released, and the lease runs out.
         """
-        released = self._absorbing(lambda: self._release(claim, undo), remaining_ms, until_out_of_time=True)
+        released = self._absorbing(lambda: self._release(claim, undo), remaining_ms)
         if isinstance(released, Contended):
             raise TransactionConflict(released.reason)
         return released
@@ -715,16 +715,14 @@ class IdempotencyStore:
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
 
-    def _absorbing(
-        self, transition: Callable[[], _T], remaining_ms: Callable[[], int] | None, *, until_out_of_time: bool = False
-    ) -> _T | Contended:
+    def _absorbing(self, transition: Callable[[], _T], remaining_ms: Callable[[], int] | None) -> _T | Contended:
         """``transition``'s answer, its transaction conflicts retried under the policy; ``Contended`` if they last."""
         if self._conflicts is None or remaining_ms is None:
             try:
                 return transition()
             except TransactionConflict as conflict:
                 return Contended(str(conflict))
-        answer, absorbed = self._conflicts.run(transition, remaining_ms, until_out_of_time=until_out_of_time)
+        answer, absorbed = self._conflicts.run(transition, remaining_ms)
         if isinstance(answer, TransactionConflict):
             return Contended(str(answer), conflicts_absorbed=absorbed)
         if absorbed and isinstance(answer, _Answer):

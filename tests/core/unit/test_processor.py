@@ -37,6 +37,7 @@ from tests.core.handlers import (
 )
 from tests.core.unit.conftest import CALLS, Clock, Consumer, make_consumer
 from tests.core.unit.test_conflicts import Conflicts
+from tests.kit import Remaining
 from tests.utils import settings_for_tests
 
 NOW_MS = 1_800_000_000_000  # the test clock's start
@@ -220,11 +221,14 @@ def test_an_unexpected_error_in_a_handler_is_logged_with_its_trace_and_retried_u
     ]
 
 
-def test_a_message_still_in_conflict_after_the_retries_says_why_and_how_many_were_absorbed(
+def test_a_message_still_in_conflict_when_its_time_runs_out_says_why_and_how_many_were_absorbed(
     dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog, session: boto3.session.Session
 ) -> None:
     Conflicts(session, "TransactWriteItems", 1_000)
-    consumer = make_consumer(dynamodb, sqs, clock, session=session, logger=log, conflict_retry_attempts=4)
+    consumer = make_consumer(
+        dynamodb, sqs, clock, session=session, logger=log, conflict_retry_base_ms=1, conflict_retry_max_ms=1
+    )
+    consumer.remaining = Remaining(30_000, then=[30_000] * 4 + [1_000])
 
     (result,) = run(consumer, sqs_record("m", tally_body("p-1")))
 
