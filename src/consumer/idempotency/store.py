@@ -389,7 +389,7 @@ class IdempotencyStore:
 
         ``Fenced`` when the claim was taken over, ``Refused`` when a business write's
         condition failed. A transaction conflict is retried for as long as ``remaining_ms``
-        allows, past the attempt limit: the commit sends the same request each time, while
+        allows (as every transition's is): the commit sends the same request each time, while
         giving up would leave a made external call unrecorded until the lease runs out.
         """
         return self._absorbing(lambda: self._commit(claim, result, writes), remaining_ms)
@@ -435,9 +435,8 @@ class IdempotencyStore:
         False when the claim was already taken over: the newer owner's record, and the
         reservation it took over with it, are left alone. Raises ``BusinessConditionFailed``
         when an undo write's condition failed, and ``TransactionConflict`` when conflicts
-        outlasted ``remaining_ms`` (tried past the attempt limit, as a commit is: the same
-        request each time, and a reservation left standing costs more than the wait): nothing
-        was released, and the lease runs out.
+        outlasted ``remaining_ms`` (the same request each time, and a reservation left standing
+        costs more than the wait): nothing was released, and the lease runs out.
         """
         released = self._absorbing(lambda: self._release(claim, undo), remaining_ms)
         if isinstance(released, Contended):
