@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from consumer.backoff import VisibilityBackoff
 from consumer.envelope import SqsMessage
@@ -88,6 +88,17 @@ def _lanes(items: list[Prepared], fifo: bool) -> list[list[int]]:
     return [indexes for _, indexes in lanes]
 
 
+@dataclass
+class _Lane:
+    """A lane's progress: held by one thread at a time (the batch's waves, then its own), so never locked."""
+
+    indexes: list[int]
+    done: int = 0  # how many of its messages, in order, have their result
+    stopped_by: str | None = None
+    # (record id, payload hash) -> the outcome of its first execution in this batch.
+    first_runs: dict[tuple[str, str], MessageResult] = field(default_factory=dict)
+
+
 class BatchRunner:
     def __init__(
         self,
@@ -100,7 +111,7 @@ class BatchRunner:
         group_commit: bool = True,
     ) -> None:
         self._processor = processor
-        # The lanes' first new optimistic messages committed together, in as few transactions as fit.
+        # The lanes' next new optimistic messages committed together, wave after wave, in as few transactions as fit.
         self._group_commit = group_commit
         self._backoff = backoff
         self._max_workers = max_workers
@@ -114,22 +125,26 @@ class BatchRunner:
         items = [self._processor.prepare(message) for message in messages]
         fifo = any(item.group for item in items)
         results: list[MessageResult | None] = [None] * len(messages)
+        lanes = [_Lane(indexes) for indexes in _lanes(items, fifo)]
 
-        lanes = _lanes(items, fifo)
-        heads = self._commit_heads(items, lanes, remaining_ms) if self._group_commit else {}
+        def run(lane: _Lane) -> None:
+            while (index := self._next(lane, items, results, fifo, remaining_ms)) is not None:
+                self._settle(lane, items, results, fifo, index, self._run_one(items[index], remaining_ms))
 
-        def run(indexes: list[int]) -> None:
-            lane = self._run_lane([items[i] for i in indexes], fifo, remaining_ms, heads.get(indexes[0]))
-            for index, result in zip(indexes, lane, strict=True):
-                results[index] = result
-
-        if len(lanes) == 1 or self._max_workers == 1:
-            for indexes in lanes:
-                run(indexes)
-        else:
-            pool = self._executor()
-            for future in [pool.submit(run, indexes) for indexes in lanes]:
-                future.result()
+        threaded = len(lanes) > 1 and self._max_workers > 1
+        grouped = [lane for lane in lanes if self._group_commit and self._processor.groups(items[lane.indexes[0]])]
+        # The lanes the waves do not start run at once, beside the waves, as every lane did before grouping.
+        futures = [self._executor().submit(run, lane) for lane in lanes if lane not in grouped] if threaded else []
+        if len(grouped) > 1:
+            self._waves(grouped, items, results, fifo, remaining_ms)
+        for lane in grouped if threaded else lanes:
+            if lane.done < len(lane.indexes):
+                if threaded:
+                    futures.append(self._executor().submit(run, lane))
+                else:
+                    run(lane)
+        for future in futures:
+            future.result()
         done = tuple(result for result in results if result is not None)
         assert len(done) == len(messages), "every message ends with exactly one result"
         if self._backoff is not None:
@@ -144,75 +159,90 @@ class BatchRunner:
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def _commit_heads(
-        self, items: list[Prepared], lanes: list[list[int]], remaining_ms: Callable[[], int]
-    ) -> dict[int, MessageResult]:
-        """The first message of each lane that can be grouped, committed together: their results, by index.
-
-        Lanes hold apart what must not run together (a key's copies, a contended item, a FIFO group), so
-        their first messages may share a transaction; the store still keeps apart those whose items meet.
-        One such message alone gains nothing: it runs in its lane as before.
-        """
-        candidates = [lane[0] for lane in lanes if self._processor.groups(items[lane[0]])]
-        if len(candidates) < 2:
-            return {}
-        starts: list[int] = []
-        for index in candidates:
-            # Each is started as its lane would start it: only with time left (its lane reports it if not).
-            if remaining_ms() < self._deadline_margin_ms:
-                break
-            starts.append(index)
-        if len(starts) < 2:
-            return {}
-        try:
-            results = self._processor.execute_group([items[index] for index in starts], remaining_ms)
-        except Exception as error:  # never let one group fail the whole batch: each message comes back
-            reason = f"{type(error).__name__}: {error}"
-            results = [MessageResult(items[index].message_id, Outcome.RETRIED, reason) for index in starts]
-        return dict(zip(starts, results, strict=True))
-
-    def _run_lane(
-        self, items: list[Prepared], fifo: bool, remaining_ms: Callable[[], int], head: MessageResult | None = None
-    ) -> list[MessageResult]:
-        """Run a lane's messages in order; ``head``, its first message's result when the batch committed it already."""
-        results: list[MessageResult] = []
-        # (record id, payload hash) -> the outcome of its first execution in this batch.
-        first_runs: dict[tuple[str, str], MessageResult] = {}
-        stopped_by: str | None = None
-        for item in items:
-            message_id = item.message_id
-            if stopped_by is not None:
-                results.append(MessageResult(message_id, Outcome.RETRIED, stopped_by, retry_at_ms=self._now_ms()))
-                continue
-            if head is not None and not results and isinstance(item.state, Parsed):
-                result = first_runs[(item.state.message.record_id, item.state.message.payload_hash)] = head
-            elif remaining_ms() < self._deadline_margin_ms:
-                reason = "not started: the invocation is about to time out"
-                results.append(MessageResult(message_id, Outcome.RETRIED, reason, retry_at_ms=self._now_ms()))
-                stopped_by = reason
-                continue
-            else:
-                result = self._run_one(item, first_runs, remaining_ms)
-            results.append(result)
-            if fifo and result.outcome.is_failure:
-                stopped_by = f"not started: earlier message {message_id} of group {item.group} failed"
-        return results
-
-    def _run_one(
+    def _waves(
         self,
-        item: Prepared,
-        first_runs: dict[tuple[str, str], MessageResult],
+        lanes: list[_Lane],
+        items: list[Prepared],
+        results: list[MessageResult | None],
+        fifo: bool,
         remaining_ms: Callable[[], int],
-    ) -> MessageResult:
+    ) -> None:
+        """Each lane's next message, where it can be grouped, committed together with the other lanes' next ones:
+        wave after wave, while two or more can be. A lane leaves the waves when its next message cannot be grouped.
+
+        Lanes hold apart what must not run together (a key's copies, a contended item, a FIFO group), so their
+        next messages may share a transaction; the store still keeps apart those whose items meet. One such
+        message alone gains nothing: its lane runs it as before.
+        """
+        while True:
+            wave: list[tuple[_Lane, int]] = []
+            for lane in lanes:
+                index = self._next(lane, items, results, fifo, remaining_ms)
+                if index is not None and self._processor.groups(items[index]):
+                    wave.append((lane, index))
+            lanes = [lane for lane, _ in wave]
+            if len(wave) < 2:
+                return
+            try:
+                answers = self._processor.execute_group([items[index] for _, index in wave], remaining_ms)
+            except Exception as error:  # never let one group fail the whole batch: each message comes back
+                reason = f"{type(error).__name__}: {error}"
+                answers = [MessageResult(items[index].message_id, Outcome.RETRIED, reason) for _, index in wave]
+            for (lane, index), result in zip(wave, answers, strict=True):
+                self._settle(lane, items, results, fifo, index, result)
+
+    def _next(
+        self,
+        lane: _Lane,
+        items: list[Prepared],
+        results: list[MessageResult | None],
+        fifo: bool,
+        remaining_ms: Callable[[], int],
+    ) -> int | None:
+        """The index of the lane's next message to run, None when none is left; the messages before it that need no
+        run of their own are settled on the way (after a FIFO failure, near the deadline, a copy of an earlier one)."""
+        while lane.done < len(lane.indexes):
+            index = lane.indexes[lane.done]
+            item = items[index]
+            if lane.stopped_by is None and remaining_ms() < self._deadline_margin_ms:
+                lane.stopped_by = "not started: the invocation is about to time out"
+            if lane.stopped_by is not None:
+                result = MessageResult(item.message_id, Outcome.RETRIED, lane.stopped_by, retry_at_ms=self._now_ms())
+            elif (first := lane.first_runs.get(_copy_of(item))) is not None:
+                try:
+                    result = self._processor.reuse(item, first)
+                except Exception as error:  # never let one message fail the whole batch
+                    result = MessageResult(item.message_id, Outcome.RETRIED, f"{type(error).__name__}: {error}")
+            else:
+                return index
+            self._settle(lane, items, results, fifo, index, result)
+        return None
+
+    @staticmethod
+    def _settle(
+        lane: _Lane,
+        items: list[Prepared],
+        results: list[MessageResult | None],
+        fifo: bool,
+        index: int,
+        result: MessageResult,
+    ) -> None:
+        item = items[index]
+        results[index] = result
+        lane.done += 1
+        lane.first_runs.setdefault(_copy_of(item), result)
+        if fifo and result.outcome.is_failure and lane.stopped_by is None:
+            lane.stopped_by = f"not started: earlier message {item.message_id} of group {item.group} failed"
+
+    def _run_one(self, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
         try:
-            if not isinstance(item.state, Parsed):
-                return self._processor.execute(item, remaining_ms)
-            key = (item.state.message.record_id, item.state.message.payload_hash)
-            first = first_runs.get(key)
-            if first is None:
-                result = self._processor.execute(item, remaining_ms)
-                first_runs[key] = result
-                return result
-            return self._processor.reuse(item, first)
+            return self._processor.execute(item, remaining_ms)
         except Exception as error:  # never let one message fail the whole batch
             return MessageResult(item.message_id, Outcome.RETRIED, f"{type(error).__name__}: {error}")
+
+
+def _copy_of(item: Prepared) -> tuple[str, str]:
+    """What makes two messages copies of one (their key and payload), or the message's own id if it has none."""
+    if isinstance(item.state, Parsed):
+        return item.state.message.record_id, item.state.message.payload_hash
+    return "message", item.message_id

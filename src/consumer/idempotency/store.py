@@ -250,24 +250,28 @@ def _cancelled(
     return None
 
 
-def _item_key(transact_item: Mapping[str, Any]) -> tuple[str, str]:
+def _item_key(transact_item: Mapping[str, Any]) -> tuple[str, object]:
     """The item a transaction's action names: its table and key (a put's whole item, whose key the schema alone
     tells; DynamoDB refuses a group whose puts meet on one item, and its messages are then applied alone)."""
     action = next(iter(transact_item.values()))
-    return action["TableName"], json.dumps(action.get("Key") or action.get("Item"), sort_keys=True)
+    key = action.get("Key")
+    if key is not None:
+        # A key's values are scalars (S, N or B), so its attributes, in order, name it without encoding it.
+        return action["TableName"], tuple(sorted((name, *value.items()) for name, value in key.items()))
+    return action["TableName"], json.dumps(action.get("Item"), sort_keys=True)
 
 
 class _Group:
     """Messages packed into one transaction: their indexes, the items they name, their items' count and size."""
 
-    def __init__(self, indexes: list[int], keys: set[tuple[str, str]], count: int, size: int) -> None:
+    def __init__(self, indexes: list[int], keys: set[tuple[str, object]], count: int, size: int) -> None:
         self.indexes, self.keys, self.count, self.size = indexes, keys, count, size
 
-    def fits(self, keys: set[tuple[str, str]], count: int, size: int) -> bool:
+    def fits(self, keys: set[tuple[str, object]], count: int, size: int) -> bool:
         within = self.count + count <= MAX_TRANSACTION_ITEMS and self.size + size <= MAX_TRANSACTION_BYTES
         return within and not self.keys & keys
 
-    def add(self, index: int, keys: set[tuple[str, str]], count: int, size: int) -> None:
+    def add(self, index: int, keys: set[tuple[str, object]], count: int, size: int) -> None:
         self.indexes.append(index)
         self.keys |= keys
         self.count += count
@@ -573,13 +577,17 @@ class IdempotencyStore:
         alone: list[int] = []
         now_ms = self._now_ms()
         for index, request in enumerate(requests):
-            items = self._applying_items(request, tokens[index], now_ms)
-            keys = {_item_key(item) for item in items}
+            try:
+                items = self._applying_items(request, tokens[index], now_ms)
+                keys = {_item_key(item) for item in items}
+                size = len(json.dumps(items))
+            except Exception:  # a value DynamoDB has no type for: the message's own error, which apply_once raises
+                alone.append(index)
+                continue
             if len(keys) < len(items) or len(items) > MAX_TRANSACTION_ITEMS:
                 # Two actions on one item, or too many: apply_once says why, in the message's own words.
                 alone.append(index)
                 continue
-            size = len(json.dumps(items))
             group = next((group for group in groups if group.fits(keys, len(items), size)), None)
             built[index] = items
             if group is None:

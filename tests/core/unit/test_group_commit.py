@@ -17,7 +17,7 @@ from botocore.exceptions import ClientError, ConnectionClosedError
 from consumer.idempotency.store import Applied, ApplyRequest, Duplicate, IdempotencyStore, Refused
 from consumer.idempotency.writes import ConditionCheck, Put
 from consumer.outcome import Outcome
-from testkit.lambda_sqs import REGION, sqs_record
+from testkit.lambda_sqs import FIFO_QUEUE_ARN, REGION, sqs_record
 from tests.core.handlers import REFUSALS, refusals, tally_body
 from tests.core.unit.conftest import TALLIES, Clock, Consumer, entries, make_consumer, total
 from tests.utils import IDEMPOTENCY_TABLE
@@ -48,6 +48,48 @@ def test_new_messages_on_distinct_items_are_committed_in_one_transaction(dynamod
     assert set(_outcomes(consumer, records).values()) == {Outcome.APPLIED}
     assert calls == Counter({"TransactWriteItems": 1})
     assert [total(dynamodb, f"t-{n}") for n in range(1, 11)] == list(range(1, 11))
+
+
+def test_the_lanes_later_messages_are_committed_wave_by_wave(dynamodb: Any, sqs: Any, clock: Clock) -> None:
+    # Three payments on each of four tallies: a tally's messages share its item, so each tally is a lane run in
+    # order; the lanes' first messages are one transaction, their second ones the next, their third the last.
+    calls: Counter[str] = Counter()
+    consumer = _grouped(dynamodb, sqs, clock, calls)
+    bodies = [tally_body(f"e-{t}-{n}", tally_id=f"t-{t}", amount=10**n * t) for n in range(3) for t in range(1, 5)]
+    records = [sqs_record(f"m-{i}", body) for i, body in enumerate(bodies)]
+    assert set(_outcomes(consumer, records).values()) == {Outcome.APPLIED}
+    assert calls == Counter({"TransactWriteItems": 3})
+    assert [total(dynamodb, f"t-{t}") for t in range(1, 5)] == [111 * t for t in range(1, 5)]
+
+
+def test_a_lane_leaves_the_waves_at_a_message_that_cannot_be_grouped(dynamodb: Any, sqs: Any, clock: Clock) -> None:
+    # Two FIFO groups, each a lane: their first messages are one transaction. B's second is not an envelope, so B
+    # leaves the waves, and A's second has no partner left: each lane runs the rest in order, alone (a dead letter
+    # is handled, so B goes on after it).
+    calls: Counter[str] = Counter()
+    consumer = _grouped(dynamodb, sqs, clock, calls)
+
+    def fifo(message_id: str, body: str, group: str) -> dict[str, Any]:
+        return sqs_record(message_id, body, group_id=group, queue_arn=FIFO_QUEUE_ARN)
+
+    records = [
+        fifo("a-1", tally_body("a-1", tally_id="t-1", amount=1), "A"),
+        fifo("b-1", tally_body("b-1", tally_id="t-2", amount=10), "B"),
+        fifo("a-2", tally_body("a-2", tally_id="t-1", amount=100), "A"),
+        fifo("b-poison", "not json", "B"),
+        fifo("a-3", tally_body("a-3", tally_id="t-1", amount=1000), "A"),
+        fifo("b-3", tally_body("b-3", tally_id="t-2", amount=10000), "B"),
+    ]
+    assert _outcomes(consumer, records) == {
+        "a-1": Outcome.APPLIED,
+        "b-1": Outcome.APPLIED,
+        "a-2": Outcome.APPLIED,
+        "b-poison": Outcome.POISON,
+        "a-3": Outcome.APPLIED,
+        "b-3": Outcome.APPLIED,
+    }
+    assert calls == Counter({"TransactWriteItems": 4})
+    assert (total(dynamodb, "t-1"), total(dynamodb, "t-2")) == (1101, 10010)
 
 
 def test_with_group_commit_off_each_message_is_its_own_transaction(dynamodb: Any, sqs: Any, clock: Clock) -> None:
@@ -135,6 +177,20 @@ def test_messages_that_share_an_item_are_never_in_one_transaction(dynamodb: Any,
     assert [type(answer) for answer in answers] == [Applied] * 3
     # The first two meet on one item: the first goes with the third, the second alone.
     assert seen == [4, 2]
+
+
+def test_a_message_whose_items_cannot_be_built_fails_alone_and_the_others_are_grouped(
+    dynamodb: Any, clock: Clock
+) -> None:
+    # A handler's write holding a value DynamoDB has no type for: the message's own error, as apply_once raises it;
+    # the two around it are still one transaction.
+    seen = _sizes(dynamodb)
+    store = IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock)
+    broken = ApplyRequest("TallyAdded#k-bad", "h", None, (Put(TALLIES, {"tallyId": "t-9", "entryId": object()}),))
+    answers = store.apply_group([_tally_request(1), broken, _tally_request(3)])
+    assert [type(answer) for answer in answers] == [Applied, TypeError, Applied]
+    assert seen == [4]
+    assert store.get("TallyAdded#k-bad") is None
 
 
 def test_a_group_past_transact_write_items_limit_is_split(dynamodb: Any, clock: Clock) -> None:
