@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -225,6 +226,31 @@ def test_a_stage_deploys_with_the_documented_commands_one_at_a_time(files: dict[
     page = DEPLOYING.read_text(encoding="utf-8")
     assert "make deploy STAGE=dev" in page
     assert "make smoke STACK=" in page
+
+
+def _run_deploy_step(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """The stage's deploy step as its runner runs it, with a ``make`` that prints its arguments instead."""
+    [step] = [s for s in _steps(_load(WORKFLOWS / "stage.yml")) if "make deploy" in s.get("run", "")]
+    fake = tmp_path / "make"
+    fake.write_text('#!/bin/sh\nfor argument in "$@"; do echo "$argument"; done\n', encoding="utf-8")
+    fake.chmod(0o755)
+    environment = {"PATH": f"{tmp_path}:/usr/bin:/bin", "REGION": "eu-west-1", "CLOUDFORMATION_ROLE_ARN": "arn:r"}
+    # GitHub's own shell for a run step: bash -e.
+    return subprocess.run(
+        ["bash", "-e", "-c", step["run"]], env=environment | env, capture_output=True, text=True, check=False
+    )
+
+
+def test_a_stage_passes_its_environments_own_parameters_and_names_none_of_a_handlers(tmp_path: Path) -> None:
+    given = "OrdersTableName=orders-dev BillingUrl=https://billing.example/v1?x=1"
+    ran = _run_deploy_step(tmp_path, STAGE="dev", ALARM_TOPIC_ARN="arn:aws:sns:eu-west-1:1:t", STACK_PARAMETERS=given)
+    assert ran.returncode == 0, ran.stderr
+    assert f"PARAMETERS=AlarmTopicArn=arn:aws:sns:eu-west-1:1:t {given}" in ran.stdout.splitlines()
+    bare = _run_deploy_step(tmp_path, STAGE="dev", ALARM_TOPIC_ARN="", STACK_PARAMETERS="")
+    assert "PARAMETERS=" in bare.stdout.splitlines()
+    refused = _run_deploy_step(tmp_path, STAGE="prod", ALARM_TOPIC_ARN="", STACK_PARAMETERS=given)
+    assert refused.returncode == 1
+    assert "prod needs the ALARM_TOPIC_ARN variable" in refused.stdout
 
 
 def test_the_stages_are_samconfig_environments_a_person_confirms(samconfig: dict[str, Any]) -> None:
