@@ -1,8 +1,8 @@
 """`python -m bench`: measure, then write docs/benchmarks.md and its two charts and print the table.
 
 Calls and capacity units per message on moto in process; then each system as a Lambda function of
-its own on DynamoDB Local at each memory size's CPU share; then cold
-starts from the built artifact (``--only cold-start``: those alone, printed). Progress goes to stderr.
+its own on DynamoDB Local at each memory size's CPU share; a hot item under four consumers; then cold
+starts from the built artifact. ``--only`` runs one section and prints it. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from bench import report
 from bench.capacity import CapacityMeter
 from bench.chart import draw_batch_latency_chart, draw_cost_chart
 from bench.coldstart import measure_cold_starts
-from bench.costs import Backend, Draws, guarded, message_costs, moto_backend, timed_handler
+from bench.costs import Backend, Draws, handler_name, message_costs, moto_backend, timed_handler
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.report import TARGET_BATCH, TARGET_LATENCY_MS, TARGET_MEMORY_MB, BenchResults, TimingKey
 from bench.systems import SYSTEM_ENV, SYSTEMS, settings_environment
@@ -34,13 +33,14 @@ from testkit.aws import DUMMY_CREDENTIALS_ENV, client
 from testkit.dynamodb_local import DynamoDBLocal, JavaNotFound, jar_directory, java_runtime
 from testkit.lambda_runtime import LambdaEnvironment
 from testkit.moto_server import MotoServer
-from testkit.payloads import valid_payloads
+from testkit.payloads import Handler, valid_payloads
+from testkit.servers import LocalServers
 from testkit.webhook import WebhookSink
+from tests.core.concurrency.racing import CONSUMERS, HOT_MESSAGES, hot_item
 from tests.core.hostile import hostile_family
 
 NARRATIVE = Path(__file__).resolve().parent / "methodology.md"
 _PACKAGES = ("boto3", "botocore", "moto", "aws-lambda-powertools", "pydantic")
-_UNUSED_WEBHOOK_URL = "http://127.0.0.1:9/unused"  # the timed handler is optimistic: no webhook
 
 
 def _integers(text: str) -> list[int]:
@@ -57,7 +57,8 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warm-up-batches", type=int, default=20, help="per system, before timing (JVM)")
     parser.add_argument("--cost-messages", type=int, default=10, help="messages per case for calls and units")
     parser.add_argument("--cold-starts", type=int, default=9, help="fresh processes per system and CPU share")
-    parser.add_argument("--only", choices=["cold-start", "hostile"], help="run one section, print it, write nothing")
+    parser.add_argument("--hot-item-runs", type=int, default=5, help="200 messages on one item, 4 consumers")
+    parser.add_argument("--only", choices=["cold-start", "hostile", "floor", "hot-item"], help="one section, printed")
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--chart", type=Path, default=REPO_ROOT / "docs" / "img" / "batch-latency.png")
     parser.add_argument("--cost-chart", type=Path, default=REPO_ROOT / "docs" / "img" / "cost-per-million.png")
@@ -89,12 +90,8 @@ class _Run:
         self.arguments = arguments
         self.results = BenchResults(memory_sizes_mb=arguments.memory_sizes, latencies_ms=arguments.latencies_ms)
         self.settings: list[Settings] = []
-        self.backend: Backend | None = None
-        self.messages = Draws(timed_handler(), self._seed)
-
-    def _seed(self, payloads: list[dict[str, Any]]) -> None:
-        if self.backend is not None:
-            self.backend.seed(self.settings, self.messages.handler, payloads)
+        self.draws: Callable[[Handler], Draws] = Draws
+        self.messages = Draws(timed_handler())
 
     def measure_costs(self, webhook_url: str) -> None:
         # In process, the systems read the variables the template gives the function from this process.
@@ -109,16 +106,19 @@ class _Run:
             n = self.arguments.cost_messages
             for handler in HANDLERS:
                 draws = Draws(handler, functools.partial(backend.seed, settings, handler))
-                name = f"{handler.event_type} ({handler.mode.value}{', guarded' if guarded(handler) else ''})"
                 for system in systems:
-                    self.results.costs.setdefault(system.name, {})[name] = message_costs(system, draws, probe, meter, n)
+                    costs = self.results.costs.setdefault(system.name, {})
+                    costs[handler_name(handler)] = message_costs(system, draws, probe, meter, n)
 
-    def measure_on_dynamodb_local(self, *, hostile_only: bool = False) -> None:
+    def measure_on_dynamodb_local(self, only: str | None = None) -> None:
+        """Every system at every share; ``only``: this consumer at the target share, for that section alone."""
         _progress("DynamoDB Local behind the conflict emulation, SQS from moto's server (dead letters): starting")
-        with DynamoDBLocal() as server, MotoServer() as sqs:
+        with DynamoDBLocal() as server, MotoServer() as sqs, WebhookSink() as webhook:
             queue = client("sqs", sqs.endpoint_url).create_queue(QueueName="bench-dead-letters")["QueueUrl"]
-            self.backend = backend = Backend(server.client(), queue)
-            self.settings = [backend.settings(system.name, _UNUSED_WEBHOOK_URL) for system in SYSTEMS]
+            backend = Backend(server.client(), queue)
+            self.settings = [backend.settings(system.name, webhook.url) for system in SYSTEMS]
+            self.draws = lambda handler: Draws(handler, functools.partial(backend.seed, self.settings, handler))
+            self.messages = self.draws(self.messages.handler)
             variables = {
                 system.name: {
                     **DUMMY_CREDENTIALS_ENV,
@@ -131,16 +131,18 @@ class _Run:
                 }
                 for system, settings in zip(SYSTEMS, self.settings, strict=True)
             }
-            if hostile_only:
-                variables = {SYSTEMS[0].name: variables[SYSTEMS[0].name]}
-            for index, memory_mb in enumerate([TARGET_MEMORY_MB] if hostile_only else self.arguments.memory_sizes):
+            if only:
+                variables = {report.CONSUMER: variables[report.CONSUMER]}
+            for index, memory_mb in enumerate([TARGET_MEMORY_MB] if only else self.arguments.memory_sizes):
                 _progress(f"starting the functions at {memory_mb} MB")
                 with system_functions(variables, memory_mb) as functions:
                     if index == 0:
                         self.warm_up(functions)
-                    if memory_mb == TARGET_MEMORY_MB:
-                        self.time_hostile(functions[SYSTEMS[0].name])
-                    if hostile_only:
+                    if memory_mb == TARGET_MEMORY_MB and only in (None, "hostile"):
+                        self.time_hostile(functions[report.CONSUMER])
+                    if memory_mb == TARGET_MEMORY_MB and only in (None, "floor"):
+                        self.time_floors(functions[report.CONSUMER])
+                    if only:
                         return
                     # At the target share every latency and batch size; elsewhere the cost chart's point.
                     sizes = (1, TARGET_BATCH) if memory_mb == TARGET_MEMORY_MB else (TARGET_BATCH,)
@@ -166,6 +168,22 @@ class _Run:
         for name, batch in {**batches, report.VALID: lambda: self.messages.bodies(1)}.items():
             self.results.hostile[name] = self._timed({name: function}, batch, 0)[name]
 
+    def time_floors(self, function: LambdaEnvironment) -> None:
+        """This consumer on each registered handler's batches of 10 new messages and single messages, at 10 ms."""
+        for handler in HANDLERS:
+            _progress(f"{TARGET_MEMORY_MB} MB, {TARGET_LATENCY_MS} ms: {handler.event_type}, batches of 10 and of 1")
+            draws, ours = self.draws(handler), {report.CONSUMER: function}
+            batch, single = (
+                self._timed(ours, functools.partial(draws.bodies, size), TARGET_LATENCY_MS)[report.CONSUMER]
+                for size in (TARGET_BATCH, 1)
+            )
+            self.results.floors[handler_name(handler)] = (batch, single)
+
+    def measure_hot_item(self) -> None:
+        _progress(f"a hot item: {HOT_MESSAGES} messages on one tally, {CONSUMERS} consumers in this process")
+        with LocalServers() as servers, _function_output_discarded():
+            self.results.hot_item = [hot_item(servers) for _ in range(self.arguments.hot_item_runs)]
+
     def time(self, functions: dict[str, LambdaEnvironment], key: TimingKey) -> None:
         _progress(f"{key.memory_mb} MB: batches of {key.batch_size} at {key.latency_ms} ms")
         self.results.timings[key] = self._timed(functions, lambda: self.messages.bodies(key.batch_size), key.latency_ms)
@@ -173,11 +191,8 @@ class _Run:
     def _timed(
         self, functions: dict[str, LambdaEnvironment], batch: Callable[[], list[str]], latency_ms: float
     ) -> dict[str, Samples]:
-        repetitions = {
-            "min_repetitions": self.arguments.min_repetitions,
-            "max_repetitions": self.arguments.max_repetitions,
-        }
-        return time_batches(functions, batch, latency_ms=latency_ms, precision=self.arguments.precision, **repetitions)
+        options = {name: getattr(self.arguments, name) for name in ("min_repetitions", "max_repetitions", "precision")}
+        return time_batches(functions, batch, latency_ms=latency_ms, **options)
 
 
 def _cpu_model() -> str:
@@ -209,20 +224,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"make bench needs DynamoDB Local: {error}", file=sys.stderr)
         return 2
     run = _Run(arguments)
-    if arguments.only == "hostile":
-        run.measure_on_dynamodb_local(hostile_only=True)
-        print("\n".join(report.hostile_section(run.results)))
-        return 0
-    if arguments.only is None:
+    results, only = run.results, arguments.only
+    if only is None:
         with WebhookSink() as webhook, _function_output_discarded():
             run.measure_costs(webhook.url)
-        run.measure_on_dynamodb_local()
-    _progress(f"cold starts: sam build, then {arguments.cold_starts} fresh processes per system at each CPU share")
-    results = run.results
-    results.cold_starts = measure_cold_starts(arguments.cold_starts, TARGET_MEMORY_MB)
-    if arguments.only is not None:
-        starts = results.cold_starts
-        print("\n".join([*report.cold_start_section(starts), "", *report.cold_start_targets(starts)]))
+    if only in (None, "hostile", "floor"):
+        run.measure_on_dynamodb_local(only)
+    if only in (None, "hot-item"):
+        run.measure_hot_item()
+    if only in (None, "cold-start"):
+        _progress(f"cold starts: sam build, then {arguments.cold_starts} fresh processes per system at each CPU share")
+        results.cold_starts = measure_cold_starts(arguments.cold_starts, TARGET_MEMORY_MB)
+    if only is not None:
+        print(report.stdout_report(results))
         return 0
     results.machine = _describe_machine(dynamodb_local_version, load_at_start)
 

@@ -24,7 +24,7 @@ from consumer.handler import MessageHandler, Mode, declared_settings, declared_t
 from service.registry import HANDLERS
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import LambdaContext, sqs_event
-from testkit.messages import envelope
+from testkit.messages import envelope, queue_counts
 from testkit.payloads import GeneratorError, Handler, put_seeds, refusal, seed_items, valid_payloads
 from testkit.tables import IDEMPOTENCY_TABLE, create_template_tables
 
@@ -122,6 +122,10 @@ def guarded(handler: Handler) -> bool:
     return handler.guard is not MessageHandler.guard
 
 
+def handler_name(handler: Handler) -> str:
+    return f"{handler.event_type} ({handler.mode.value}{', guarded' if guarded(handler) else ''})"
+
+
 @contextmanager
 def moto_backend() -> Iterator[Backend]:
     """moto in process, no endpoint or profile of the caller's in the way; the environment restored after."""
@@ -135,8 +139,7 @@ def moto_backend() -> Iterator[Backend]:
                 queue_url = sqs.create_queue(QueueName="bench-dead-letters")["QueueUrl"]
             yield Backend(session.client("dynamodb"), queue_url)
             # A refused message is dead-lettered, not failed: its cost is not an applied message's.
-            left = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessages"])
-            if refused := int(left["Attributes"]["ApproximateNumberOfMessages"]):
+            if refused := sum(queue_counts(sqs, queue_url)):
                 raise RuntimeError(f"{refused} measured messages were dead-lettered: see the consumer's log")
 
 

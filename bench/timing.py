@@ -93,8 +93,6 @@ def bench_function(memory_mb: int) -> FunctionSpec:
         code_dir=REPO_ROOT,
         timeout_s=120,
         memory_mb=memory_mb,
-        environment={},  # unread by testkit.lambda_runtime: each environment is given its variables
-        triggers=(),
     )
 
 

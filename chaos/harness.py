@@ -15,7 +15,7 @@ import random
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from http import HTTPStatus
 from pathlib import Path
@@ -26,6 +26,7 @@ from chaos.invariants import Checker, EndState, History, Verdict, scan
 from chaos.runtime_handler import PLAN_VARIABLE, WEBHOOK_VARIABLE, Plan
 from consumer.config import Settings, table_variable
 from consumer.errors import ErrorType
+from consumer.handler import declared_settings, declared_tables
 from local.demo import example_checks
 from local.poller import Poller, PollerGroup
 from local.stack import webhook_parameters
@@ -133,25 +134,21 @@ def _webhook_plan(config: ChaosConfig, rng: random.Random, calls: int) -> list[t
     """Answers for the sink, in advance: the forced faults first, then drawn: 5xx, slow (within the timeout), or
     too slow (a 504 late)."""
     timeout_s = config.webhook_timeout_ms / 1000
-    kinds = (FaultKind.WEBHOOK_ERROR, FaultKind.WEBHOOK_SLOW, FaultKind.WEBHOOK_TIMEOUT)
+    answers: dict[FaultKind | None, Callable[[], Answer]] = {
+        FaultKind.WEBHOOK_ERROR: lambda: Answer(HTTPStatus.SERVICE_UNAVAILABLE),
+        FaultKind.WEBHOOK_SLOW: lambda: Answer(HTTPStatus.OK, delay_s=rng.uniform(0.01, timeout_s / 4)),
+        FaultKind.WEBHOOK_TIMEOUT: lambda: Answer(HTTPStatus.GATEWAY_TIMEOUT, delay_s=timeout_s * 2.5),
+        None: Answer,
+    }
+    kinds = [kind for kind in answers if kind is not None]
     forced = [kind for kind in kinds for _ in range(config.forced.get(kind, 0))]
     bands = list(itertools.accumulate(config.rates.get(kind, 0.0) for kind in kinds))
     plan: list[tuple[FaultKind | None, Answer]] = []
     for index in range(calls):
         draw = rng.random()
-        kind = (
-            forced[index]
-            if index < len(forced)
-            else next((k for k, b in zip(kinds, bands, strict=True) if draw < b), None)
-        )
-        if kind is FaultKind.WEBHOOK_ERROR:
-            plan.append((kind, Answer(HTTPStatus.SERVICE_UNAVAILABLE)))
-        elif kind is FaultKind.WEBHOOK_SLOW:
-            plan.append((kind, Answer(HTTPStatus.OK, delay_s=rng.uniform(0.01, timeout_s / 4))))
-        elif kind is FaultKind.WEBHOOK_TIMEOUT:
-            plan.append((kind, Answer(HTTPStatus.GATEWAY_TIMEOUT, delay_s=timeout_s * 2.5)))
-        else:
-            plan.append((None, Answer(HTTPStatus.OK)))
+        drawn = next((kind for kind, band in zip(kinds, bands, strict=True) if draw < band), None)
+        kind = forced[index] if index < len(forced) else drawn
+        plan.append((kind, answers[kind]()))
     return plan
 
 
@@ -162,10 +159,10 @@ def _settings(
         "RETRY_BACKOFF_BASE_SECONDS": "1",
         "RETRY_BACKOFF_MAX_SECONDS": str(config.visibility_timeout_s),
     }
-    tables = dict.fromkeys(table for handler in handlers for table in handler.tables)
-    own = dict.fromkeys(handler.settings_model for handler in handlers)
     # Validated as the function validates its environment: the cross-field rules apply.
-    return Settings.from_env({**function_environment, **overrides}, tables, own)
+    return Settings.from_env(
+        {**function_environment, **overrides}, declared_tables(handlers), declared_settings(handlers)
+    )
 
 
 def _environments(
@@ -230,7 +227,7 @@ def _handler_tables(
 ) -> dict[str, str]:
     """Every handler's tables by logical id: the stack's, and for a table the template lacks (a core test's
     handler), one made here in the idempotency table's shape (key ``id``)."""
-    tables = dict.fromkeys(table for handler in handlers for table in handler.tables)
+    tables = declared_tables(handlers)
     ours = {table: f"{prefix}-{table}" for table in tables if table not in resources.tables}
     for name in ours.values():
         create_table(dynamodb, name, Template.from_file().properties(IDEMPOTENCY_TABLE))

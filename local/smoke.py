@@ -124,8 +124,15 @@ def outcome(target: Target, message: messages.Outgoing) -> str | None:
     return f"dead-lettered: {letters[0].reason}" if letters and letters[0].error_type else None
 
 
-def run_smoke(target: Target, *, run_id: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Check]:
-    """Send, wait (one deadline for the whole run), resend, check, then put back what the run changed."""
+def run_smoke(
+    target: Target,
+    *,
+    run_id: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    sender: Callable[[Target, str, str], object] = send,
+) -> list[Check]:
+    """Send (each body with ``sender``), wait (one deadline for the whole run), resend, check, then put back what the
+    run changed."""
     run_id = run_id or uuid.uuid4().hex[:12]
     sent, poison = run_messages(run_id), poison_body(run_id)
     deadline = time.monotonic() + timeout_s
@@ -133,14 +140,14 @@ def run_smoke(target: Target, *, run_id: str | None = None, timeout_s: float = D
     try:
         for handler, message in zip(payloads.registered(), sent, strict=True):
             payloads.put_seeds(target.dynamodb, target.tables, payloads.seed_items(handler, message.payload or {}))
-            send(target, message.body, message.group_id)
-        send(target, poison, "smoke")
+            sender(target, message.body, message.group_id)
+        sender(target, poison, "smoke")
         ended = wait(lambda: all(outcome(target, m) for m in sent), deadline)
         outcomes = {m.event_type: outcome(target, m) for m in sent}
         parked = wait(lambda: bool(_letters(target, poison)), deadline)
         applied = table_items(target.dynamodb, target.tables)
         for message in sent:  # the producer's resend: the same body, so the same key, as a new message
-            send(target, message.body, message.group_id)
+            sender(target, message.body, message.group_id)
         # A resend's outcome leaves no trace of its own: wait until the queue has handled everything.
         idle = wait(lambda: sum(messages.queue_counts(target.sqs, target.queue_url)) == 0, deadline)
         resent = table_items(target.dynamodb, target.tables)

@@ -48,7 +48,7 @@ def _dead_letter(message: dict[str, Any]) -> DeadLetter:
     )
 
 
-def _receive(sqs: Any, queue_url: str, **options: Any) -> list[DeadLetter]:
+def receive(sqs: Any, queue_url: str, **options: Any) -> list[DeadLetter]:
     answer = sqs.receive_message(
         QueueUrl=queue_url,
         MaxNumberOfMessages=_RECEIVE_MAX,
@@ -63,7 +63,7 @@ def _take_all(sqs: Any, queue_url: str) -> list[DeadLetter]:
     """Every message in the queue, each once, left hidden for 30 s (so each receive brings new ones)."""
     taken: dict[str, DeadLetter] = {}
     while True:
-        received = _receive(sqs, queue_url, VisibilityTimeout=30, WaitTimeSeconds=0)
+        received = receive(sqs, queue_url, VisibilityTimeout=30, WaitTimeSeconds=0)
         fresh = {letter.message_id: letter for letter in received if letter.message_id not in taken}
         if not fresh:
             return list(taken.values())
@@ -75,16 +75,6 @@ def peek(sqs: Any, queue_url: str) -> list[DeadLetter]:
     letters = _take_all(sqs, queue_url)
     _show_again(sqs, queue_url, letters)
     return letters
-
-
-def drain(sqs: Any, queue_url: str) -> list[DeadLetter]:
-    """Every message in the queue, taken out of it (for tests that read each letter once)."""
-    taken: list[DeadLetter] = []
-    while letters := _receive(sqs, queue_url, WaitTimeSeconds=0):
-        taken += letters
-        for letter in letters:
-            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=letter.receipt_handle)
-    return taken
 
 
 def reasons(letters: list[DeadLetter]) -> dict[str, str | None]:

@@ -304,7 +304,7 @@ def _parse_answer(status: int, body: bytes) -> tuple[Any, BaseException | None]:
     return document, None
 
 
-class LambdaFleet:
+class LambdaFleet(Lifecycle):
     """Execution environments of one function: one per concurrent invocation, all stopped together.
 
     ``memory_mb`` overrides the template's ``MemorySize`` (and so the CPU share). The
@@ -327,6 +327,9 @@ class LambdaFleet:
         self._names = itertools.count()
         self.environments: list[LambdaEnvironment] = []
 
+    def start(self) -> Self:
+        return self  # each environment starts as ``add`` makes it
+
     def add(self) -> LambdaEnvironment:
         environment = self._new(name=f"env-{next(self._names)}").start()
         self.environments.append(environment)
@@ -336,9 +339,3 @@ class LambdaFleet:
         environments, self.environments = self.environments, []
         for environment in environments:
             environment.stop()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()

@@ -8,7 +8,7 @@ redrive policy names it. Names follow CloudFormation (an explicit ``QueueName``/
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +65,8 @@ class FunctionSpec:
     code_dir: Path
     timeout_s: int
     memory_mb: int
-    environment: dict[str, str]
-    triggers: tuple[SqsTrigger, ...]
+    environment: dict[str, str] = field(default_factory=dict)
+    triggers: tuple[SqsTrigger, ...] = ()
 
 
 @dataclass(frozen=True)

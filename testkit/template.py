@@ -1,20 +1,19 @@
-"""The one reader of ``template.yaml``: load it, transform it, evaluate its intrinsics.
+"""The one reader of ``template.yaml``: load it, evaluate its intrinsics.
 
 The local stack deploys what this module reads, and the infrastructure tests assert on what it reads, so the two cannot
 disagree about what the template means.
 
-Parsing is cfn-lint's decoder (the one ``make validate`` lints with) and the SAM transform is aws-sam-translator (the
-one ``sam deploy`` runs), both offline. Neither library evaluates intrinsic functions for given parameters, so that part
-is here: parameters (defaults, overrides, allowed values and bounds), ``Rules``, pseudo parameters, conditions, ``Ref``,
-``Fn::GetAtt``, ``Fn::Sub``, ``Fn::If``, ``Fn::FindInMap``, ``Fn::Join``, ``Fn::Select``, ``Fn::Split``, ``Fn::Equals``,
-``Fn::Not``, ``Fn::And`` and ``Fn::Or``; SAM's ``Globals`` are merged as the translator merges them. What a resource is
-called is supplied by the caller (``PhysicalIds``): the local stack creates the resource on first reference, the tests
-keep it symbolic (``SYMBOLIC``).
+Parsing is cfn-lint's decoder (the one ``make validate`` lints with); the infrastructure tests transform what it reads
+with aws-sam-translator (tests/deployment/lookups.py). Neither library evaluates intrinsic functions for given
+parameters, so that part is here: parameters (defaults, overrides, allowed values and bounds), ``Rules``, pseudo
+parameters, conditions, ``Ref``, ``Fn::GetAtt``, ``Fn::Sub``, ``Fn::If``, ``Fn::FindInMap``, ``Fn::Join``,
+``Fn::Select``, ``Fn::Split``, ``Fn::Equals``, ``Fn::Not``, ``Fn::And`` and ``Fn::Or``; SAM's ``Globals`` are merged as
+the translator merges them. What a resource is called is supplied by the caller (``PhysicalIds``): the local stack
+creates the resource on first reference, the tests keep it symbolic (``SYMBOLIC``).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import re
@@ -23,11 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import boto3
 from cfnlint.decode import cfn_yaml
 from samtranslator.plugins.globals.globals import Globals
-from samtranslator.public.parser import Parser
-from samtranslator.public.translator import Translator
 
 from consumer.config import table_parameter
 
@@ -36,8 +32,6 @@ TEMPLATE_PATH = REPO_ROOT / "template.yaml"
 ACCOUNT_ID = "123456789012"  # moto's default account: queue URLs and ARNs match what it returns
 PARTITION = "aws"
 REGION = "us-east-1"
-# What `sam package` puts in place of a local CodeUri before CloudFormation transforms the template.
-PACKAGED_CODE_URI = "s3://packaged-artifacts/consumer.zip"
 # Metadata read by make test and the local stack alone, for what a deployment is given: a value for each parameter
 # without a Default, and the keys of each table given by a parameter (``consumer.config.table_parameter``).
 LOCAL_PARAMETERS, LOCAL_TABLES = "LocalParameters", "LocalTables"
@@ -66,23 +60,6 @@ def load_template(path: Path = TEMPLATE_PATH) -> dict[str, Any]:
 def _decoded(text: str, name: str) -> str:
     """The template as JSON, parsed once per content: the tests load it hundreds of times, and YAML is the slow part."""
     return json.dumps(cfn_yaml.loads(text, name))
-
-
-def transform(source: Mapping[str, Any]) -> dict[str, Any]:
-    """The CloudFormation template the AWS::Serverless transform produces from ``source``.
-
-    The template grants no managed policies, so the translator never needs IAM to look one up; it fails if it tries.
-    """
-    packaged = copy.deepcopy(dict(source))
-    for resource in packaged["Resources"].values():
-        if resource["Type"] == "AWS::Serverless::Function":
-            resource["Properties"]["CodeUri"] = PACKAGED_CODE_URI
-    translator = Translator({}, Parser(), boto_session=boto3.session.Session(region_name=REGION))
-    return translator.translate(packaged, {}, get_managed_policy_map=_refuse_managed_policy_lookup)
-
-
-def _refuse_managed_policy_lookup() -> dict[str, str]:
-    raise TemplateError("the template refers to an AWS managed policy; it should grant explicit statements only")
 
 
 # -- physical ids ------------------------------------------------------------------------

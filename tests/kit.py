@@ -36,7 +36,7 @@ from consumer.config import Settings
 from consumer.handler import MessageHandler, declared_settings, declared_tables
 from consumer.outcome import Log
 from consumer.wiring import wire
-from testkit.dead_letters import DeadLetter, drain, reasons
+from testkit.dead_letters import DeadLetter, reasons, receive
 from testkit.lambda_sqs import REGION, sqs_record
 from testkit.messages import envelope
 from testkit.tables import create_template_tables
@@ -49,6 +49,7 @@ __all__ = [
     "Remaining",
     "consumer_of",
     "create_template_tables",
+    "drain",
     "envelope",
     "reasons",
     "settings_for",
@@ -162,6 +163,16 @@ class Consumer:
 
     def dead_letters(self) -> list[DeadLetter]:
         return drain(self.sqs, self.dlq_url)
+
+
+def drain(sqs: Any, queue_url: str) -> list[DeadLetter]:
+    """Every message in the dead-letter queue, taken out of it (a test reads each letter once)."""
+    taken: list[DeadLetter] = []
+    while letters := receive(sqs, queue_url, WaitTimeSeconds=0):
+        taken += letters
+        for letter in letters:
+            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=letter.receipt_handle)
+    return taken
 
 
 def consumer_of(

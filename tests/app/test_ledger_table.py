@@ -8,8 +8,8 @@ import pytest
 
 from consumer.api import MessageContext, Put
 from service.handlers.payment_received import PaymentReceived, PaymentReceivedHandler
-from testkit.template import load_template, transform
-from tests.deployment.lookups import key_schema, properties
+from testkit.template import load_template
+from tests.deployment.lookups import key_schema, properties, transform
 from tests.utils import settings_for_tests
 
 

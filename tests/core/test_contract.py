@@ -27,7 +27,6 @@ from consumer.config import Settings
 from consumer.envelope import parse_message
 from consumer.idempotency.record import Status
 from consumer.idempotency.store import Claimed, Fenced, IdempotencyStore
-from testkit import dead_letters
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, sqs_record
 from testkit.servers import LocalServers
 from testkit.webhook import Answer, WebhookSink
@@ -42,7 +41,7 @@ from tests.core.handlers import (
     tally_payload,
     tally_total,
 )
-from tests.kit import Remaining
+from tests.kit import Remaining, drain
 from tests.utils import settings_on_local_servers
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -101,7 +100,7 @@ class Stack:
         return items
 
     def dead_letters(self) -> dict[str, str | None]:
-        letters = dead_letters.drain(self.sqs, self.settings.dead_letter_queue_url)
+        letters = drain(self.sqs, self.settings.dead_letter_queue_url)
         return {letter.original_message_id: letter.error_type for letter in letters}
 
 

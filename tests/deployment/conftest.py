@@ -11,9 +11,9 @@ import pytest
 from consumer.handler import declared_tables
 from service.registry import HANDLERS
 from testkit.aws import DUMMY_CREDENTIALS_ENV
-from testkit.template import REPO_ROOT, TEMPLATE_PATH, Template, TemplateError, load_template, transform
+from testkit.template import REPO_ROOT, TEMPLATE_PATH, Template, TemplateError, load_template
 from tests.deployment.environment import FUNCTION, environment_mistakes, unregistered_handlers
-from tests.deployment.lookups import properties, read, table_mistakes
+from tests.deployment.lookups import properties, read, table_mistakes, transform
 
 # The template the static checks read: template.yaml, or a copy (the test that a mistake stops `make test` early).
 TEMPLATE_VARIABLE = "STATIC_CHECKS_TEMPLATE"

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping
 from typing import Any
 
+import boto3
+from samtranslator.public.parser import Parser
+from samtranslator.public.translator import Translator
+
 from consumer.config import table_parameter
-from testkit.template import ACCOUNT_ID, LOCAL_TABLES, PARTITION, REPO_ROOT, ResourceRef, Template
+from testkit.template import (
+    ACCOUNT_ID,
+    LOCAL_TABLES,
+    PARTITION,
+    REGION,
+    REPO_ROOT,
+    ResourceRef,
+    Template,
+    TemplateError,
+)
 
 SAMCONFIG_PATH = REPO_ROOT / "samconfig.toml"
 # SQS: up to 80 characters, a FIFO queue's ending in ".fifo".
@@ -15,6 +29,26 @@ SQS_QUEUE_NAME = re.compile(r"(?=.{1,80}$)[A-Za-z0-9_-]+(\.fifo)?")
 STACK_NAME = "idempotent-sqs-consumer"
 # What Lambda's event source mapping does with the function's role: poll, delete, read attributes.
 EVENT_SOURCE_POLLING = frozenset({"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"})
+
+
+# What `sam package` puts in place of a local CodeUri before CloudFormation transforms the template.
+PACKAGED_CODE_URI = "s3://packaged-artifacts/consumer.zip"
+
+
+def transform(source: Mapping[str, Any]) -> dict[str, Any]:
+    """The CloudFormation template the AWS::Serverless transform (aws-sam-translator, the one ``sam deploy`` runs,
+    offline) produces from ``source``. The template grants no managed policies, so the translator never needs IAM to
+    look one up; it fails if it tries."""
+    packaged = copy.deepcopy(dict(source))
+    for resource in packaged["Resources"].values():
+        if resource["Type"] == "AWS::Serverless::Function":
+            resource["Properties"]["CodeUri"] = PACKAGED_CODE_URI
+    translator = Translator({}, Parser(), boto_session=boto3.session.Session(region_name=REGION))
+    return translator.translate(packaged, {}, get_managed_policy_map=_refuse_managed_policy_lookup)
+
+
+def _refuse_managed_policy_lookup() -> dict[str, str]:
+    raise TemplateError("the template refers to an AWS managed policy; it should grant explicit statements only")
 
 
 def read(document: Mapping[str, Any], **overrides: Any) -> Template:

@@ -28,11 +28,14 @@ from bench.report import (
     BenchResults,
     TimingKey,
     _timing_table,
+    floor_targets,
     hostile_section,
+    hot_item_targets,
     targets,
 )
 from bench.timing import median_ci
 from testkit.lambda_runtime import LambdaEnvironment
+from tests.core.concurrency.racing import HOT_MESSAGES, HotItem
 from tests.core.handlers import CallHandler, TallyHandler
 
 
@@ -134,19 +137,47 @@ def test_messages_at_sqs_limits_are_listed_slowest_first_with_their_ratio_to_a_v
     assert hostile_section(BenchResults(memory_sizes_mb=[512], latencies_ms=[0])) == []
 
 
-def test_cpu_per_message_is_read_against_botocores_own_cpu_in_one_messages_call() -> None:
+def test_cpu_per_message_is_read_against_botocores_own_cpu_in_one_messages_call_for_each_handler() -> None:
     def batch(cpu_ms: float, botocore_ms: float) -> timing.Samples:
         return timing.Samples(
             wall_s=[0.05] * 6, record_cpu_s=[cpu_ms / 1000] * 6, botocore_cpu_s=[botocore_ms / 1000] * 6
         )
 
     results = BenchResults(memory_sizes_mb=[512], latencies_ms=[TARGET_LATENCY_MS])
-    # A single record's call costs botocore 4 ms; a batch of 10 costs 2 ms of CPU per message, 0.3 of it botocore's.
+    # Per handler (a batch of 10, one message): one message's calls cost botocore 4 ms; the batch's messages 2 ms of
+    # CPU each, half of it over the 0.4 target. A lock handler's floor is its claim and commit: 10 ms, so 0.3 meets it.
+    results.floors = {
+        "Tally (optimistic)": (batch(2.0, 0.3), batch(6.0, 4.0)),
+        "Call (lock)": (batch(3.0, 1), batch(12, 10)),
+    }
     results.timings[TimingKey(512, TARGET_LATENCY_MS, 1)] = {name: batch(6.0, 4.0) for name in NAMES}
     results.timings[TimingKey(512, TARGET_LATENCY_MS, TARGET_BATCH)] = {name: batch(2.0, 0.3) for name in NAMES}
 
-    said = (
-        f"CPU per message 0.50{TIMES} botocore's own in one message's call (target ≤ 0.4{TIMES}, over by 1.25{TIMES})."
-    )
-    assert f"- **missed**: {said}" in targets(results)
+    tally, call, lock = floor_targets(results)
+    assert tally.startswith(f"- **missed**: Tally (optimistic): CPU per message 0.50{TIMES} botocore's own")
+    assert tally.endswith(f"against 4.00 [4.00-4.00] ms; target ≤ 0.4{TIMES}, over by 1.25{TIMES}).")
+    assert call.startswith(f"- **met**: Call (lock): CPU per message 0.30{TIMES}")
+    assert "claim and commit" in lock and targets(results)[-3:] == [tally, call, lock]
+    assert floor_targets(BenchResults(memory_sizes_mb=[512], latencies_ms=[TARGET_LATENCY_MS])) == []
     assert "| 0.30 |" in _timing_table(results)[3] and "| 4.00 |" in _timing_table(results)[2]
+
+
+def test_the_hot_items_returned_share_is_a_median_with_its_range_and_a_failed_check_is_printed_as_failed() -> None:
+    def run(returned: int, total: int = sum(range(1, HOT_MESSAGES + 1)), dead: int = 0) -> HotItem:
+        return HotItem(returned=returned, total=total, entries=HOT_MESSAGES, dead_lettered=dead)
+
+    results = BenchResults(memory_sizes_mb=[512], latencies_ms=[TARGET_LATENCY_MS])
+    results.hot_item = [run(1), run(0), run(3)]
+    share, checks = hot_item_targets(results)
+    assert (
+        share
+        == "- **met**: 0.5% of the messages handed back at least once, median of 3 runs [0.0%-1.5%] (target < 1%)."
+    )
+    assert checks.startswith("- **passed**:") and checks.endswith("in 3 of 3 runs.")
+
+    results.hot_item = [run(4, total=7), run(2), run(2, dead=1)]
+    share, checks = hot_item_targets(results)
+    assert share.startswith("- **missed**: 1.0% of the messages")
+    assert checks.startswith("- **FAILED**:") and "in 1 of 3 runs" in checks
+    assert "run 1: the total 7, not 20100" in checks and "run 3: 1 dead-lettered" in checks
+    assert hot_item_targets(BenchResults(memory_sizes_mb=[512], latencies_ms=[0])) == []

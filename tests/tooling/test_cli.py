@@ -15,9 +15,10 @@ import pytest
 
 from consumer.envelope import KeySource, parse_message
 from local import state
-from testkit import dead_letters, payloads
+from testkit import payloads
 from testkit.processes import alive
 from testkit.servers import LocalServers
+from tests.kit import drain
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # As the Makefile runs the commands: the local stack's message builders use the consumer's names.
@@ -186,7 +187,7 @@ def queue(local_servers: LocalServers, tmp_path: Path) -> str:
 
 def _on_the_queue(local_servers: LocalServers, queue_url: str) -> dict[str, str]:
     """Each message on the queue by its id: its body."""
-    return {letter.message_id: letter.body for letter in dead_letters.drain(local_servers.client("sqs"), queue_url)}
+    return {letter.message_id: letter.body for letter in drain(local_servers.client("sqs"), queue_url)}
 
 
 def _sent_ids(sent: subprocess.CompletedProcess[str]) -> set[str]:

@@ -15,10 +15,9 @@ import pytest
 
 from consumer.app import wire
 from consumer.config import Settings
-from testkit.dead_letters import drain
 from testkit.servers import LocalServers
 from tests.core.handlers import REFUSALS, TALLY_TABLE, handlers_for_tests, refusals, tally_total
-from tests.kit import Remaining
+from tests.kit import Remaining, drain
 from tests.utils import settings_on_local_servers
 
 

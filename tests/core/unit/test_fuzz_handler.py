@@ -30,7 +30,6 @@ from consumer.config import Settings, table_variable
 from consumer.envelope import MAX_BODY_BYTES, parse_message
 from consumer.errors import ErrorType, PoisonMessage
 from consumer.handler import MessageHandler
-from testkit.dead_letters import drain, reasons
 from testkit.lambda_sqs import REGION, LambdaContext, sqs_record
 from testkit.webhook import WebhookSink
 from tests.core.handlers import (
@@ -46,6 +45,7 @@ from tests.core.handlers import (
 )
 from tests.core.hostile import hostile_family
 from tests.core.unit.conftest import total
+from tests.kit import drain, reasons
 from tests.utils import settings_for_tests
 
 settings.register_profile(
