@@ -26,7 +26,7 @@ from bench.costs import Backend, Draws, handler_name, message_costs, moto_backen
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.report import TARGET_BATCH, TARGET_LATENCY_MS, TARGET_MEMORY_MB, BenchResults, TimingKey
 from bench.systems import SYSTEM_ENV, SYSTEMS, settings_environment
-from bench.timing import POWERTOOLS_ENV, REPO_ROOT, Samples, invoke, system_functions, time_batches
+from bench.timing import POWERTOOLS_ENV, REPO_ROOT, invoke, system_functions, time_batches
 from consumer.config import Settings
 from service.registry import HANDLERS
 from testkit.aws import DUMMY_CREDENTIALS_ENV, client
@@ -57,7 +57,6 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warm-up-batches", type=int, default=20, help="per system, before timing (JVM)")
     parser.add_argument("--cost-messages", type=int, default=10, help="messages per case for calls and units")
     parser.add_argument("--cold-starts", type=int, default=9, help="fresh processes per system and CPU share")
-    parser.add_argument("--hot-item-runs", type=int, default=5, help="200 messages on one item, 4 consumers")
     parser.add_argument("--only", choices=["cold-start", "hostile", "floor", "hot-item"], help="one section, printed")
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--chart", type=Path, default=REPO_ROOT / "docs" / "img" / "batch-latency.png")
@@ -166,7 +165,7 @@ class _Run:
         family = [m for m in hostile_family(self.messages.handler.event_type, payload) if not m.message_attributes]
         batches: dict[str, Callable[[], list[str]]] = {m.name: functools.partial(list, (m.body,)) for m in family}
         for name, batch in {**batches, report.VALID: lambda: self.messages.bodies(1)}.items():
-            self.results.hostile[name] = self._timed({name: function}, batch, 0)[name]
+            self.results.hostile[name] = time_batches({name: function}, batch, 0, self.arguments)[name]
 
     def time_floors(self, function: LambdaEnvironment) -> None:
         """This consumer on each registered handler's batches of 10 new messages and single messages, at 10 ms."""
@@ -174,25 +173,21 @@ class _Run:
             _progress(f"{TARGET_MEMORY_MB} MB, {TARGET_LATENCY_MS} ms: {handler.event_type}, batches of 10 and of 1")
             draws, ours = self.draws(handler), {report.CONSUMER: function}
             batch, single = (
-                self._timed(ours, functools.partial(draws.bodies, size), TARGET_LATENCY_MS)[report.CONSUMER]
+                time_batches(ours, functools.partial(draws.bodies, size), TARGET_LATENCY_MS, self.arguments)
                 for size in (TARGET_BATCH, 1)
             )
-            self.results.floors[handler_name(handler)] = (batch, single)
+            self.results.floors[handler_name(handler)] = (batch[report.CONSUMER], single[report.CONSUMER])
 
     def measure_hot_item(self) -> None:
         _progress(f"a hot item: {HOT_MESSAGES} messages on one tally, {CONSUMERS} consumers in this process")
         with LocalServers() as servers, _function_output_discarded():
-            self.results.hot_item = [hot_item(servers) for _ in range(self.arguments.hot_item_runs)]
+            self.results.hot_item = [hot_item(servers) for _ in range(5)]  # five runs, for the share's spread
 
     def time(self, functions: dict[str, LambdaEnvironment], key: TimingKey) -> None:
         _progress(f"{key.memory_mb} MB: batches of {key.batch_size} at {key.latency_ms} ms")
-        self.results.timings[key] = self._timed(functions, lambda: self.messages.bodies(key.batch_size), key.latency_ms)
-
-    def _timed(
-        self, functions: dict[str, LambdaEnvironment], batch: Callable[[], list[str]], latency_ms: float
-    ) -> dict[str, Samples]:
-        options = {name: getattr(self.arguments, name) for name in ("min_repetitions", "max_repetitions", "precision")}
-        return time_batches(functions, batch, latency_ms=latency_ms, **options)
+        self.results.timings[key] = time_batches(
+            functions, lambda: self.messages.bodies(key.batch_size), key.latency_ms, self.arguments
+        )
 
 
 def _cpu_model() -> str:

@@ -65,6 +65,7 @@ class RoundTripProbe:
         # botocore's own CPU in its DynamoDB calls: each call's thread time from its first event to its last (sleeps
         # use none), serialising, signing, sending and parsing; the floor a system's CPU is read against.
         self.botocore_cpu_s = 0.0
+        self.server_s = 0.0  # each request's wall time from its send to its answer, no latency: DynamoDB Local's own
         self._lock = threading.Lock()
         self._server = threading.Lock()
         self._thread = threading.local()
@@ -102,8 +103,11 @@ class RoundTripProbe:
         self._server.acquire()
         self._thread.held = True
 
-    def _on_send_end(self, **_: Any) -> None:
+    def _on_send_end(self, event_name: str, **_: Any) -> None:
+        if (sent := self._thread.__dict__.pop("sent", None)) is not None and event_name.startswith("needs-retry"):
+            with self._lock:
+                self.server_s += time.perf_counter() - sent
         if not getattr(self._thread, "held", False):
             return  # needs-retry after the last handler already released this attempt's hold
-        self._thread.held = False
+        self._thread.held, self._thread.sent = False, time.perf_counter()
         self._server.release()

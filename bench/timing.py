@@ -44,6 +44,7 @@ class Samples:
     wall_s: list[float] = field(default_factory=list)
     record_cpu_s: list[float] = field(default_factory=list)  # each batch's CPU per record
     botocore_cpu_s: list[float] = field(default_factory=list)  # of which botocore's, in its DynamoDB calls
+    server_s: list[float] = field(default_factory=list)  # each batch's time at DynamoDB's end (probe.server_s)
     # The cgroup's own count of time its processes waited for quota, over the timed batches.
     throttled_s: float = 0.0
     throttled_periods: int = 0
@@ -144,19 +145,14 @@ def invoke(function: LambdaEnvironment, bodies: list[str], latency_ms: float) ->
 
 
 def time_batches(
-    functions: Mapping[str, LambdaEnvironment],
-    batch: Callable[[], list[str]],
-    *,
-    latency_ms: float,
-    min_repetitions: int,
-    max_repetitions: int,
-    precision: float,
+    functions: Mapping[str, LambdaEnvironment], batch: Callable[[], list[str]], latency_ms: float, limits: Any
 ) -> dict[str, Samples]:
-    """Samples per system: each repetition runs every system once on fresh records, in turn."""
+    """Samples per system: each repetition runs every system once on fresh records, in turn; ``limits``, the command
+    line's ``min_repetitions``, ``max_repetitions`` and ``precision``."""
     for function in functions.values():
         invoke(function, batch(), latency_ms)  # untimed: connections and lanes, as a warm container
     samples = {name: Samples() for name in functions}
-    for repetition in range(max_repetitions):
+    for repetition in range(limits.max_repetitions):
         for name in in_turns(list(functions), repetition):
             bodies = batch()
             periods, waited_s = _throttling(functions[name])
@@ -167,7 +163,10 @@ def time_batches(
             samples[name].wall_s.append(answer["wall_s"])
             samples[name].record_cpu_s.append(answer["cpu_s"] / len(bodies))
             samples[name].botocore_cpu_s.append(answer["botocore_cpu_s"] / len(bodies))
-        if repetition + 1 >= min_repetitions and all(_ci_relative(s) <= precision for s in samples.values()):
+            samples[name].server_s.append(answer["server_s"])
+        if repetition + 1 >= limits.min_repetitions and all(
+            _ci_relative(s) <= limits.precision for s in samples.values()
+        ):
             break
     return samples
 
