@@ -24,6 +24,7 @@ from consumer.dead_letter import DeadLetterQueue
 from consumer.handler import MessageHandler
 from consumer.idempotency.store import IdempotencyStore
 from consumer.outcome import MessageResult
+from consumer.prepared import Prepared
 from consumer.processor import MessageProcessor
 from testkit.dynamodb_local import DynamoDBLocal
 from testkit.lambda_sqs import sqs_record
@@ -135,9 +136,17 @@ class LockRig:
     ) -> MessageResult:
         """One delivery, with ``remaining_ms`` of the invocation left throughout (conflicts are retried while
         more than the rig's margin, 1 s, is left)."""
+        return self.processor.execute(self._prepared(key, payload, receive_count), lambda: remaining_ms)
+
+    def deliver_together(self, *deliveries: tuple[str, dict[str, Any], int]) -> list[MessageResult]:
+        """Deliveries (key, payload, receive count) in one batch, as the lanes' first messages: run as a group."""
+        items = [self._prepared(*delivery) for delivery in deliveries]
+        return self.processor.execute_group(items, lambda: REMAINING_MS)
+
+    def _prepared(self, key: str, payload: dict[str, Any], receive_count: int) -> Prepared:
         body = {"eventType": self.handler.event_type, "metadata": {"idempotencyKey": key}, "payload": payload}
         record = sqs_record(f"m-{uuid.uuid4().hex[:8]}", json.dumps(body), receive_count=receive_count)
-        return self.processor.execute(self.processor.prepare(record), lambda: remaining_ms)
+        return self.processor.prepare(record)
 
     def crash(self, key: str, payload: dict[str, Any]) -> None:
         """Deliver, expecting the handler to raise ``Crash`` (the worker dies mid-record)."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from consumer.backoff import VisibilityBackoff
 from consumer.envelope import SqsMessage
+from consumer.handler import Mode
 from consumer.outcome import MessageResult, Outcome
 from consumer.prepared import Parsed, Prepared
 from consumer.processor import MessageProcessor
@@ -111,7 +112,7 @@ class BatchRunner:
         group_commit: bool = True,
     ) -> None:
         self._processor = processor
-        # The lanes' next new optimistic messages committed together, wave after wave, in as few transactions as fit.
+        # The lanes' next new messages run together, each mode's apart, wave after wave, in as few transactions as fit.
         self._group_commit = group_commit
         self._backoff = backoff
         self._max_workers = max_workers
@@ -132,7 +133,9 @@ class BatchRunner:
                 self._settle(lane, items, results, fifo, index, self._run_one(items[index], remaining_ms))
 
         threaded = len(lanes) > 1 and self._max_workers > 1
-        grouped = [lane for lane in lanes if self._group_commit and self._processor.groups(items[lane.indexes[0]])]
+        grouped = [
+            lane for lane in lanes if self._group_commit and self._processor.groups(items[lane.indexes[0]]) is not None
+        ]
         # The lanes the waves do not start run at once, beside the waves, as every lane did before grouping.
         futures = [self._executor().submit(run, lane) for lane in lanes if lane not in grouped] if threaded else []
         if len(grouped) > 1:
@@ -167,8 +170,10 @@ class BatchRunner:
         fifo: bool,
         remaining_ms: Callable[[], int],
     ) -> None:
-        """Each lane's next message, where it can be grouped, committed together with the other lanes' next ones:
-        wave after wave, while two or more can be. A lane leaves the waves when its next message cannot be grouped.
+        """Each lane's next message, where it can be grouped, run together with the other lanes' next ones of its
+        mode (optimistic ones committed together; lock-mode ones claimed together, handled side by side, committed
+        together): wave after wave, while two or more can be. A lane leaves the waves when its next message cannot
+        be grouped.
 
         Lanes hold apart what must not run together (a key's copies, a contended item, a FIFO group), so their
         next messages may share a transaction; the store still keeps apart those whose items meet. One such
@@ -178,18 +183,29 @@ class BatchRunner:
             wave: list[tuple[_Lane, int]] = []
             for lane in lanes:
                 index = self._next(lane, items, results, fifo, remaining_ms)
-                if index is not None and self._processor.groups(items[index]):
+                if index is not None and self._processor.groups(items[index]) is not None:
                     wave.append((lane, index))
             lanes = [lane for lane, _ in wave]
             if len(wave) < 2:
                 return
-            try:
-                answers = self._processor.execute_group([items[index] for _, index in wave], remaining_ms)
-            except Exception as error:  # never let one group fail the whole batch: each message comes back
-                reason = f"{type(error).__name__}: {error}"
-                answers = [MessageResult(items[index].message_id, Outcome.RETRIED, reason) for _, index in wave]
-            for (lane, index), result in zip(wave, answers, strict=True):
-                self._settle(lane, items, results, fifo, index, result)
+            # Each mode's messages apart, optimistic first (one round trip); a lock group's handlers use the pool.
+            for mode in (Mode.OPTIMISTIC, Mode.LOCK):
+                group = [(lane, index) for lane, index in wave if self._processor.groups(items[index]) is mode]
+                for (lane, index), result in zip(group, self._group(items, group, remaining_ms), strict=True):
+                    self._settle(lane, items, results, fifo, index, result)
+
+    def _group(
+        self, items: list[Prepared], group: list[tuple[_Lane, int]], remaining_ms: Callable[[], int]
+    ) -> list[MessageResult]:
+        """The results of a wave's messages of one mode: run as a group when two or more, as its lane would if one."""
+        if len(group) < 2:
+            return [self._run_one(items[index], remaining_ms) for _, index in group]
+        pool = self._executor() if self._max_workers > 1 else None
+        try:
+            return self._processor.execute_group([items[index] for _, index in group], remaining_ms, pool)
+        except Exception as error:  # never let one group fail the whole batch: each message comes back
+            reason = f"{type(error).__name__}: {error}"
+            return [MessageResult(items[index].message_id, Outcome.RETRIED, reason) for _, index in group]
 
     def _next(
         self,

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import replace
-from typing import Any, assert_never
+from typing import Any, TypeVar, assert_never, cast
 
 from consumer.config import Settings
 from consumer.dead_letter import DeadLetterQueue
@@ -30,6 +31,8 @@ from consumer.idempotency.store import (
     ApplyRequest,
     ApplyResult,
     Claimed,
+    ClaimRequest,
+    CommitRequest,
     CommitResult,
     Committed,
     Contended,
@@ -45,6 +48,8 @@ from consumer.idempotency.writes import Write
 from consumer.outcome import Log, MessageResult, Outcome
 from consumer.prepared import Parsed, Prepared, Rejected, prepare
 from consumer.report import Reporter
+
+_R = TypeVar("_R")
 
 # What a dead letter adds when its refusal took over a dead worker's claim: nothing of the message is left behind.
 ABANDONED_RELEASED = "the abandoned claim and its reservation were released"
@@ -88,37 +93,104 @@ class MessageProcessor:
         except Exception as error:
             return self._failed(item, error)
 
-    def execute_group(self, items: Sequence[Prepared], remaining_ms: Callable[[], int]) -> list[MessageResult]:
-        """New optimistic messages (each ``groups``) committed together by the store's group commit, each with the
-        outcome ``execute`` gives it alone: a message's failure, before or in the commit, is its own."""
+    def execute_group(
+        self, items: Sequence[Prepared], remaining_ms: Callable[[], int], pool: Executor | None = None
+    ) -> list[MessageResult]:
+        """Messages of one mode (each ``groups`` says which) run together by the store's group transitions, each
+        with the outcome ``execute`` gives it alone: a message's failure, before or in a transition, is its own.
+        ``pool``: where lock-mode handlers run side by side (each may wait on an outside call)."""
+        if items and self.groups(items[0]) is Mode.LOCK:
+            return self._run_locked_group(items, remaining_ms, pool)
+        results, running, requests = self._requests(
+            items, lambda item, parsed: self._apply_request(item, parsed, remaining_ms)
+        )
+        answers = self._store.apply_group(requests, remaining_ms=remaining_ms) if requests else []
+        for index, answer in zip(running, answers, strict=True):
+            results[index] = self._answered(items[index], answer)
+        return [result for result in results if result is not None]
+
+    def _requests(
+        self, items: Sequence[Prepared], request: Callable[[Prepared, Parsed], _R]
+    ) -> tuple[list[MessageResult | None], list[int], list[_R]]:
+        """Each message's request to a group transition, or its outcome when making it failed: the outcomes so
+        far (None where a request was made), the indexes of those with a request, and the requests."""
         results: list[MessageResult | None] = [None] * len(items)
-        requests: list[ApplyRequest] = []
         running: list[int] = []
+        requests: list[_R] = []
         for index, item in enumerate(items):
             parsed = item.state
-            assert isinstance(parsed, Parsed) and parsed.handler.mode is Mode.OPTIMISTIC, "groups are optimistic"
+            assert isinstance(parsed, Parsed) and self.groups(item) is self.groups(items[0]), "one mode per group"
             try:
-                effect = self._handle(item, parsed, remaining_ms)
+                requests.append(request(item, parsed))
             except Exception as error:
                 results[index] = self._failed(item, error)
                 continue
-            message = parsed.message
-            requests.append(ApplyRequest(message.record_id, message.payload_hash, effect.result, tuple(effect.writes)))
             running.append(index)
-        answers = self._store.apply_group(requests, remaining_ms=remaining_ms) if requests else []
-        for index, answer in zip(running, answers, strict=True):
-            if not isinstance(answer, Exception):
-                results[index] = self._settle(items[index], answer)
-                continue
+        return results, running, requests
+
+    def _apply_request(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> ApplyRequest:
+        """An optimistic message's part of a group commit: its handler's effect."""
+        effect = self._handle(item, parsed, remaining_ms)
+        message = parsed.message
+        return ApplyRequest(message.record_id, message.payload_hash, effect.result, tuple(effect.writes))
+
+    def groups(self, item: Prepared) -> Mode | None:
+        """The group the message may be run in, by its handler's mode: None when it is not parsed."""
+        return item.state.handler.mode if isinstance(item.state, Parsed) else None
+
+    def _run_locked_group(
+        self, items: Sequence[Prepared], remaining_ms: Callable[[], int], pool: Executor | None
+    ) -> list[MessageResult]:
+        """``_run_locked`` for several messages: claimed together, handled side by side, committed together."""
+        results, running, requests = self._requests(
+            items, lambda item, parsed: self._claim_request(item, parsed, remaining_ms)
+        )
+        claimed: list[tuple[int, ClaimRequest, Claimed]] = []
+        for index, request, claim in zip(
+            running, requests, self._store.claim_group(requests, remaining_ms=remaining_ms), strict=True
+        ):
+            if isinstance(claim, Claimed):
+                claimed.append((index, request, claim))
+            else:
+                results[index] = self._answered(items[index], claim)
+
+        def handle(entry: tuple[int, ClaimRequest, Claimed]) -> Effect | Exception:
+            index, _, claim = entry
+            parsed = cast("Parsed", items[index].state)
             try:
-                raise answer  # so that the log of an unexpected one carries its traceback
+                return self._handle(items[index], parsed, self._lease_remaining(claim, remaining_ms))
+            except Exception as error:  # settled below, after the others' commit, as _run_locked settles it
+                return error
+
+        effects = list(pool.map(handle, claimed)) if pool is not None else [handle(entry) for entry in claimed]
+        # Each claimed message's end: what its handle raised, or its commit's answer.
+        ends: dict[int, CommitResult | Exception] = {}
+        handled: list[tuple[int, Claimed, Effect]] = []
+        for (index, _, claim), effect in zip(claimed, effects, strict=True):
+            if isinstance(effect, Exception):
+                ends[index] = effect
+            else:
+                handled.append((index, claim, effect))
+        commits = self._store.commit_group(
+            [CommitRequest(claim, effect.result, tuple(effect.writes)) for _, claim, effect in handled],
+            remaining_ms=remaining_ms,
+        )
+        ends.update((index, commit) for (index, _, _), commit in zip(handled, commits, strict=True))
+        for index, request, claim in claimed:
+            try:
+                results[index] = self._locked_end(items[index], claim, request.undo, ends[index], remaining_ms)
             except Exception as error:
                 results[index] = self._failed(items[index], error)
         return [result for result in results if result is not None]
 
-    def groups(self, item: Prepared) -> bool:
-        """Whether the message may be committed in a group: parsed, and its handler optimistic."""
-        return isinstance(item.state, Parsed) and item.state.handler.mode is Mode.OPTIMISTIC
+    def _answered(self, item: Prepared, answer: ApplyResult | Existing | Exception) -> MessageResult:
+        """A group transition's answer for one message: its outcome, or its failure's when its transition raised."""
+        if not isinstance(answer, Exception):
+            return self._settle(item, answer)
+        try:
+            raise answer  # so that the log of an unexpected one carries its traceback
+        except Exception as error:
+            return self._failed(item, error)
 
     def _failed(self, item: Prepared, error: Exception) -> MessageResult:
         """A message's outcome when its run raised: dead-lettered if poison, retried otherwise."""
@@ -150,6 +222,24 @@ class MessageProcessor:
         return self._settle(item, applied)
 
     def _run_locked(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> MessageResult:
+        request = self._claim_request(item, parsed, remaining_ms)
+        claim = self._store.claim_alone(request, remaining_ms=remaining_ms)
+        if not isinstance(claim, Claimed):
+            # Refused: nothing was claimed or reserved, and handle never ran: no call was made.
+            return self._settle(item, claim)
+        end: CommitResult | Exception
+        try:
+            effect = self._handle(item, parsed, self._lease_remaining(claim, remaining_ms))
+            # The budget is the invocation's time, not the lease's: past the lease the commit still
+            # lands unless another worker took the key over, and this message cannot come back to
+            # one before this invocation hands it back.
+            end = self._store.commit(claim, effect.result, tuple(effect.writes), remaining_ms=remaining_ms)
+        except Exception as error:
+            end = error
+        return self._locked_end(item, claim, request.undo, end, remaining_ms)
+
+    def _claim_request(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> ClaimRequest:
+        """A lock-mode message's claim: its lease from the time left, its guard's writes and undo, checked."""
         settings = self._settings
         lease_ms = lease_duration(
             remaining_ms(),
@@ -161,35 +251,38 @@ class MessageProcessor:
         guard = parsed.handler.guard(parsed.payload, self._context(item, parsed, remaining_ms))
         reserve, undo = (tuple(guard.writes), tuple(guard.undo)) if guard else ((), ())
         parsed.check_tables((*reserve, *undo))
-        claim = self._store.claim(
-            message.record_id, message.payload_hash, lease_ms, reserve, undo=undo, remaining_ms=remaining_ms
-        )
-        if not isinstance(claim, Claimed):
-            # Refused: nothing was claimed or reserved, and handle never ran: no call was made.
-            return self._settle(item, claim)
+        return ClaimRequest(message.record_id, message.payload_hash, lease_ms, reserve, undo)
+
+    def _lease_remaining(self, claim: Claimed, remaining_ms: Callable[[], int]) -> Callable[[], int]:
+        """A claimed message's time: the invocation's, bounded by its own lease."""
 
         def lease_remaining_ms() -> int:
             return min(remaining_ms(), claim.lease_expires_at_ms - int(self._clock() * 1000))
 
-        try:
-            effect = self._handle(item, parsed, lease_remaining_ms)
-            # The budget is the invocation's time, not the lease's: past the lease the commit still
-            # lands unless another worker took the key over, and this message cannot come back to
-            # one before this invocation hands it back.
-            commit = self._store.commit(claim, effect.result, tuple(effect.writes), remaining_ms=remaining_ms)
-        except PoisonMessage as poison:
-            return self._poison_once_released(item, claim, undo, poison, remaining_ms)
-        except Exception:
+        return lease_remaining_ms
+
+    def _locked_end(
+        self,
+        item: Prepared,
+        claim: Claimed,
+        undo: Sequence[Write],
+        end: CommitResult | Exception,
+        remaining_ms: Callable[[], int],
+    ) -> MessageResult:
+        """A claimed message's outcome from its commit's answer, or from what its handle or commit raised."""
+        if isinstance(end, PoisonMessage):
+            result = self._poison_once_released(item, claim, undo, end, remaining_ms)
+        elif isinstance(end, Exception):
             # Safe even when a commit was in fact applied: release is fenced on IN_PROGRESS. (A process
             # that dies releases nothing; its lease runs out, and the guard's reservation waits for the
             # redelivery that takes the claim over.)
             self._release_quietly(item, claim, undo, remaining_ms)
-            raise
-        if isinstance(commit, Refused):
-            result = self._poison_once_released(item, claim, undo, BusinessConditionFailed(commit.write), remaining_ms)
+            raise end
+        elif isinstance(end, Refused):
+            result = self._poison_once_released(item, claim, undo, BusinessConditionFailed(end.write), remaining_ms)
         else:
             # A Contended commit keeps its claim: until its lease ends nobody repeats the external call.
-            result = self._settle(item, commit)
+            result = self._settle(item, end)
         absorbed = claim.conflicts_absorbed + result.conflicts_absorbed
         return replace(result, conflicts_absorbed=absorbed) if absorbed else result
 

@@ -35,7 +35,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
 from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
@@ -210,6 +210,26 @@ class ApplyRequest:
     writes: tuple[Write, ...] = ()
 
 
+@dataclass(frozen=True)
+class ClaimRequest:
+    """One lock-mode message's part of a group claim: what ``claim`` takes."""
+
+    record_id: str
+    payload_hash: str
+    lease_ms: int
+    guard: tuple[Write, ...] = ()
+    undo: tuple[Write, ...] = ()
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """One claimed message's part of a group commit: what ``commit`` takes."""
+
+    claim: Claimed
+    result: object = None
+    writes: tuple[Write, ...] = ()
+
+
 Existing = Duplicate | InFlight | PayloadMismatch
 ClaimResult = Claimed | Existing | Refused | Contended
 ApplyResult = Applied | Existing | Refused | Contended
@@ -278,6 +298,28 @@ class _Group:
         self.size += size
 
 
+_A = TypeVar("_A")
+# A message of a cancelled group that only its own transition can answer.
+_ALONE: Literal["alone"] = "alone"
+
+
+@dataclass(frozen=True)
+class _Grouping(Generic[_A]):
+    """What one transition is for a group's messages (each by its index in the group's requests).
+
+    ``items``: its transaction items at a time in ms, its record first; ``writes``: those after the record, whose
+    cancellation reasons ``_cancelled`` reads; ``answer``: its answer from what they said (``_ALONE`` when only its
+    own transition can tell); ``landed``: its answer when the group's transaction landed with the items it sent;
+    ``alone``: its own transition, for what a group cannot settle.
+    """
+
+    items: Callable[[int, int], list[dict[str, Any]]]
+    writes: Callable[[int], Sequence[Write]]
+    answer: Callable[[int, _RecordRefused | Refused], _A | Literal["alone"]]
+    landed: Callable[[int, list[dict[str, Any]]], _A]
+    alone: Callable[[int], _A]
+
+
 def _new_token() -> str:
     return str(uuid.uuid4())
 
@@ -314,6 +356,7 @@ class IdempotencyStore:
         *,
         undo: Sequence[Write] = (),
         remaining_ms: Callable[[], int] | None = None,
+        owner: str | None = None,
     ) -> ClaimResult:
         """Lock mode, step 1: take the key for ``lease_ms`` (one round trip either way).
 
@@ -328,8 +371,11 @@ class IdempotencyStore:
         way). That costs a consistent read of the record on every refusal, and the release when
         one is found; a release that cannot land raises (``TransientError``), as the message must
         come back rather than be dead-lettered with its reservation standing.
+
+        ``owner``: the fencing token a group claim gave the message, kept for every attempt, so that a record the
+        group wrote with it (an answer lost) is recognised as this message's own claim, not another's in flight.
         """
-        answer = self._absorbing(lambda: self._claim(record_id, payload_hash, lease_ms, guard), remaining_ms)
+        answer = self._absorbing(lambda: self._claim(record_id, payload_hash, lease_ms, guard, owner), remaining_ms)
         if not isinstance(answer, Refused) or answer.busy:
             # Busy: an abandoned claim of this message holds nothing on that item; its takeover comes later.
             return answer
@@ -343,19 +389,23 @@ class IdempotencyStore:
             raise TransactionConflict(f"the abandoned claim of {record_id} could not be released: {released.reason}")
         return replace(answer, abandoned_released=released)
 
-    def _claim(self, record_id: str, payload_hash: str, lease_ms: int, guard: Sequence[Write]) -> ClaimResult:
+    def _claim(
+        self, record_id: str, payload_hash: str, lease_ms: int, guard: Sequence[Write], owner: str | None = None
+    ) -> ClaimResult:
         if lease_ms <= 0:
             raise ValueError(f"lease must be positive, got {lease_ms} ms")
         now_ms = self._now_ms()
-        token = self._new_token()
+        token = owner or self._new_token()
         lease_end = now_ms + lease_ms
         claim_write = self._claiming_write(
             record_id, CLAIM_UPDATE, now_ms, token, payload_hash, {":lease": {"N": str(lease_end)}}
         )
         if guard:
-            # ClientRequestToken: the claim's own token, new for every claim.
+            # ClientRequestToken: the claim's own token, new for every claim; a given owner token outlives this
+            # attempt, so the attempt's request then needs a token of its own.
             holder = reservation_token(record_id, payload_hash)
-            cancelled = self._transact_with_record({"Update": claim_write}, guard, token, holder=holder)
+            request_token = self._new_token() if owner else token
+            cancelled = self._transact_with_record({"Update": claim_write}, guard, request_token, holder=holder)
             if cancelled is None:
                 return Claimed(record_id, token, lease_end, None)
             if isinstance(cancelled, Refused):
@@ -376,9 +426,9 @@ class IdempotencyStore:
                 # UPDATED_NEW returns what the claim set, the attempts among them.
                 return Claimed(record_id, token, lease_end, int(response["Attributes"][Attr.ATTEMPTS]["N"]))
         if current.owner_token == token:
-            # Ambiguous success: botocore retried a claim whose first attempt was applied but
-            # whose answer was lost. The item carries our token, so our lease end too: ours.
-            return Claimed(record_id, token, lease_end, current.attempts)
+            # Ambiguous success: botocore retried a claim whose first attempt was applied but whose answer was
+            # lost, or a group claim landed with this owner token. Ours, until the lease end the record carries.
+            return Claimed(record_id, token, current.lease_expires_at_ms or lease_end, current.attempts)
         return self._existing(current, payload_hash)
 
     def commit(
@@ -399,7 +449,22 @@ class IdempotencyStore:
         return self._absorbing(lambda: self._commit(claim, result, writes), remaining_ms)
 
     def _commit(self, claim: Claimed, result: object, writes: Sequence[Write]) -> CommitResult:
-        completion: dict[str, Any] = {
+        completion = self._completion(claim, result)
+        if not writes:
+            try:
+                self._call(self._client.update_item, **completion)
+            except ClientError as error:
+                return self._committed_by(claim, self._failed_condition_item_or_none(error))
+            return Committed()
+        token = str(uuid.uuid5(_COMMIT_TOKEN_NAMESPACE, claim.owner_token))
+        cancelled = self._transact_with_record({"Update": completion}, writes, token)
+        if cancelled is None or isinstance(cancelled, Refused):
+            return cancelled or Committed()
+        return self._committed_by(claim, cancelled.record)
+
+    def _completion(self, claim: Claimed, result: object) -> dict[str, Any]:
+        """The record's completion, fenced on the claim's owner token: a commit's first item."""
+        return {
             "TableName": self._table,
             "Key": {Attr.ID: {"S": claim.record_id}},
             "UpdateExpression": COMMIT_UPDATE,
@@ -417,17 +482,6 @@ class IdempotencyStore:
             },
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
-        if not writes:
-            try:
-                self._call(self._client.update_item, **completion)
-            except ClientError as error:
-                return self._committed_by(claim, self._failed_condition_item_or_none(error))
-            return Committed()
-        token = str(uuid.uuid5(_COMMIT_TOKEN_NAMESPACE, claim.owner_token))
-        cancelled = self._transact_with_record({"Update": completion}, writes, token)
-        if cancelled is None or isinstance(cancelled, Refused):
-            return cancelled or Committed()
-        return self._committed_by(claim, cancelled.record)
 
     def release(
         self, claim: Claimed, undo: Sequence[Write] = (), *, remaining_ms: Callable[[], int] | None = None
@@ -546,46 +600,148 @@ class IdempotencyStore:
         whole) sends each message of the group through ``apply_once`` with the token it had in the group:
         a group applied while its answer was lost is then found, record by record, to be each one's own.
         """
-        answers: list[ApplyResult | Exception | None] = [None] * len(requests)
         tokens = [self._new_token() for _ in requests]
-        built: dict[int, list[dict[str, Any]]] = {}
-        groups, alone = self._groups(requests, tokens, built)
-        for group in groups:
-            alone += self._commit_group(group, requests, tokens, answers, built)
-        for index in sorted(alone):
+
+        def alone(index: int) -> ApplyResult:
             request = requests[index]
+            return self.apply_once(
+                request.record_id,
+                request.payload_hash,
+                request.result,
+                request.writes,
+                remaining_ms=remaining_ms,
+                owner=tokens[index],
+            )
+
+        return self._in_groups(
+            len(requests),
+            _Grouping(
+                items=lambda index, now_ms: self._applying_items(requests[index], tokens[index], now_ms),
+                writes=lambda index: requests[index].writes,
+                answer=lambda index, cancelled: self._group_answer(requests[index], tokens[index], cancelled),
+                landed=lambda index, _: Applied(requests[index].record_id, tokens[index]),
+                alone=alone,
+            ),
+        )
+
+    def claim_group(
+        self, requests: Sequence[ClaimRequest], *, remaining_ms: Callable[[], int] | None = None
+    ) -> list[ClaimResult | Exception]:
+        """Lock mode, step 1 for several messages at once: each as ``claim`` would answer it (or the exception
+        it would raise), each record's claim with its guard's writes, in as few transactions as the limits allow.
+
+        Each message has its own owner (fencing) token for the group's whole life. A cancellation's reasons name
+        the failing items: a record's failed condition says duplicate, in flight or key reused; a refused guard,
+        a conflict or anything less clear sends the message through ``claim`` alone (a refused guard may have met
+        an abandoned claim of the same message, which only ``claim`` looks for and releases); the others are
+        claimed again without them. An error that names no item sends each message through ``claim`` with the
+        token it had in the group: a group claim that landed while its answer was lost is each message's own.
+        """
+        if any(request.lease_ms <= 0 for request in requests):
+            raise ValueError(f"lease must be positive, got {[request.lease_ms for request in requests]} ms")
+        tokens = [self._new_token() for _ in requests]
+
+        def answer(index: int, cancelled: _RecordRefused | Refused) -> ClaimResult | Literal["alone"]:
+            record = None if isinstance(cancelled, Refused) else cancelled.record
+            if record is None or record.owner_token == tokens[index]:
+                return _ALONE
+            return self._existing(record, requests[index].payload_hash)
+
+        def landed(index: int, items: list[dict[str, Any]]) -> Claimed:
+            lease_end = int(items[0]["Update"]["ExpressionAttributeValues"][":lease"]["N"])
+            return Claimed(requests[index].record_id, tokens[index], lease_end, None)
+
+        return self._in_groups(
+            len(requests),
+            _Grouping(
+                items=lambda index, now_ms: self._claiming_items(requests[index], tokens[index], now_ms),
+                writes=lambda index: requests[index].guard,
+                answer=answer,
+                landed=landed,
+                alone=lambda index: self.claim_alone(requests[index], remaining_ms=remaining_ms, owner=tokens[index]),
+            ),
+        )
+
+    def claim_alone(
+        self, request: ClaimRequest, *, remaining_ms: Callable[[], int] | None = None, owner: str | None = None
+    ) -> ClaimResult:
+        """``claim`` of one message's ``ClaimRequest``: lock mode's message alone, or one its group left to it."""
+        return self.claim(
+            request.record_id,
+            request.payload_hash,
+            request.lease_ms,
+            request.guard,
+            undo=request.undo,
+            remaining_ms=remaining_ms,
+            owner=owner,
+        )
+
+    def commit_group(
+        self, requests: Sequence[CommitRequest], *, remaining_ms: Callable[[], int] | None = None
+    ) -> list[CommitResult | Exception]:
+        """Lock mode, step 2 for several claimed messages at once: each as ``commit`` would answer it (or the
+        exception it would raise), each record's completion, fenced on its own owner token, with its writes.
+
+        A cancellation's reasons answer a message as ``commit`` reads them (its record's failed condition: fenced,
+        or committed by its own token; a business write's: refused); a conflict or anything less clear sends it
+        through ``commit`` alone; the others are committed again without them. An error that names no item sends
+        each through ``commit`` alone, which finds a group commit that landed with its answer lost to be its own.
+        """
+
+        def answer(index: int, cancelled: _RecordRefused | Refused) -> CommitResult:
+            if isinstance(cancelled, Refused):
+                return cancelled
+            return self._committed_by(requests[index].claim, cancelled.record)
+
+        def alone(index: int) -> CommitResult:
+            request = requests[index]
+            return self.commit(request.claim, request.result, request.writes, remaining_ms=remaining_ms)
+
+        return self._in_groups(
+            len(requests),
+            _Grouping(
+                items=lambda index, _: self._committing_items(requests[index]),
+                writes=lambda index: requests[index].writes,
+                answer=answer,
+                landed=lambda index, _: Committed(),
+                alone=alone,
+            ),
+        )
+
+    def _in_groups(self, count: int, grouping: _Grouping[_A]) -> list[_A | Exception]:
+        """A transition for ``count`` messages, in as few transactions as fit: each message's answer, or the
+        exception its own transition raised."""
+        answers: list[_A | Exception | None] = [None] * count
+        built: dict[int, list[dict[str, Any]]] = {}
+        groups, alone = self._groups(count, grouping, built)
+        for group in groups:
+            alone += self._commit_group(group, grouping, answers, built)
+        for index in sorted(alone):
             try:
-                answers[index] = self.apply_once(
-                    request.record_id,
-                    request.payload_hash,
-                    request.result,
-                    request.writes,
-                    remaining_ms=remaining_ms,
-                    owner=tokens[index],
-                )
-            except Exception as error:  # the message's own failure, as apply_once would raise it to its caller
+                answers[index] = grouping.alone(index)
+            except Exception as error:  # the message's own failure, as its transition would raise it to its caller
                 answers[index] = error
         assert all(answer is not None for answer in answers), "every message of a group gets its own answer"
-        return cast("list[ApplyResult | Exception]", answers)
+        return cast("list[_A | Exception]", answers)
 
     def _groups(
-        self, requests: Sequence[ApplyRequest], tokens: Sequence[str], built: dict[int, list[dict[str, Any]]]
+        self, count: int, grouping: _Grouping[_A], built: dict[int, list[dict[str, Any]]]
     ) -> tuple[list[list[int]], list[int]]:
         """The messages' indexes packed first-fit into disjoint groups within the limits; and those to apply alone.
         Each grouped message's items go in ``built``: its group's first attempt sends them as they are."""
         groups: list[_Group] = []
         alone: list[int] = []
         now_ms = self._now_ms()
-        for index, request in enumerate(requests):
+        for index in range(count):
             try:
-                items = self._applying_items(request, tokens[index], now_ms)
+                items = grouping.items(index, now_ms)
                 keys = {_item_key(item) for item in items}
                 size = len(json.dumps(items))
-            except Exception:  # a value DynamoDB has no type for: the message's own error, which apply_once raises
+            except Exception:  # a value DynamoDB has no type for: the message's own error, which its transition raises
                 alone.append(index)
                 continue
             if len(keys) < len(items) or len(items) > MAX_TRANSACTION_ITEMS:
-                # Two actions on one item, or too many: apply_once says why, in the message's own words.
+                # Two actions on one item, or too many: the message's own transition says why, in its own words.
                 alone.append(index)
                 continue
             group = next((group for group in groups if group.fits(keys, len(items), size)), None)
@@ -601,20 +757,16 @@ class IdempotencyStore:
     def _commit_group(
         self,
         group: list[int],
-        requests: Sequence[ApplyRequest],
-        tokens: Sequence[str],
-        answers: list[ApplyResult | Exception | None],
+        grouping: _Grouping[_A],
+        answers: list[_A | Exception | None],
         built: dict[int, list[dict[str, Any]]],
     ) -> list[int]:
-        """Commit ``group``, again without each message a cancellation names; the indexes left to apply alone."""
+        """Commit ``group``, again without each message a cancellation names; the indexes left to settle alone."""
         pending, alone = group, list[int]()
         while len(pending) > 1:
             now_ms = self._now_ms()
             # Built for the grouping, sent once; an attempt after a cancellation builds them at its own time.
-            parts = [
-                built.pop(index, []) or self._applying_items(requests[index], tokens[index], now_ms)
-                for index in pending
-            ]
+            parts = [built.pop(index, []) or grouping.items(index, now_ms) for index in pending]
             try:
                 # A token per group request: botocore's own retries of it are idempotent at DynamoDB.
                 self._call(
@@ -631,10 +783,10 @@ class IdempotencyStore:
                 rest = []
                 for index, part in zip(pending, parts, strict=True):
                     mine, reasons = reasons[: len(part)], reasons[len(part) :]
-                    answer = self._group_answer(requests[index], tokens[index], mine)
+                    answer = self._named(grouping, index, mine)
                     if answer is None:
                         rest.append(index)
-                    elif answer == "alone":
+                    elif answer == _ALONE:
                         alone.append(index)
                     else:
                         answers[index] = answer
@@ -645,24 +797,32 @@ class IdempotencyStore:
             except Exception:  # an error naming no item: each message settles it alone
                 return alone + pending
             else:
-                for index in pending:
-                    answers[index] = Applied(requests[index].record_id, tokens[index])
+                for index, part in zip(pending, parts, strict=True):
+                    answers[index] = grouping.landed(index, part)
                 return alone
         return alone + pending
 
-    def _group_answer(
-        self, request: ApplyRequest, token: str, reasons: Sequence[Mapping[str, Any]]
-    ) -> ApplyResult | Literal["alone"] | None:
-        """A message's answer from its items' cancellation reasons, as ``_transact_with_record`` reads them for it
-        alone; None when none of its items failed, "alone" when only ``apply_once`` can tell."""
+    @staticmethod
+    def _named(
+        grouping: _Grouping[_A], index: int, reasons: Sequence[Mapping[str, Any]]
+    ) -> _A | Literal["alone"] | None:
+        """A message's answer from its items' cancellation reasons: None when none of them failed, "alone" when
+        only its own transition can tell."""
         try:
-            cancelled = _cancelled(request.writes, reasons, holder=None)
-        except TransientError:  # a conflict, or a reason that settles nothing: its own path retries it
-            return "alone"
-        if cancelled is None or isinstance(cancelled, Refused):
+            cancelled = _cancelled(grouping.writes(index), reasons, holder=None)
+        except TransientError:  # a conflict, or a reason that settles nothing: its own transition retries it
+            return _ALONE
+        return None if cancelled is None else grouping.answer(index, cancelled)
+
+    def _group_answer(
+        self, request: ApplyRequest, token: str, cancelled: _RecordRefused | Refused
+    ) -> ApplyResult | Literal["alone"]:
+        """An optimistic message's answer from what its items' cancellation reasons said, as ``_transact_with_record``
+        reads them for it alone; "alone" when only ``apply_once`` can tell."""
+        if isinstance(cancelled, Refused):
             return cancelled
         if cancelled.record is None:
-            return "alone"
+            return _ALONE
         if cancelled.record.owner_token == token:
             return Applied(request.record_id, token)
         return self._existing(cancelled.record, request.payload_hash)
@@ -697,6 +857,17 @@ class IdempotencyStore:
         """A message's part of a group's transaction: its record first, then its business writes."""
         record = {"Update": self._applying_write(request, token, now_ms)}
         return [record, *(write.to_transact_item() for write in request.writes)]
+
+    def _claiming_items(self, request: ClaimRequest, token: str, now_ms: int) -> list[dict[str, Any]]:
+        """A lock-mode message's part of a group claim: its record's claim first, then its guard's writes."""
+        lease = {":lease": {"N": str(now_ms + request.lease_ms)}}
+        claim = self._claiming_write(request.record_id, CLAIM_UPDATE, now_ms, token, request.payload_hash, lease)
+        return [{"Update": claim}, *(write.to_transact_item() for write in request.guard)]
+
+    def _committing_items(self, request: CommitRequest) -> list[dict[str, Any]]:
+        """A claimed message's part of a group commit: its record's completion first, then its business writes."""
+        completion = {"Update": self._completion(request.claim, request.result)}
+        return [completion, *(write.to_transact_item() for write in request.writes)]
 
     def _claiming_write(
         self, record_id: str, update: str, now_ms: int, token: str, payload_hash: str, values: dict[str, Any]

@@ -419,6 +419,24 @@ def test_a_takeover_refused_by_its_guard_releases_the_abandoned_claim_and_its_ho
     assert rig.deliver(key(), {"accountId": account, "amountCents": 100}).outcome is Outcome.APPLIED
 
 
+def test_a_takeover_refused_in_a_group_claim_releases_the_abandoned_claim_and_its_hold(make: Make) -> None:
+    rig, billing, accounts, account, k = crashed_holding(make, rule_always=True)
+    accounts.debit(account, 4500)
+    rig.advance_past_the_lease()
+    other = accounts.open(5000)
+
+    refused, applied = rig.deliver_together(
+        (k, {"accountId": account, "amountCents": 1000}, 2), (k2 := key(), {"accountId": other, "amountCents": 100}, 1)
+    )
+
+    # Grouped as alone: the refusal releases the dead worker's claim and hold; the other charge is its own.
+    assert (refused.outcome, ABANDONED_RELEASED in (refused.reason or "")) == (Outcome.POISON, True)
+    assert accounts.state(account) == (500, False)
+    assert rig.store.get(f"ChargeRequested#{k}") is None
+    assert applied.outcome is Outcome.APPLIED
+    assert (billing.calls, accounts.state(other)) == ([k2], (4900, False))
+
+
 def test_a_refused_takeover_whose_reservation_is_already_gone_still_releases_the_abandoned_claim(make: Make) -> None:
     rig, _, accounts, account, k = crashed_holding(make, rule_always=True)
     accounts.clear_hold(account)
