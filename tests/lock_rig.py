@@ -54,6 +54,10 @@ def claim(first: dict[str, Any]) -> bool:
     return "Update" in first and first["Update"]["ConditionExpression"].startswith("attribute_not_exists")
 
 
+def commit(first: dict[str, Any]) -> bool:
+    return "Update" in first and first["Update"]["ConditionExpression"].startswith("#owner")
+
+
 class Refusals:
     """Answers the next ``count`` transactions of one kind (``release``, ``claim``) as DynamoDB refuses them,
     without sending them: ``reasons`` gives each item's cancellation code by position (the record first),

@@ -29,7 +29,7 @@ from consumer.outcome import Outcome
 from consumer.processor import ABANDONED_RELEASED, BUSY
 from testkit.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
-from tests.lock_rig import Crash, LockRig, Refusals, claim, release
+from tests.lock_rig import Crash, LockRig, Refusals, claim, commit, release
 from tests.utils import settings_for_tests
 
 LEASE_MS = 30_000
@@ -703,3 +703,109 @@ def test_an_effect_over_the_item_limit_is_dead_lettered_at_once_and_its_claim_re
     assert billing.calls == [k]
     assert accounts.state(account) == (5000, False)
     assert rig.store.get(f"ChargeRequested#{k}") is None
+
+
+# -- the lanes' first messages as a group ------------------------------------------------------
+
+
+def charges(accounts: Accounts, count: int) -> list[tuple[str, dict[str, Any], int]]:
+    """``count`` first deliveries of a charge of 1000, each on an account of its own holding 5000."""
+    return [(key(), {"accountId": accounts.open(5000), "amountCents": 1000}, 1) for _ in range(count)]
+
+
+def sizes(rig: LockRig) -> list[int]:
+    """The number of items of each TransactWriteItems the rig's store sends (a planted answer's too)."""
+    seen: list[int] = []
+    event = "before-parameter-build.dynamodb.TransactWriteItems"
+    rig.dynamodb.meta.events.register(event, lambda params, **_: seen.append(len(params["TransactItems"])))
+    return seen
+
+
+def all_charged(
+    rig: LockRig, billing: Billing, accounts: Accounts, sent: list[tuple[str, dict[str, Any], int]]
+) -> None:
+    assert sorted(billing.calls) == sorted(k for k, _, _ in sent)
+    assert [accounts.state(charge["accountId"]) for _, charge, _ in sent] == [(4000, False)] * len(sent)
+    assert rig.dead_letters.sent == []
+
+
+@pytest.mark.parametrize(
+    ("planted", "claims"),
+    [
+        # The second message's record met a conflict: it is claimed alone, the other two again together.
+        (("None", "None", "TransactionConflict", "None", "None", "None"), [6, 4, 2]),
+        # Cancelled with no item named: the same group would be cancelled again, so each is claimed alone.
+        (("None",) * 6, [6, 2, 2, 2]),
+    ],
+    ids=["conflict-named", "nothing-named"],
+)
+def test_a_cancelled_group_claim_claims_the_named_alone_and_the_rest_again(
+    make: Make, planted: tuple[str, ...], claims: list[int]
+) -> None:
+    rig, billing, accounts = make()
+    sent = charges(accounts, 3)
+    seen = sizes(rig)
+    Refusals(rig, claim, 1, reasons=planted)
+
+    assert [result.outcome for result in rig.deliver_together(*sent)] == [Outcome.APPLIED] * 3
+
+    all_charged(rig, billing, accounts, sent)
+    assert seen == [*claims, 6]  # then the three committed together
+
+
+@pytest.mark.parametrize(("transition", "sent_sizes"), [(claim, [6, 2, 2, 2, 6]), (commit, [6, 6, 2, 2, 2])])
+def test_a_throttled_group_sends_each_message_alone(make: Make, transition: Any, sent_sizes: list[int]) -> None:
+    rig, billing, accounts = make()
+    sent = charges(accounts, 3)
+    seen = sizes(rig)
+    Refusals(rig, transition, 1, error="ProvisionedThroughputExceededException")
+
+    assert [result.outcome for result in rig.deliver_together(*sent)] == [Outcome.APPLIED] * 3
+
+    all_charged(rig, billing, accounts, sent)
+    assert seen == sent_sizes
+
+
+def test_a_group_commit_cancelled_by_a_conflict_commits_the_named_alone_and_the_rest_again(make: Make) -> None:
+    rig, billing, accounts = make()
+    sent = charges(accounts, 3)
+    seen = sizes(rig)
+    Refusals(rig, commit, 1, reasons=("None", "None", "TransactionConflict", "None", "None", "None"))
+
+    assert [result.outcome for result in rig.deliver_together(*sent)] == [Outcome.APPLIED] * 3
+
+    all_charged(rig, billing, accounts, sent)
+    assert seen == [6, 6, 4, 2]
+
+
+def test_a_guard_failing_in_a_group_is_its_messages_alone(make: Make) -> None:
+    rig, billing, accounts = make()
+    sent = charges(accounts, 3)
+    guard = rig.handler.guard
+    stray = Update("NotDeclared", {"id": "x"}, "SET a = :a", values={":a": 1})
+
+    def stray_for_the_second(payload: Charge, context: MessageContext) -> Guard | None:
+        return Guard(writes=(stray,)) if context.idempotency_key == sent[1][0] else guard(payload, context)
+
+    rig.handler.guard = stray_for_the_second  # type: ignore[method-assign]
+
+    results = rig.deliver_together(*sent)
+
+    assert [result.outcome for result in results] == [Outcome.APPLIED, Outcome.RETRIED, Outcome.APPLIED]
+    assert "NotDeclared" in (results[1].reason or "")
+    assert sorted(billing.calls) == sorted([sent[0][0], sent[2][0]])
+    assert rig.store.get(f"ChargeRequested#{sent[1][0]}") is None
+
+
+def test_a_rejected_call_in_a_group_dead_letters_its_message_once_released_and_the_others_commit(make: Make) -> None:
+    rig, billing, accounts = make()
+    sent = charges(accounts, 3)
+    billing.fail_next("rejected")  # the first call: the handlers run in order here (no pool)
+
+    results = rig.deliver_together(*sent)
+
+    assert [result.outcome for result in results] == [Outcome.POISON, Outcome.APPLIED, Outcome.APPLIED]
+    assert [letter["ErrorType"] for letter in rig.dead_letters.sent] == ["WebhookRejected"]
+    assert accounts.state(sent[0][1]["accountId"]) == (5000, False)
+    assert rig.store.get(f"ChargeRequested#{sent[0][0]}") is None
+    assert [accounts.state(charge["accountId"]) for _, charge, _ in sent[1:]] == [(4000, False)] * 2

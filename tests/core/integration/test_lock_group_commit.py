@@ -59,9 +59,8 @@ class Run:
 
     @staticmethod
     def _kind(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
-        first = params["TransactItems"][0]["Update"]
-        claims = first["ConditionExpression"].startswith("attribute_not_exists")
-        context["kind"] = "claim" if claims else "commit"
+        condition = params["TransactItems"][0].get("Update", {}).get("ConditionExpression", "")
+        context["kind"] = "claim" if condition.startswith("attribute_not_exists") else "commit" if condition else ""
 
     def _lose(self, http_response: Any, context: dict[str, Any], **_: Any) -> None:
         """The request was applied, and its answer is lost: the consumer sees a dropped connection."""
@@ -207,3 +206,35 @@ def test_a_claim_taken_over_meanwhile_fences_only_its_own_commit(make: Callable[
     assert done["Item"]["status"]["S"] == "DONE"
     held = run.dynamodb.get_item(TableName=run.calls_table(), Key={"callId": {"S": "HOLD#h-2"}}, ConsistentRead=True)
     assert held["Item"]["status"]["S"] == "HELD"
+
+
+def test_a_rejected_call_dead_letters_only_its_own_message(make: Callable[..., Run], webhook: WebhookSink) -> None:
+    run = make()
+    webhook.answer_next(Answer(status=422), key="k-2")
+    batch = [sqs_record(f"m-{n}", call_body(f"c-{n}", key=f"k-{n}")) for n in range(1, 4)]
+    assert run.process(batch) == {"m-1": Outcome.APPLIED, "m-2": Outcome.POISON, "m-3": Outcome.APPLIED}
+    assert run.dead_letters() == ["m-2"]
+    # Released before its dead letter: nothing of it is left to hold its key.
+    assert run.store.get("CallRequested#k-2") is None
+    assert sorted(map(str, webhook.keys())) == ["k-1", "k-2", "k-3"]
+
+
+def test_a_refused_commit_dead_letters_only_its_own_message(make: Callable[..., Run]) -> None:
+    holder: list[Run] = []
+
+    def cancel_hold(context: MessageContext) -> None:
+        # The hold of h-2 is cancelled while its handler runs: its commit, final only over its hold, is refused.
+        if context.idempotency_key == "hold-h-2":
+            run = holder[0]
+            run.dynamodb.delete_item(TableName=run.calls_table(), Key={"callId": {"S": "HOLD#h-2"}})
+
+    run = make(cancel_hold)
+    holder.append(run)
+    batch = [sqs_record(f"m-{n}", hold_body(f"h-{n}")) for n in range(1, 4)]
+    assert run.process(batch) == {"m-1": Outcome.APPLIED, "m-2": Outcome.POISON, "m-3": Outcome.APPLIED}
+    assert run.dead_letters() == ["m-2"]
+    for n in (1, 3):
+        item = run.dynamodb.get_item(
+            TableName=run.calls_table(), Key={"callId": {"S": f"HOLD#h-{n}"}}, ConsistentRead=True
+        )
+        assert item["Item"]["status"]["S"] == "DONE"

@@ -14,7 +14,18 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError, ConnectionClosedError
 
-from consumer.idempotency.store import Applied, ApplyRequest, Duplicate, IdempotencyStore, Refused
+from consumer.idempotency.store import (
+    Applied,
+    ApplyRequest,
+    Claimed,
+    ClaimRequest,
+    CommitRequest,
+    Committed,
+    Duplicate,
+    IdempotencyStore,
+    InFlight,
+    Refused,
+)
 from consumer.idempotency.writes import ConditionCheck, Put
 from consumer.outcome import Outcome
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, REGION, sqs_record
@@ -121,8 +132,8 @@ class _LostAnswers:
     """A client whose transact_write_items is applied, then its answer lost, ``times`` times; each one retried
     as botocore retries it (``retried``), the same request once more, or not at all."""
 
-    def __init__(self, client: Any, *, times: int, retried: bool) -> None:
-        self._client, self._times, self._retried = client, times, retried
+    def __init__(self, client: Any, *, times: int, retried: bool, clock: Clock | None = None) -> None:
+        self._client, self._times, self._retried, self._clock = client, times, retried, clock
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -132,6 +143,8 @@ class _LostAnswers:
             return self._client.transact_write_items(**request)
         self._times -= 1
         self._client.transact_write_items(**request)
+        if self._clock is not None:
+            self._clock.advance(2)  # the answer took its time: what is sent next is built at a later time
         if self._retried:
             # moto keeps no request token: the retry meets the records its first attempt wrote.
             return self._client.transact_write_items(**request)
@@ -158,6 +171,54 @@ def test_a_group_whose_answer_was_lost_is_each_messages_own_and_applied_once(
     # And a delivery after it is a duplicate: applied once.
     again = store.apply_group([_tally_request(n) for n in range(1, 4)])
     assert [type(answer) for answer in again] == [Duplicate] * 3
+
+
+def _claim_request(n: int) -> ClaimRequest:
+    return ClaimRequest(f"CallRequested#k-{n}", f"hash-{n}", 30_000)
+
+
+@pytest.mark.parametrize("retried", [False, True], ids=["answer-lost", "retried-after-applied"])
+def test_a_group_claim_and_commit_whose_answers_were_lost_are_each_messages_own(
+    dynamodb: Any, clock: Clock, retried: bool
+) -> None:
+    def store(times: int) -> IdempotencyStore:
+        client = cast("Any", _LostAnswers(dynamodb, times=times, retried=retried, clock=clock))
+        return IdempotencyStore(client, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock)
+
+    claims = store(times=1).claim_group([_claim_request(n) for n in range(1, 4)])
+    assert [type(answer) for answer in claims] == [Claimed] * 3
+    for answer in claims:
+        record = store(0).get(cast("Claimed", answer).record_id)
+        # Its own claim (not another's in flight), until the lease end the record carries.
+        assert record is not None and isinstance(answer, Claimed)
+        assert (record.owner_token, record.lease_expires_at_ms) == (answer.owner_token, answer.lease_expires_at_ms)
+    requests = [
+        CommitRequest(cast("Claimed", claim), {"n": n}, _tally_request(n).writes)
+        for n, claim in enumerate(claims, start=1)
+    ]
+    assert [type(answer) for answer in store(times=1).commit_group(requests)] == [Committed] * 3
+    assert [entries(dynamodb, f"t-{n}") for n in range(1, 4)] == [[f"ENTRY#e-{n}"] for n in range(1, 4)]
+    # And a claim after it finds each one done.
+    assert [type(answer) for answer in store(0).claim_group([_claim_request(n) for n in range(1, 4)])] == [
+        Duplicate
+    ] * 3
+
+
+def test_a_group_claim_beside_a_claim_in_flight_claims_the_others(dynamodb: Any, clock: Clock) -> None:
+    seen = _sizes(dynamodb)
+    store = IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock)
+    assert isinstance(store.claim("CallRequested#k-2", "hash-2", 30_000), Claimed)
+    answers = store.claim_group([_claim_request(n) for n in range(1, 4)])
+    assert [type(answer) for answer in answers] == [Claimed, InFlight, Claimed]
+    # The three in one transaction, cancelled on the second's record; the other two again, together.
+    assert seen == [3, 2]
+
+
+def test_a_group_claim_with_a_lease_not_positive_is_the_callers_bug(dynamodb: Any, clock: Clock) -> None:
+    store = IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock)
+    with pytest.raises(ValueError, match="lease must be positive"):
+        store.claim_group([_claim_request(1), ClaimRequest("CallRequested#k-2", "h", 0)])
+    assert store.get("CallRequested#k-1") is None
 
 
 def _sizes(client: Any) -> list[int]:
