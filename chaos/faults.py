@@ -72,14 +72,10 @@ _CRASH_POINTS: Mapping[Step, tuple[tuple[FaultKind, str], ...]] = {
     Step.COMMIT: _AROUND_COMMIT,
     Step.APPLY_ONCE: _AROUND_COMMIT,
 }
-# Rolled in this order on every request; a conflict only on a TransactWriteItems.
+# Rolled in this order on every request, each the transport fault of its name; a conflict only on a TransactWriteItems.
 _TRANSPORT_FAULTS: Mapping[FaultKind, TransportFault] = {
-    FaultKind.TRANSACTION_CONFLICT: TransportFault.TRANSACTION_CONFLICT,
-    FaultKind.THROTTLED: TransportFault.THROTTLED,
-    FaultKind.SERVER_ERROR: TransportFault.SERVER_ERROR,
-    FaultKind.CONNECT_TIMEOUT: TransportFault.CONNECT_TIMEOUT,
-    FaultKind.LOST_ANSWER: TransportFault.LOST_ANSWER,
-    FaultKind.READ_TIMEOUT: TransportFault.READ_TIMEOUT,
+    FaultKind[name]: TransportFault[name]
+    for name in ("TRANSACTION_CONFLICT", "THROTTLED", "SERVER_ERROR", "CONNECT_TIMEOUT", "LOST_ANSWER", "READ_TIMEOUT")
 }
 # Where an answer lost or timed out matters: a request that changed something. A forced one lands on a write.
 _WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems"})
@@ -202,9 +198,8 @@ class FaultPolicy:
 
     def __call__(self, call: TransportCall) -> TransportPlan | None:
         store_call = classify(call, self.idempotency_table)
-        if store_call.record_id is not None:
-            with self._lock:
-                self._touched.add(store_call.record_id)
+        with self._lock:
+            self._touched.update(record for record in (store_call.record_id, *store_call.others) if record)
         if store_call.step is not Step.OTHER:
             plan = self._state_machine_fault(store_call, call.attempt)
             if plan is not None:
@@ -255,6 +250,8 @@ class FaultPolicy:
             if not paused:
                 return None  # enough workers paused already: no zombie this time
             self.inject(FaultKind.ZOMBIE, call.record_id)
+            for other in call.others:  # paused with it, past their leases too
+                self.journal.write("cut_off", record=other)
             self.zombies.hold(call.record_id)
             overtaken = self.zombies.pause_until_taken_over(call.record_id, call.owner_token)
         if not overtaken:

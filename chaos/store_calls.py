@@ -4,7 +4,7 @@ record: the store's own exported update expressions (compared, never parsed), or
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -27,6 +27,8 @@ class StoreCall:
     record_id: str | None = None
     # The fencing token the request writes (claim, apply) or is conditioned on (commit, release).
     owner_token: str | None = None
+    # The other records a group's transaction writes (each its own message's): what befalls it befalls them.
+    others: tuple[str, ...] = ()
 
 
 _OTHER = StoreCall(Step.OTHER)
@@ -48,20 +50,21 @@ def _update(params: Mapping[str, Any]) -> StoreCall:
     return _OTHER if step is None else StoreCall(step, _record_id(params), _owner(params))
 
 
+def _action(item: Mapping[str, Any], idempotency_table: str) -> StoreCall:
+    update, delete = item.get("Update") or {}, item.get("Delete") or {}
+    if delete.get("TableName") == idempotency_table:  # a release (in a transaction, with a guard's undo)
+        return StoreCall(Step.RELEASE, _record_id(delete), _owner(delete))
+    # A business write may share the table: the record's own write is the one that sets a status.
+    return _update(update) if update.get("TableName") == idempotency_table else _OTHER
+
+
 def classify(call: TransportCall, idempotency_table: str) -> StoreCall:
+    """A single write is its one action; a transaction's are its items: a group's writes several messages'
+    records, the first naming the step and the others going with it."""
     params = call.params
-    on_records = call.service == "dynamodb" and params.get("TableName") == idempotency_table
-    if on_records and call.operation == "UpdateItem":
-        return _update(params)
-    if on_records and call.operation == "DeleteItem":
-        return StoreCall(Step.RELEASE, _record_id(params), _owner(params))
-    if call.service == "dynamodb" and call.operation == "TransactWriteItems":
-        for item in params.get("TransactItems") or []:
-            update, delete = item.get("Update") or {}, item.get("Delete") or {}
-            if delete.get("TableName") == idempotency_table:  # a release with a guard's undo
-                return StoreCall(Step.RELEASE, _record_id(delete), _owner(delete))
-            # A business write may share the table: the record's own write is the one that sets a status.
-            found = _update(update) if update.get("TableName") == idempotency_table else _OTHER
-            if found.step is not Step.OTHER:
-                return found
-    return _OTHER
+    single = {"UpdateItem": [{"Update": params}], "DeleteItem": [{"Delete": params}]}.get(call.operation)
+    actions = single or (params.get("TransactItems") or [] if call.operation == "TransactWriteItems" else [])
+    found = [step for item in actions if (step := _action(item, idempotency_table)).step is not Step.OTHER]
+    if call.service != "dynamodb" or not found:
+        return _OTHER
+    return replace(found[0], others=tuple(str(other.record_id) for other in found[1:]))

@@ -4,12 +4,20 @@ transport: the real store's requests must be recognised, or faults would silentl
 from __future__ import annotations
 
 import uuid
+from typing import cast
 
 import pytest
 
 from chaos.store_calls import Step, StoreCall, classify
 from chaos.transport_faults import TransportCall, TransportPlan, install_faults
-from consumer.idempotency.store import Applied, Claimed, IdempotencyStore
+from consumer.idempotency.store import (
+    Applied,
+    ApplyRequest,
+    Claimed,
+    ClaimRequest,
+    CommitRequest,
+    IdempotencyStore,
+)
 from consumer.idempotency.writes import Put, Update
 from testkit.aws import session as local_session
 from testkit.dynamodb_local import DynamoDBLocal
@@ -21,7 +29,8 @@ def table(id_table: TableFactory) -> str:
     return id_table("calls")
 
 
-def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLocal, table: str) -> None:
+def recording(dynamodb_local: DynamoDBLocal, table: str) -> tuple[IdempotencyStore, list[StoreCall]]:
+    """A store whose every request is classified as the harness classifies it, in ``seen``."""
     seen: list[StoreCall] = []
 
     def record(call: TransportCall) -> TransportPlan | None:
@@ -30,9 +39,12 @@ def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLoca
 
     session = local_session()
     install_faults(session, record)
-    store = IdempotencyStore(
-        session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url), table, ttl_seconds=3600
-    )
+    client = session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url)
+    return IdempotencyStore(client, table, ttl_seconds=3600), seen
+
+
+def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLocal, table: str) -> None:
+    store, seen = recording(dynamodb_local, table)
     effect = Update(table=table, key={"id": "effect"}, expression="ADD n :one", values={":one": 1})
     first, second, third, fourth = (f"k-{uuid.uuid4().hex[:8]}" for _ in range(4))
 
@@ -73,3 +85,21 @@ def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLoca
     assert seen[0].owner_token == seen[1].owner_token is not None
     assert seen[4].owner_token == seen[5].owner_token == claim.owner_token
     assert seen[7].owner_token == guarded.owner_token
+
+
+def test_a_groups_transaction_is_its_first_records_step_carrying_the_others(
+    dynamodb_local: DynamoDBLocal, table: str
+) -> None:
+    """A fault on a group's request befalls every message in it: the harness must know them all."""
+    store, seen = recording(dynamodb_local, table)
+    first, second = (f"k-{uuid.uuid4().hex[:8]}" for _ in range(2))
+
+    claims = store.claim_group([ClaimRequest(first, "h", 5_000), ClaimRequest(second, "h", 5_000)])
+    store.commit_group([CommitRequest(cast("Claimed", claim)) for claim in claims])
+    store.apply_group([ApplyRequest(f"{first}-optimistic", "h"), ApplyRequest(f"{second}-optimistic", "h")])
+
+    assert [(call.step, call.record_id, call.others) for call in seen] == [
+        (Step.CLAIM, first, (second,)),
+        (Step.COMMIT, first, (second,)),
+        (Step.APPLY_ONCE, f"{first}-optimistic", (f"{second}-optimistic",)),
+    ]
