@@ -29,7 +29,18 @@ from consumer.prepared import Parsed, prepare
 from testkit.lambda_sqs import sqs_record
 from testkit.servers import LocalServers
 from testkit.webhook import Answer, WebhookSink
-from tests.core.handlers import CALL_TABLE, HOLD_EVENT, HoldHandler, call_body, handlers_for_tests, hold_body, hold_key
+from tests.core.handlers import (
+    CALL_TABLE,
+    HOLD_EVENT,
+    TALLY_TABLE,
+    HoldHandler,
+    call_body,
+    handlers_for_tests,
+    hold_body,
+    hold_key,
+    tally_body,
+    tally_total,
+)
 from tests.kit import Remaining, drain
 from tests.utils import settings_on_local_servers
 
@@ -238,3 +249,16 @@ def test_a_refused_commit_dead_letters_only_its_own_message(make: Callable[..., 
             TableName=run.calls_table(), Key={"callId": {"S": f"HOLD#h-{n}"}}, ConsistentRead=True
         )
         assert item["Item"]["status"]["S"] == "DONE"
+
+
+def test_optimistic_and_lock_messages_of_one_wave_are_grouped_each_mode_apart(
+    make: Callable[..., Run], on: bool
+) -> None:
+    run = make()
+    calls = [sqs_record(f"call-{n}", call_body(f"c-{n}", key=f"k-{n}")) for n in range(1, 3)]
+    tallies = [sqs_record(f"tally-{n}", tally_body(f"e-{n}", tally_id=f"t-{n}")) for n in range(1, 3)]
+    assert set(run.process([calls[0], tallies[0], calls[1], tallies[1]]).values()) == {Outcome.APPLIED}
+    assert sorted(map(str, run.webhook.keys())) == ["k-1", "k-2"]
+    assert [tally_total(run.dynamodb, run.settings.table_names[TALLY_TABLE], f"t-{n}") for n in (1, 2)] == [1250] * 2
+    # Grouped: the tallies in one transaction, the calls' claims in one and their commits in one.
+    assert (run.calls["TransactWriteItems"], run.calls["UpdateItem"]) == ((3, 0) if on else (4, 2))
