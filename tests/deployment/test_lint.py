@@ -24,6 +24,7 @@ _CONFIG = ManualArgs(regions=[REGION], include_checks=["I"], append_rules=["cfn_
 # queue's RedrivePolicy. The template as written cannot carry a cfn-lint exception onto a resource SAM generates.
 _TRANSFORMED_CONFIG = ManualArgs(**{**_CONFIG, "ignore_checks": ["ES1001"]})
 SAM = REPO_ROOT / ".venv-sam" / "bin" / "sam"
+LINT_SELF_CHECK = Path(__file__).parent / "fixtures" / "lint-self-check.yaml"
 # make validate runs sam validate on the default shape (standard, on-demand) and cfn-lint reads both branches of
 # every condition in the transformed template (the tests above); here, the shape where each takes its other branch.
 STACK_SHAPES = [
@@ -47,20 +48,23 @@ def test_transformed_template_passes_cfn_lint(transformed_template: dict[str, An
 
 
 @pytest.mark.parametrize(
-    ("original", "broken"),
+    ("original", "broken", "rule"),
     [
         # The tests above mean something only if lint() really reports problems...
-        ("!GetAtt ConsumerDeadLetterQueue.Arn", "!GetAtt MissingQueue.Arn"),
+        ("!GetAtt ConsumerDeadLetterQueue.Arn", "!GetAtt MissingQueue.Arn", "E1010"),
         # ...in the FIFO branch too, which the default parameters do not take...
-        ("DeduplicationScope: !If [IsFifo, messageGroup,", "DeduplicationScope: !If [IsFifo, [messageGroup],"),
+        ("DeduplicationScope: !If [IsFifo, messageGroup,", "DeduplicationScope: !If [IsFifo, [messageGroup],", "E3012"),
         # ...and the serverless rules are loaded.
-        ("            - WS1000\n", ""),
+        ("            - WS1000\n", "", "WS1000"),
     ],
 )
-def test_lint_reports_a_broken_template(original: str, broken: str) -> None:
-    text = TEMPLATE_PATH.read_text(encoding="utf-8")
+def test_lint_reports_a_broken_template(original: str, broken: str, rule: str) -> None:
+    # On a fixed template, not template.yaml: a mistake of yours is the checks' above to name, and must neither break
+    # this check of the linter nor make it pass on findings of its own.
+    text = LINT_SELF_CHECK.read_text(encoding="utf-8")
+    assert _findings(text) == []
     assert original in text
-    assert _findings(text.replace(original, broken, 1)) != []
+    assert [finding.split()[0] for finding in _findings(text.replace(original, broken, 1))] == [rule]
 
 
 def test_lint_of_the_transformed_template_reports_a_broken_provisioned_branch(
