@@ -171,10 +171,14 @@ class MessageProcessor:
                 ends[index] = effect
             else:
                 handled.append((index, claim, effect))
-        commits = self._store.commit_group(
-            [CommitRequest(claim, effect.result, tuple(effect.writes)) for _, claim, effect in handled],
-            remaining_ms=remaining_ms,
-        )
+        commits: Sequence[CommitResult | Exception]
+        try:
+            commits = self._store.commit_group(
+                [CommitRequest(claim, effect.result, tuple(effect.writes)) for _, claim, effect in handled],
+                remaining_ms=remaining_ms,
+            )
+        except Exception as error:  # whatever failed the group as a whole, each claim is still its message's to release
+            commits = [error] * len(handled)
         ends.update((index, commit) for (index, _, _), commit in zip(handled, commits, strict=True))
         for index, request, claim in claimed:
             try:

@@ -29,7 +29,8 @@ from consumer.idempotency.store import (
 from consumer.idempotency.writes import ConditionCheck, Put
 from consumer.outcome import Outcome
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, REGION, sqs_record
-from tests.core.handlers import REFUSALS, refusals, tally_body
+from testkit.webhook import WebhookSink
+from tests.core.handlers import REFUSALS, call_body, refusals, tally_body
 from tests.core.unit.conftest import TALLIES, Clock, Consumer, entries, make_consumer, total
 from tests.utils import IDEMPOTENCY_TABLE
 
@@ -202,6 +203,22 @@ def test_a_group_claim_and_commit_whose_answers_were_lost_are_each_messages_own(
     assert [type(answer) for answer in store(0).claim_group([_claim_request(n) for n in range(1, 4)])] == [
         Duplicate
     ] * 3
+
+
+def test_a_group_commit_that_raises_releases_each_claim_and_retries_each_message(
+    dynamodb: Any, sqs: Any, clock: Clock, webhook: WebhookSink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whatever fails the group's commit as a whole, each claim is still its message's to release: none may stand
+    # until its lease ends, holding the key from the redelivery.
+    consumer = make_consumer(dynamodb, sqs, clock, webhook_url=f"{webhook.url}/calls")
+
+    def fails(*_: Any, **__: Any) -> None:
+        raise RuntimeError("the group's commit failed")
+
+    monkeypatch.setattr(IdempotencyStore, "commit_group", fails)
+    outcomes = _outcomes(consumer, [sqs_record(f"c-{n}", call_body(str(n), tally_id=f"t-{n}")) for n in range(1, 3)])
+    assert outcomes == {"c-1": Outcome.RETRIED, "c-2": Outcome.RETRIED}
+    assert [consumer.store.get(f"CallRequested#call-{n}") for n in range(1, 3)] == [None, None]
 
 
 def test_a_group_claim_beside_a_claim_in_flight_claims_the_others(dynamodb: Any, clock: Clock) -> None:
