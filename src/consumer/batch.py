@@ -89,7 +89,7 @@ def _lanes(items: list[Prepared], fifo: bool) -> list[list[int]]:
     return [indexes for _, indexes in lanes]
 
 
-@dataclass
+@dataclass(eq=False)
 class _Lane:
     """A lane's progress: held by one thread at a time (the batch's waves, then its own), so never locked."""
 
@@ -133,11 +133,14 @@ class BatchRunner:
                 self._settle(lane, items, results, fifo, index, self._run_one(items[index], remaining_ms))
 
         threaded = len(lanes) > 1 and self._max_workers > 1
-        grouped = [
-            lane for lane in lanes if self._group_commit and self._processor.groups(items[lane.indexes[0]]) is not None
-        ]
-        # The lanes the waves do not start run at once, beside the waves, as every lane did before grouping.
-        futures = [self._executor().submit(run, lane) for lane in lanes if lane not in grouped] if threaded else []
+        grouped: list[_Lane] = []
+        futures = []
+        for lane in lanes:
+            if self._group_commit and self._processor.groups(items[lane.indexes[0]]) is not None:
+                grouped.append(lane)
+            elif threaded:
+                # A lane the waves do not start runs at once, beside the waves, as every lane did before grouping.
+                futures.append(self._executor().submit(run, lane))
         if len(grouped) > 1:
             self._waves(grouped, items, results, fifo, remaining_ms)
         for lane in grouped if threaded else lanes:
@@ -180,17 +183,17 @@ class BatchRunner:
         message alone gains nothing: its lane runs it as before.
         """
         while True:
-            wave: list[tuple[_Lane, int]] = []
+            wave: list[tuple[_Lane, int, Mode]] = []
             for lane in lanes:
                 index = self._next(lane, items, results, fifo, remaining_ms)
-                if index is not None and self._processor.groups(items[index]) is not None:
-                    wave.append((lane, index))
-            lanes = [lane for lane, _ in wave]
+                if index is not None and (mode := self._processor.groups(items[index])) is not None:
+                    wave.append((lane, index, mode))
+            lanes = [lane for lane, _, _ in wave]
             if len(wave) < 2:
                 return
             # Each mode's messages apart, optimistic first (one round trip); a lock group's handlers use the pool.
             for mode in (Mode.OPTIMISTIC, Mode.LOCK):
-                group = [(lane, index) for lane, index in wave if self._processor.groups(items[index]) is mode]
+                group = [(lane, index) for lane, index, of in wave if of is mode]
                 for (lane, index), result in zip(group, self._group(items, group, remaining_ms), strict=True):
                     self._settle(lane, items, results, fifo, index, result)
 

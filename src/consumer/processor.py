@@ -129,7 +129,7 @@ class MessageProcessor:
         return results, running, requests
 
     def _apply_request(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> ApplyRequest:
-        """An optimistic message's part of a group commit: its handler's effect."""
+        """An optimistic message's commit, alone or in a group: its handler's effect."""
         effect = self._handle(item, parsed, remaining_ms)
         message = parsed.message
         return ApplyRequest(message.record_id, message.payload_hash, effect.result, tuple(effect.writes))
@@ -218,10 +218,9 @@ class MessageProcessor:
         return MessageResult(item.message_id, first.outcome, first.reason, first.retry_at_ms)
 
     def _run_optimistic(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> MessageResult:
-        effect = self._handle(item, parsed, remaining_ms)
-        message = parsed.message
+        request = self._apply_request(item, parsed, remaining_ms)
         applied = self._store.apply_once(
-            message.record_id, message.payload_hash, effect.result, tuple(effect.writes), remaining_ms=remaining_ms
+            request.record_id, request.payload_hash, request.result, request.writes, remaining_ms=remaining_ms
         )
         return self._settle(item, applied)
 
