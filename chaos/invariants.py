@@ -94,9 +94,9 @@ class History:
             elif event == "invoked":
                 self.redelivered_records += entry["redelivered"]
             elif event == "results":
-                for message_id, outcome, absorbed in entry["results"]:
+                self.conflicts_absorbed += entry["conflicts_absorbed"]
+                for message_id, outcome in entry["results"]:
                     self.outcomes[outcome] += 1
-                    self.conflicts_absorbed += absorbed
                     self.unfinished[message_id] += outcome in _UNFINISHED
                     self.results[message_id].add(outcome)
 

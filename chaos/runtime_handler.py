@@ -106,8 +106,8 @@ class Environment:
         self.journal.write("invoked", redelivered=sum(count > 1 for count in receives))
         self.faults.new_invocation()
         batch = self.consumer.process(records, self.remaining_ms(context))
-        results = [[result.message_id, result.outcome, result.conflicts_absorbed] for result in batch.results]
-        self.journal.write("results", results=results)
+        results = [[result.message_id, result.outcome] for result in batch.results]
+        self.journal.write("results", results=results, conflicts_absorbed=batch.grouping.conflicts_absorbed)
         response: dict[str, Any] = batch.response()
         return response
 

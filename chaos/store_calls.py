@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from chaos.transport_faults import TransportCall
-from consumer.idempotency import store
+from consumer.idempotency import calls as store
 from consumer.idempotency.record import Attr
 
 

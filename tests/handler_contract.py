@@ -32,8 +32,8 @@ from consumer.app import wire
 from consumer.config import Settings
 from consumer.envelope import payload_hash
 from consumer.handler import Effect, Guard, MessageContext, MessageHandler
+from consumer.idempotency.calls import COMMIT_UPDATE
 from consumer.idempotency.record import Attr, reservation_token
-from consumer.idempotency.store import COMMIT_UPDATE
 from consumer.idempotency.writes import ConditionCheck, Write
 from consumer.outcome import MessageResult, Outcome
 from testkit import payloads

@@ -14,14 +14,16 @@ A handler's tests import this module and the application, nothing of the core's 
 Fixtures: ``aws`` (moto in process, dummy credentials, no endpoint of the caller's), ``dynamodb`` and
 ``sqs`` (its clients), ``clock`` (wall time the test moves: leases and TTLs expire when it says so). The
 generic contract over every registered handler is ``tests/app/test_handler_contract.py``; drawing valid
-payloads from a model is ``testkit.payloads``. moto does not serialise concurrent writes: a claim about
-concurrency is proven on DynamoDB Local (the core's proof does), never here.
+payloads from a model is ``testkit.payloads``. moto takes one request at a time here, and no transaction of it
+ever conflicts with another: a claim about concurrency is proven on DynamoDB Local (the core's proof does), never
+here.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +32,7 @@ import boto3
 import pytest
 from aws_lambda_powertools.utilities.parameters.constants import DEFAULT_PROVIDERS
 from moto import mock_aws
+from moto.core.botocore_stubber import BotocoreStubber
 
 from consumer.batch import BatchRunner
 from consumer.config import Settings
@@ -233,6 +236,16 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    # One request at a time: moto's backends are not thread-safe, and a batch runs its lanes on threads. This makes
+    # each call whole, not moto a proof of concurrency: that is DynamoDB Local's (tests/core/integration).
+    serialized = threading.Lock()
+    process = BotocoreStubber.process_request
+
+    def one_at_a_time(stubber: BotocoreStubber, request: Any) -> Any:
+        with serialized:
+            return process(stubber, request)
+
+    monkeypatch.setattr(BotocoreStubber, "process_request", one_at_a_time)
     with mock_aws():
         yield
     DEFAULT_PROVIDERS.clear()

@@ -22,7 +22,7 @@ from consumer.config import Settings
 from consumer.conflicts import ConflictRetry
 from consumer.dead_letter import DeadLetterQueue
 from consumer.handler import MessageHandler
-from consumer.idempotency.store import IdempotencyStore
+from consumer.idempotency import IdempotencyStore
 from consumer.outcome import MessageResult
 from consumer.prepared import Prepared
 from consumer.processor import MessageProcessor

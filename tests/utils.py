@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from consumer.config import Settings
+from consumer.idempotency import IdempotencyStore
+from consumer.idempotency.transition import Transition
 from service.registry import HANDLERS
 from testkit.aws import session
 from testkit.template import REPO_ROOT, TemplateError
@@ -26,6 +29,10 @@ def settings_for_tests(tables: Mapping[str, Any] | None = None, **overrides: Any
     (tests/core/handlers.py) and every registered handler: a handler with a table or a setting of its own
     needs no change here. An override that is no field of ``Settings`` sets a handler's own setting
     (``receipt_webhook_url=...``)."""
+    # A shared transaction waits for the others' transitions this long at most: long enough that a loaded machine's
+    # threads all arrive (which messages share one is then the test's to say, not the scheduler's), still a tenth
+    # of the shortest lease.
+    overrides.setdefault("group_commit_wait_ms", 100)
     try:
         return settings_for((TallyHandler, CallHandler, *HANDLERS), tables, **overrides)
     except (TemplateError, NoTestValue) as error:
@@ -66,3 +73,28 @@ def tables_checklist() -> list[str]:
 def offline_dynamodb() -> Any:
     """A DynamoDB client that reaches no server: for tests that answer it through botocore's Stubber."""
     return session().client("dynamodb")
+
+
+def together(
+    store: IdempotencyStore, transitions: Sequence[Transition[Any]], remaining_ms: Callable[[], int] | None = None
+) -> list[object]:
+    """Transitions ready at the same moment, each on a thread of its own as a batch's messages run: each one's answer,
+    or what it raised. They all join the store's group commit before any starts, so a shared transaction waits for
+    every one of them (``store`` needs group commit on, with a wait far longer than the threads take to start)."""
+    answers: list[object] = [None] * len(transitions)
+
+    def run(index: int) -> None:
+        try:
+            answers[index] = store.run(transitions[index], remaining_ms)
+        except Exception as error:  # the transition's own outcome, as its message would meet it
+            answers[index] = error
+        finally:
+            store.leave()
+
+    store.join(len(transitions))
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(transitions))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return answers

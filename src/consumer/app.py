@@ -28,6 +28,7 @@ from consumer.batch import BatchRunner
 from consumer.config import Settings
 from consumer.errors import ConfigurationError
 from consumer.handler import Handlers, build_handlers, declared_settings, declared_tables
+from consumer.idempotency.observer import FallBack
 from consumer.outcome import Outcome
 from consumer.sdk import require_botocore
 from consumer.wiring import logger, wire
@@ -87,15 +88,24 @@ class LambdaHandler:
         counts = batch.counts()
         for outcome in Outcome:
             metrics.add_metric(name=outcome.value, unit=MetricUnit.Count, value=counts.get(outcome, 0))
-        absorbed = batch.conflicts_absorbed()
-        metrics.add_metric(name="conflicts_absorbed", unit=MetricUnit.Count, value=absorbed)
+        grouping = batch.grouping
+        metrics.add_metric(name="conflicts_absorbed", unit=MetricUnit.Count, value=grouping.conflicts_absorbed)
+        # Whether and how well the batch was grouped: an operator tells group commit from its absence by these.
+        metrics.add_metric(name="transactions", unit=MetricUnit.Count, value=grouping.transactions)
+        metrics.add_metric(
+            name="messages_per_transaction", unit=MetricUnit.Count, value=grouping.messages_per_transaction
+        )
+        for reason in FallBack.ALL:
+            metrics.add_metric(
+                name=f"fell_back_{reason}", unit=MetricUnit.Count, value=grouping.fell_back.get(reason, 0)
+            )
         response = batch.response()
         logger.info(
             "batch done",
             extra={
                 "messages": len(batch.results),
                 "failures": len(response["batchItemFailures"]),
-                "conflicts_absorbed": absorbed,
+                **grouping.log_keys(),
                 **{outcome.value: counts.get(outcome, 0) for outcome in Outcome},
             },
         )

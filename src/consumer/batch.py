@@ -18,14 +18,14 @@ bug, not a message's, and Lambda should fail the invocation loudly.
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from consumer.backoff import VisibilityBackoff
 from consumer.envelope import SqsMessage
-from consumer.handler import Mode
+from consumer.idempotency.observer import Grouping, Tally
 from consumer.outcome import MessageResult, Outcome
 from consumer.prepared import Parsed, Prepared
 from consumer.processor import MessageProcessor
@@ -34,6 +34,8 @@ from consumer.processor import MessageProcessor
 @dataclass(frozen=True)
 class BatchResult:
     results: tuple[MessageResult, ...]
+    # The transactions its messages' transitions were sent in.
+    grouping: Grouping = field(default_factory=Grouping)
 
     def failures(self) -> list[str]:
         return [result.message_id for result in self.results if result.outcome.is_failure]
@@ -46,7 +48,7 @@ class BatchResult:
         return Counter(result.outcome for result in self.results)
 
     def conflicts_absorbed(self) -> int:
-        return sum(result.conflicts_absorbed for result in self.results)
+        return self.grouping.conflicts_absorbed
 
 
 def sqs_messages(messages: object) -> list[SqsMessage]:
@@ -91,7 +93,7 @@ def _lanes(items: list[Prepared], fifo: bool) -> list[list[int]]:
 
 @dataclass(eq=False)
 class _Lane:
-    """A lane's progress: held by one thread at a time (the batch's waves, then its own), so never locked."""
+    """A lane's progress: held by one thread, so never locked."""
 
     indexes: list[int]
     done: int = 0  # how many of its messages, in order, have their result
@@ -109,106 +111,60 @@ class BatchRunner:
         deadline_margin_ms: int,
         backoff: VisibilityBackoff | None = None,
         clock: Callable[[], float] = time.time,
-        group_commit: bool = True,
+        tally: Tally | None = None,
     ) -> None:
         self._processor = processor
-        # The lanes' next new messages run together, each mode's apart, wave after wave, in as few transactions as fit.
-        self._group_commit = group_commit
+        self._tally = tally
         self._backoff = backoff
         self._max_workers = max_workers
         self._deadline_margin_ms = deadline_margin_ms
         self._clock = clock
-        # One pool per container: threads are reused across warm invocations.
+        # One pool per container, beside the invocation's own thread: threads are reused across warm invocations.
         self._pool: ThreadPoolExecutor | None = None
 
     def process(self, event_records: object, remaining_ms: Callable[[], int]) -> BatchResult:
         messages = sqs_messages(event_records)
+        if self._tally is not None:
+            self._tally.take()  # what an earlier invocation left untaken is not this one's
         items = [self._processor.prepare(message) for message in messages]
         fifo = any(item.group for item in items)
         results: list[MessageResult | None] = [None] * len(messages)
-        lanes = [_Lane(indexes) for indexes in _lanes(items, fifo)]
+        lanes = deque(_Lane(indexes) for indexes in _lanes(items, fifo))
 
-        def run(lane: _Lane) -> None:
-            while (index := self._next(lane, items, results, fifo, remaining_ms)) is not None:
-                self._settle(lane, items, results, fifo, index, self._run_one(items[index], remaining_ms))
+        def work() -> None:
+            """Lanes, one after another, until none is left; then this thread leaves the group commit."""
+            try:
+                while True:
+                    try:
+                        lane = lanes.popleft()
+                    except IndexError:
+                        return
+                    while (index := self._next(lane, items, results, fifo, remaining_ms)) is not None:
+                        self._settle(lane, items, results, fifo, index, self._run_one(items[index], remaining_ms))
+            finally:
+                self._processor.leave()
 
-        threaded = len(lanes) > 1 and self._max_workers > 1
-        grouped: list[_Lane] = []
-        futures = []
-        for lane in lanes:
-            if self._group_commit and self._processor.groups(items[lane.indexes[0]]) is not None:
-                grouped.append(lane)
-            elif threaded:
-                # A lane the waves do not start runs at once, beside the waves, as every lane did before grouping.
-                futures.append(self._executor().submit(run, lane))
-        if len(grouped) > 1:
-            self._waves(grouped, items, results, fifo, remaining_ms)
-        for lane in grouped if threaded else lanes:
-            if lane.done < len(lane.indexes):
-                if threaded:
-                    futures.append(self._executor().submit(run, lane))
-                else:
-                    run(lane)
+        # Every worker joins before any starts, so that the first transitions wait (bounded) for the others'.
+        workers = min(len(lanes), self._max_workers)
+        self._processor.join(workers)
+        futures = [self._executor().submit(work) for _ in range(workers - 1)]
+        if workers:
+            work()  # the invocation's own thread is one of them
         for future in futures:
             future.result()
         done = tuple(result for result in results if result is not None)
         assert len(done) == len(messages), "every message ends with exactly one result"
         if self._backoff is not None:
             self._backoff.schedule(messages, done)
-        return BatchResult(done)
+        return BatchResult(done, self._tally.take() if self._tally is not None else Grouping())
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="message")
+            self._pool = ThreadPoolExecutor(max_workers=self._max_workers - 1, thread_name_prefix="message")
         return self._pool
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
-
-    def _waves(
-        self,
-        lanes: list[_Lane],
-        items: list[Prepared],
-        results: list[MessageResult | None],
-        fifo: bool,
-        remaining_ms: Callable[[], int],
-    ) -> None:
-        """Each lane's next message, where it can be grouped, run together with the other lanes' next ones of its
-        mode (optimistic ones committed together; lock-mode ones claimed together, handled side by side, committed
-        together): wave after wave, while two or more can be. A lane leaves the waves when its next message cannot
-        be grouped.
-
-        Lanes hold apart what must not run together (a key's copies, a contended item, a FIFO group), so their
-        next messages may share a transaction; the store still keeps apart those whose items meet. One such
-        message alone gains nothing: its lane runs it as before.
-        """
-        while True:
-            wave: list[tuple[_Lane, int, Mode]] = []
-            for lane in lanes:
-                index = self._next(lane, items, results, fifo, remaining_ms)
-                if index is not None and (mode := self._processor.groups(items[index])) is not None:
-                    wave.append((lane, index, mode))
-            lanes = [lane for lane, _, _ in wave]
-            if len(wave) < 2:
-                return
-            # Each mode's messages apart, optimistic first (one round trip); a lock group's handlers use the pool.
-            for mode in (Mode.OPTIMISTIC, Mode.LOCK):
-                group = [(lane, index) for lane, index, of in wave if of is mode]
-                for (lane, index), result in zip(group, self._group(items, group, remaining_ms), strict=True):
-                    self._settle(lane, items, results, fifo, index, result)
-
-    def _group(
-        self, items: list[Prepared], group: list[tuple[_Lane, int]], remaining_ms: Callable[[], int]
-    ) -> list[MessageResult]:
-        """The results of a wave's messages of one mode: run as a group when two or more, as its lane would if one."""
-        if len(group) < 2:
-            return [self._run_one(items[index], remaining_ms) for _, index in group]
-        pool = self._executor() if self._max_workers > 1 else None
-        try:
-            return self._processor.execute_group([items[index] for _, index in group], remaining_ms, pool)
-        except Exception as error:  # never let one group fail the whole batch: each message comes back
-            reason = f"{type(error).__name__}: {error}"
-            return [MessageResult(items[index].message_id, Outcome.RETRIED, reason) for _, index in group]
 
     def _next(
         self,

@@ -108,9 +108,11 @@ class Settings(BaseModel):
     conflict_retry_max_ms: PositiveInt = 200
     # X-Ray subsegments for every call (consumer.tracing), under the segments of Lambda's active tracing.
     tracing: bool = False
-    # A batch's new optimistic messages whose items are disjoint committed in one transaction (as many as
-    # DynamoDB's limits allow), each still with its own outcome; false commits each message alone.
+    # Transitions of a batch's messages that are ready at the same moment (applies, claims, commits, releases) whose
+    # items are disjoint share one transaction, each with its own outcome; false sends each message's alone.
     group_commit: bool = True
+    # The longest a transition waits for others to share its transaction: far below any lease and the deadline.
+    group_commit_wait_ms: PositiveInt = 20
 
     @model_validator(mode="after")
     def _fields_fit_together(self) -> Self:
@@ -128,6 +130,12 @@ class Settings(BaseModel):
             raise refuse("retry_backoff_base_seconds", "retry_backoff_max_seconds", "the cap would undercut the base")
         if self.conflict_retry_base_ms > self.conflict_retry_max_ms:
             raise refuse("conflict_retry_base_ms", "conflict_retry_max_ms", "the cap would undercut the base")
+        if self.group_commit_wait_ms * 10 > self.lease_min_ms:
+            # A commit waiting for company must never eat into the lease that bounds its message.
+            raise ConfigurationError(
+                f"GROUP_COMMIT_WAIT_MS={self.group_commit_wait_ms} must be at most a tenth of"
+                f" LEASE_MIN_MS={self.lease_min_ms}: a transition waits that long for others to share its transaction"
+            )
         if self.idempotency_ttl_seconds * 1000 <= self.lease_max_ms:
             # A record expired under its owner's lease counts as absent: a duplicate would be applied meanwhile.
             raise ConfigurationError(

@@ -35,8 +35,6 @@ class MessageResult:
     retry_at_ms: int | None = None
     # What made it poison, so a copy later in the batch is dead-lettered alike.
     poison: PoisonMessage | None = None
-    # Transaction conflicts met and retried in process before this outcome.
-    conflicts_absorbed: int = 0
 
 
 class Log(Protocol):

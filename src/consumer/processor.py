@@ -1,7 +1,10 @@
 """One message, start to finish: parse, route, run under the idempotency store, classify.
 
-``prepare`` is pure (no I/O) so the batch can group messages before any round trip;
-``execute`` does the round trips. Neither raises for a message's sake: every message
+``prepare`` is pure (no I/O) so the batch can sort messages into lanes before any round trip;
+``execute`` is the message's one life: its apply (optimistic), or its claim, its handler under
+its own lease and its commit or release (lock), each as soon as the one before ends. Whether a
+transition shares a transaction with other messages' is the store's business, below this: the
+message's outcome is the same either way. Neither raises for a message's sake: every message
 ends with exactly one ``MessageResult``, so one bad message never fails its batch.
 """
 
@@ -9,9 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
-from dataclasses import replace
-from typing import Any, TypeVar, assert_never, cast
+from typing import Any, assert_never
 
 from consumer.config import Settings
 from consumer.dead_letter import DeadLetterQueue
@@ -24,32 +25,28 @@ from consumer.errors import (
     TransientError,
 )
 from consumer.handler import Effect, MessageContext, MessageHandler, Mode
-from consumer.idempotency.lease import lease_duration
-from consumer.idempotency.record import reservation_token
-from consumer.idempotency.store import (
+from consumer.idempotency.answers import (
     Applied,
-    ApplyRequest,
     ApplyResult,
     Claimed,
     ClaimRequest,
-    CommitRequest,
     CommitResult,
     Committed,
-    Contended,
+    Conflicted,
     Duplicate,
     Existing,
     Fenced,
-    IdempotencyStore,
     InFlight,
     PayloadMismatch,
     Refused,
 )
+from consumer.idempotency.lease import lease_duration
+from consumer.idempotency.record import reservation_token
+from consumer.idempotency.store import IdempotencyStore
 from consumer.idempotency.writes import Write
 from consumer.outcome import Log, MessageResult, Outcome
 from consumer.prepared import Parsed, Prepared, Rejected, prepare
 from consumer.report import Reporter
-
-_R = TypeVar("_R")
 
 # What a dead letter adds when its refusal took over a dead worker's claim: nothing of the message is left behind.
 ABANDONED_RELEASED = "the abandoned claim and its reservation were released"
@@ -82,6 +79,14 @@ class MessageProcessor:
     def prepare(self, message: SqsMessage) -> Prepared:
         return prepare(message, self._handlers, self._logger)
 
+    def join(self, threads: int) -> None:
+        """``threads`` threads are about to run messages: the store's group commit waits (bounded) for them."""
+        self._store.join(threads)
+
+    def leave(self) -> None:
+        """The calling thread runs no more messages."""
+        self._store.leave()
+
     def execute(self, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
         parsed = item.state
         if isinstance(parsed, Rejected):
@@ -90,109 +95,6 @@ class MessageProcessor:
             if parsed.handler.mode is Mode.OPTIMISTIC:
                 return self._run_optimistic(item, parsed, remaining_ms)
             return self._run_locked(item, parsed, remaining_ms)
-        except Exception as error:
-            return self._failed(item, error)
-
-    def execute_group(
-        self, items: Sequence[Prepared], remaining_ms: Callable[[], int], pool: Executor | None = None
-    ) -> list[MessageResult]:
-        """Messages of one mode (each ``groups`` says which) run together by the store's group transitions, each
-        with the outcome ``execute`` gives it alone: a message's failure, before or in a transition, is its own.
-        ``pool``: where lock-mode handlers run side by side (each may wait on an outside call)."""
-        if items and self.groups(items[0]) is Mode.LOCK:
-            return self._run_locked_group(items, remaining_ms, pool)
-        results, running, requests = self._requests(
-            items, lambda item, parsed: self._apply_request(item, parsed, remaining_ms)
-        )
-        answers = self._store.apply_group(requests, remaining_ms=remaining_ms) if requests else []
-        for index, answer in zip(running, answers, strict=True):
-            results[index] = self._answered(items[index], answer)
-        return [result for result in results if result is not None]
-
-    def _requests(
-        self, items: Sequence[Prepared], request: Callable[[Prepared, Parsed], _R]
-    ) -> tuple[list[MessageResult | None], list[int], list[_R]]:
-        """Each message's request to a group transition, or its outcome when making it failed: the outcomes so
-        far (None where a request was made), the indexes of those with a request, and the requests."""
-        results: list[MessageResult | None] = [None] * len(items)
-        running: list[int] = []
-        requests: list[_R] = []
-        for index, item in enumerate(items):
-            parsed = item.state
-            assert isinstance(parsed, Parsed) and self.groups(item) is self.groups(items[0]), "one mode per group"
-            try:
-                requests.append(request(item, parsed))
-            except Exception as error:
-                results[index] = self._failed(item, error)
-                continue
-            running.append(index)
-        return results, running, requests
-
-    def _apply_request(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> ApplyRequest:
-        """An optimistic message's commit, alone or in a group: its handler's effect."""
-        effect = self._handle(item, parsed, remaining_ms)
-        message = parsed.message
-        return ApplyRequest(message.record_id, message.payload_hash, effect.result, tuple(effect.writes))
-
-    def groups(self, item: Prepared) -> Mode | None:
-        """The group the message may be run in, by its handler's mode: None when it is not parsed."""
-        return item.state.handler.mode if isinstance(item.state, Parsed) else None
-
-    def _run_locked_group(
-        self, items: Sequence[Prepared], remaining_ms: Callable[[], int], pool: Executor | None
-    ) -> list[MessageResult]:
-        """``_run_locked`` for several messages: claimed together, handled side by side, committed together."""
-        results, running, requests = self._requests(
-            items, lambda item, parsed: self._claim_request(item, parsed, remaining_ms)
-        )
-        claimed: list[tuple[int, ClaimRequest, Claimed]] = []
-        for index, request, claim in zip(
-            running, requests, self._store.claim_group(requests, remaining_ms=remaining_ms), strict=True
-        ):
-            if isinstance(claim, Claimed):
-                claimed.append((index, request, claim))
-            else:
-                results[index] = self._answered(items[index], claim)
-
-        def handle(entry: tuple[int, ClaimRequest, Claimed]) -> Effect | Exception:
-            index, _, claim = entry
-            parsed = cast("Parsed", items[index].state)
-            try:
-                return self._handle(items[index], parsed, self._lease_remaining(claim, remaining_ms))
-            except Exception as error:  # settled below, after the others' commit, as _run_locked settles it
-                return error
-
-        effects = list(pool.map(handle, claimed)) if pool is not None else [handle(entry) for entry in claimed]
-        # Each claimed message's end: what its handle raised, or its commit's answer.
-        ends: dict[int, CommitResult | Exception] = {}
-        handled: list[tuple[int, Claimed, Effect]] = []
-        for (index, _, claim), effect in zip(claimed, effects, strict=True):
-            if isinstance(effect, Exception):
-                ends[index] = effect
-            else:
-                handled.append((index, claim, effect))
-        commits: Sequence[CommitResult | Exception]
-        try:
-            commits = self._store.commit_group(
-                [CommitRequest(claim, effect.result, tuple(effect.writes)) for _, claim, effect in handled],
-                remaining_ms=remaining_ms,
-            )
-        except Exception as error:  # whatever failed the group as a whole, each claim is still its message's to release
-            commits = [error] * len(handled)
-        ends.update((index, commit) for (index, _, _), commit in zip(handled, commits, strict=True))
-        for index, request, claim in claimed:
-            try:
-                results[index] = self._locked_end(items[index], claim, request.undo, ends[index], remaining_ms)
-            except Exception as error:
-                results[index] = self._failed(items[index], error)
-        return [result for result in results if result is not None]
-
-    def _answered(self, item: Prepared, answer: ApplyResult | Existing | Exception) -> MessageResult:
-        """A group transition's answer for one message: its outcome, or its failure's when its transition raised."""
-        if not isinstance(answer, Exception):
-            return self._settle(item, answer)
-        try:
-            raise answer  # so that the log of an unexpected one carries its traceback
         except Exception as error:
             return self._failed(item, error)
 
@@ -218,24 +120,35 @@ class MessageProcessor:
         return MessageResult(item.message_id, first.outcome, first.reason, first.retry_at_ms)
 
     def _run_optimistic(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> MessageResult:
-        request = self._apply_request(item, parsed, remaining_ms)
+        effect = self._handle(item, parsed, remaining_ms)
+        message = parsed.message
         applied = self._store.apply_once(
-            request.record_id, request.payload_hash, request.result, request.writes, remaining_ms=remaining_ms
+            message.record_id, message.payload_hash, effect.result, effect.writes, remaining_ms=remaining_ms
         )
         return self._settle(item, applied)
 
     def _run_locked(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> MessageResult:
+        # Claimed only now, as its handler is about to start: the lease is the handler's, none of it spent waiting.
         request = self._claim_request(item, parsed, remaining_ms)
-        claim = self._store.claim_alone(request, remaining_ms=remaining_ms)
+        claim = self._store.claim(
+            request.record_id,
+            request.payload_hash,
+            request.lease_ms,
+            request.guard,
+            undo=request.undo,
+            remaining_ms=remaining_ms,
+        )
         if not isinstance(claim, Claimed):
             # Refused: nothing was claimed or reserved, and handle never ran: no call was made.
             return self._settle(item, claim)
         end: CommitResult | Exception
         try:
-            effect = self._handle(item, parsed, self._lease_remaining(claim, remaining_ms))
-            # The budget is the invocation's time, not the lease's: past the lease the commit still
-            # lands unless another worker took the key over, and this message cannot come back to
-            # one before this invocation hands it back.
+            # While it calls out, no other message's shared transaction waits for this one.
+            with self._store.stepped_out():
+                effect = self._handle(item, parsed, self._lease_remaining(claim, remaining_ms))
+            # Committed as soon as its own handler ends, whatever its neighbours' handlers still do. The budget is
+            # the invocation's time, not the lease's: past the lease the commit still lands unless another worker
+            # took the key over, and this message cannot come back to one before this invocation hands it back.
             end = self._store.commit(claim, effect.result, tuple(effect.writes), remaining_ms=remaining_ms)
         except Exception as error:
             end = error
@@ -286,8 +199,7 @@ class MessageProcessor:
         else:
             # A Contended commit keeps its claim: until its lease ends nobody repeats the external call.
             result = self._settle(item, end)
-        absorbed = claim.conflicts_absorbed + result.conflicts_absorbed
-        return replace(result, conflicts_absorbed=absorbed) if absorbed else result
+        return result
 
     def _settle(self, item: Prepared, answer: ApplyResult | CommitResult | Existing | Refused) -> MessageResult:
         """The one place a store's answer becomes the message's outcome."""
@@ -310,12 +222,11 @@ class MessageProcessor:
             case Fenced():
                 # Fenced out: whoever took the key over owns the outcome now.
                 result = self._report.retry(item, answer.reason)
-            case Contended():
+            case Conflicted():
                 result = self._report.contended(item, answer.reason, answer.conflicts_absorbed)
             case _:
                 assert_never(answer)
-        absorbed = answer.conflicts_absorbed
-        return replace(result, conflicts_absorbed=absorbed) if absorbed else result
+        return result
 
     @staticmethod
     def _context(item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> MessageContext:

@@ -23,6 +23,7 @@ from consumer.config import Settings
 from consumer.conflicts import ConflictRetry
 from consumer.dead_letter import DeadLetterQueue
 from consumer.handler import MessageHandler
+from consumer.idempotency.observer import Tally
 from consumer.idempotency.store import IdempotencyStore
 from consumer.outcome import Log
 from consumer.processor import MessageProcessor
@@ -97,6 +98,8 @@ def wire(
         max_ms=settings.conflict_retry_max_ms,
         margin_ms=settings.deadline_margin_ms,
     )
+    # What the store sent, told per invocation (the batch takes it): metrics and the summary line.
+    tally = Tally()
     store = IdempotencyStore(
         dynamodb,
         settings.idempotency_table_name,
@@ -104,6 +107,8 @@ def wire(
         result_max_bytes=settings.result_max_bytes,
         clock=clock,
         conflicts=conflicts,
+        group_commit_wait_ms=settings.group_commit_wait_ms if settings.group_commit else None,
+        observer=tally,
     )
     # SQS is only needed for poison and retries: create it then, not on every cold start.
     sqs: LazyClient[SQSClient] = LazyClient(lambda: cast("SQSClient", _client(session, "sqs", client_config)))
@@ -129,5 +134,5 @@ def wire(
         deadline_margin_ms=settings.deadline_margin_ms,
         backoff=backoff,
         clock=clock,
-        group_commit=settings.group_commit,
+        tally=tally,
     )

@@ -34,9 +34,9 @@ from consumer.handler import (
     declared_settings,
     declared_tables,
 )
-from consumer.idempotency import store
+from consumer.idempotency import Duplicate, IdempotencyStore, InFlight
+from consumer.idempotency import calls as store
 from consumer.idempotency.record import IdempotencyRecord, Status
-from consumer.idempotency.store import Duplicate, IdempotencyStore, InFlight
 from consumer.idempotency.writes import Put, Update
 from consumer.webhook import WebhookClient
 from local.stack import deploy_stack

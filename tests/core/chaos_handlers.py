@@ -20,7 +20,7 @@ from consumer.app import wire
 from consumer.batch import BatchRunner
 from consumer.config import HandlerSettings, Settings
 from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
-from consumer.idempotency import store as store_module
+from consumer.idempotency import calls as store_module
 from consumer.idempotency.writes import Update
 from consumer.webhook import WebhookClient
 

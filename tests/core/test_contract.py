@@ -25,8 +25,8 @@ import pytest
 from consumer.app import wire
 from consumer.config import Settings
 from consumer.envelope import parse_message
+from consumer.idempotency import Claimed, Fenced, IdempotencyStore
 from consumer.idempotency.record import Status
-from consumer.idempotency.store import Claimed, Fenced, IdempotencyStore
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, sqs_record
 from testkit.servers import LocalServers
 from testkit.webhook import Answer, WebhookSink

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from consumer.handler import declared_tables
-from consumer.idempotency import store
+from consumer.idempotency import calls as store
 from service.registry import HANDLERS
 from tests.deployment.lookups import key_schema, properties, resources_of_type, table_mistakes
 
@@ -33,6 +33,6 @@ def test_idempotency_table_is_keyed_and_expired_by_the_attributes_the_store_writ
 ) -> None:
     table = properties(transformed_template, "IdempotencyTable")
     # The store's expression attribute names are the attributes it reads and writes.
-    attribute = store._NAMES
+    attribute = store.NAMES
     assert key_schema(table) == {attribute["#id"]: ("HASH", "S")}
     assert table["TimeToLiveSpecification"] == {"AttributeName": attribute["#expires"], "Enabled": True}

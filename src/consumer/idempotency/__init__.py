@@ -1,18 +1,18 @@
 """Fenced conditional-write idempotency on DynamoDB: claim, commit, release, apply_once."""
 
-from consumer.idempotency.record import Attr, IdempotencyRecord, Status
-from consumer.idempotency.store import (
+from consumer.idempotency.answers import (
     Applied,
     Claimed,
     Committed,
-    Contended,
+    Conflicted,
     Duplicate,
     Fenced,
-    IdempotencyStore,
     InFlight,
     PayloadMismatch,
     Refused,
 )
+from consumer.idempotency.record import Attr, IdempotencyRecord, Status
+from consumer.idempotency.store import IdempotencyStore
 from consumer.idempotency.writes import ConditionCheck, Delete, Put, Update, Write
 
 __all__ = [
@@ -21,7 +21,7 @@ __all__ = [
     "Claimed",
     "Committed",
     "ConditionCheck",
-    "Contended",
+    "Conflicted",
     "Delete",
     "Duplicate",
     "Fenced",

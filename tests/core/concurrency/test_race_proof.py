@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from consumer.idempotency.store import Claimed, IdempotencyStore
+from consumer.idempotency import Claimed, IdempotencyStore
 from testkit.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
 

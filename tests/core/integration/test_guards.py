@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from consumer.config import Settings
 from consumer.errors import BusinessConditionFailed, ConfigurationError, ErrorType, PoisonMessage, TransientError
 from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
+from consumer.idempotency import Claimed, IdempotencyStore, Refused
 from consumer.idempotency.record import IdempotencyRecord, Status, reservation_token
-from consumer.idempotency.store import Claimed, IdempotencyStore, Refused
 from consumer.idempotency.writes import ConditionCheck, Update, Write
 from consumer.outcome import Outcome
 from consumer.processor import ABANDONED_RELEASED, BUSY

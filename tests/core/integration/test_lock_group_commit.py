@@ -23,7 +23,7 @@ from consumer.app import wire
 from consumer.batch import BatchRunner
 from consumer.config import Settings
 from consumer.handler import MessageContext
-from consumer.idempotency.store import IdempotencyStore
+from consumer.idempotency import IdempotencyStore
 from consumer.outcome import Outcome
 from consumer.prepared import Parsed, prepare
 from testkit.lambda_sqs import sqs_record

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from consumer.idempotency import Claimed, IdempotencyStore
 from consumer.idempotency.record import Status
-from consumer.idempotency.store import Claimed, IdempotencyStore
 from consumer.idempotency.writes import Put, Update
 from testkit.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory

@@ -10,14 +10,9 @@ import pytest
 
 from chaos.store_calls import Step, StoreCall, classify
 from chaos.transport_faults import TransportCall, TransportPlan, install_faults
-from consumer.idempotency.store import (
-    Applied,
-    ApplyRequest,
-    Claimed,
-    ClaimRequest,
-    CommitRequest,
-    IdempotencyStore,
-)
+from consumer.idempotency import Applied, Claimed, IdempotencyStore
+from consumer.idempotency.answers import ApplyRequest, ClaimRequest
+from consumer.idempotency.store import CommitRequest
 from consumer.idempotency.writes import Put, Update
 from testkit.aws import session as local_session
 from testkit.dynamodb_local import DynamoDBLocal

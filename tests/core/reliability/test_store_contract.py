@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from consumer.idempotency.store import Claimed, Fenced, IdempotencyStore
+from consumer.idempotency import Claimed, Fenced, IdempotencyStore
 from consumer.idempotency.writes import Update
 from testkit.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory

@@ -42,9 +42,7 @@ from hypothesis.stateful import (
 
 from chaos.transport_faults import TransportCall, TransportFault, TransportPlan, install_faults
 from consumer.errors import TransientError
-from consumer.idempotency import store as store_module
-from consumer.idempotency.record import Status
-from consumer.idempotency.store import (
+from consumer.idempotency import (
     Applied,
     Claimed,
     Committed,
@@ -54,6 +52,8 @@ from consumer.idempotency.store import (
     InFlight,
     PayloadMismatch,
 )
+from consumer.idempotency import calls as store_module
+from consumer.idempotency.record import Status
 from consumer.idempotency.writes import Update
 from testkit.aws import session as local_session
 from testkit.dynamodb_local import DynamoDBLocal
@@ -502,13 +502,13 @@ def _a_zombie_commits(machine: type[RuleBasedStateMachine], monkeypatch: pytest.
 def test_a_zombie_commit_is_fenced_and_caught_without_fencing(tables: Tables, monkeypatch: pytest.MonkeyPatch) -> None:
     _a_zombie_commits(machine_for(tables), monkeypatch)
 
-    monkeypatch.setattr(store_module, "_OWNED", _UNFENCED)
+    monkeypatch.setattr(store_module, "OWNED", _UNFENCED)
     with pytest.raises(AssertionError, match="a zombie's commit was not fenced"):
         _a_zombie_commits(machine_for(tables), monkeypatch)
 
 
 def test_the_machine_catches_a_store_without_fencing(tables: Tables, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "_OWNED", _UNFENCED)
+    monkeypatch.setattr(store_module, "OWNED", _UNFENCED)
     # Any invariant may be the one to catch it (a zombie's write, or the table it left behind);
     # the same machine passes against the real store, so the mutation is what it caught. Derandomized:
     # the same search every run (the one above is the failing sequence written out).

@@ -14,7 +14,7 @@ from consumer.app import wire
 from consumer.batch import BatchRunner
 from consumer.config import Settings
 from consumer.handler import MessageHandler
-from consumer.idempotency import store as store_module
+from consumer.idempotency import calls as store_module
 
 # The store's fencing condition made to hold whoever owns the record and whatever its status: a zombie's write
 # lands whether the new owner is still at work or has committed, so the run shows it by construction, not by
@@ -25,5 +25,5 @@ UNFENCED = "(#owner = :owner OR #owner <> :owner) AND (#status = :in_progress OR
 def unfenced_wire(
     settings: Settings, session: Any, *, clock: Callable[[], float], handlers: Mapping[str, MessageHandler[Any]]
 ) -> BatchRunner:
-    store_module._OWNED = UNFENCED
+    store_module.OWNED = UNFENCED
     return wire(settings, session, clock, handlers=handlers)

@@ -20,7 +20,7 @@ import pytest
 from consumer import app
 from consumer.config import table_variable
 from consumer.handler import MessageHandler
-from consumer.idempotency.store import IdempotencyStore
+from consumer.idempotency import IdempotencyStore
 from consumer.outcome import Log
 from testkit.lambda_sqs import REGION, LambdaContext
 from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY

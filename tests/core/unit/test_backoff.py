@@ -13,7 +13,7 @@ import pytest
 from consumer.backoff import VisibilityBackoff, queue_url_from_arn
 from consumer.batch import BatchRunner
 from consumer.envelope import payload_hash
-from consumer.idempotency.store import Claimed
+from consumer.idempotency import Claimed
 from consumer.outcome import MessageResult, Outcome
 from testkit.lambda_sqs import record_from_message
 from tests.core.handlers import CALL_EVENT, call_body, tally_body

@@ -10,6 +10,7 @@ DynamoDB Local behind the conflict emulation, not here.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import boto3
@@ -21,8 +22,8 @@ from botocore.stub import Stubber
 from consumer.batch import _lanes
 from consumer.conflicts import ConflictRetry
 from consumer.errors import TransactionConflict
+from consumer.idempotency import Conflicted, IdempotencyStore
 from consumer.idempotency.record import Status
-from consumer.idempotency.store import Contended, IdempotencyStore
 from consumer.outcome import Outcome
 from consumer.prepared import Prepared
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, REGION, sqs_record
@@ -67,9 +68,19 @@ def retry_policy() -> ConflictRetry:
     return ConflictRetry(base_ms=1, max_ms=4, margin_ms=1_000, sleep=lambda _: None)
 
 
-def result_of(consumer: Consumer, record: dict[str, Any]) -> Any:
-    (result,) = consumer.batch.process([record], consumer.remaining).results
-    return result
+@dataclass(frozen=True)
+class Alone:
+    """One message's batch: its outcome, and the conflicts the store's observer heard absorbed."""
+
+    outcome: Outcome
+    conflicts_absorbed: int
+    retry_at_ms: int | None
+
+
+def result_of(consumer: Consumer, record: dict[str, Any]) -> Alone:
+    batch = consumer.batch.process([record], consumer.remaining)
+    (result,) = batch.results
+    return Alone(result.outcome, batch.conflicts_absorbed(), result.retry_at_ms)
 
 
 # -- the retry policy ----------------------------------------------------------------------------
@@ -135,7 +146,7 @@ def test_without_a_policy_or_a_time_to_bound_it_a_conflict_is_tried_once_and_ans
         stub.add_client_error("update_item", service_error_code="TransactionConflictException", http_status_code=400)
         contended = store.claim("Ev#k-1", "hash", lease_ms=30_000, remaining_ms=remaining)
         stub.assert_no_pending_responses()
-    assert isinstance(contended, Contended)
+    assert isinstance(contended, Conflicted)
     assert contended.conflicts_absorbed == 0
     assert contended.reason.startswith("DynamoDB TransactionConflictException")
 

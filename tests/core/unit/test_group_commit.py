@@ -14,18 +14,9 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError, ConnectionClosedError
 
-from consumer.idempotency.store import (
-    Applied,
-    ApplyRequest,
-    Claimed,
-    ClaimRequest,
-    CommitRequest,
-    Committed,
-    Duplicate,
-    IdempotencyStore,
-    InFlight,
-    Refused,
-)
+from consumer.idempotency import Applied, Claimed, Committed, Duplicate, IdempotencyStore, InFlight, Refused
+from consumer.idempotency.answers import ApplyRequest, ClaimRequest
+from consumer.idempotency.store import CommitRequest
 from consumer.idempotency.writes import ConditionCheck, Put
 from consumer.outcome import Outcome
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, REGION, sqs_record

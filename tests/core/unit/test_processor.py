@@ -18,8 +18,8 @@ import pytest
 from consumer.envelope import payload_hash
 from consumer.errors import TransientError
 from consumer.handler import Effect, MessageContext
+from consumer.idempotency import Claimed
 from consumer.idempotency.record import Status, reservation_token
-from consumer.idempotency.store import Claimed
 from consumer.outcome import MessageResult, Outcome
 from testkit.dead_letters import reasons
 from testkit.lambda_sqs import REGION, sqs_record

@@ -10,11 +10,10 @@ from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
 from consumer.errors import BusinessConditionFailed, ErrorType, PoisonMessage, TransientError
-from consumer.idempotency.record import Status
-from consumer.idempotency.store import (
+from consumer.idempotency import (
     Applied,
     Claimed,
-    Contended,
+    Conflicted,
     Duplicate,
     Fenced,
     IdempotencyStore,
@@ -22,6 +21,7 @@ from consumer.idempotency.store import (
     PayloadMismatch,
     Refused,
 )
+from consumer.idempotency.record import Status
 from consumer.idempotency.writes import Put, Update
 from tests.core.unit.conftest import IDEMPOTENCY_TABLE, TALLIES, Clock, entries, total
 
@@ -428,7 +428,7 @@ def test_a_single_item_transaction_conflict_is_answered_as_contended(store: Idem
     with Stubber(dynamodb) as stub:
         stub.add_client_error("update_item", service_error_code="TransactionConflictException", http_status_code=400)
         contended = store.claim("Tally#1", "hash-a", LEASE_MS)
-    assert isinstance(contended, Contended)
+    assert isinstance(contended, Conflicted)
     assert "TransactionConflictException" in contended.reason
 
 
@@ -445,7 +445,7 @@ def test_a_cancelled_transaction_in_conflict_without_a_failed_condition_is_conte
             },
         )
         contended = store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#1", 500))
-    assert isinstance(contended, Contended)
+    assert isinstance(contended, Conflicted)
     assert "TransactionConflict" in contended.reason
 
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from botocore.stub import ANY, Stubber
 
-from consumer.idempotency.store import CLAIM_UPDATE, OWNER, Claimed, IdempotencyStore, Refused
+from consumer.idempotency import Claimed, IdempotencyStore, Refused
+from consumer.idempotency.calls import CLAIM_UPDATE, OWNER
 from consumer.idempotency.writes import ConditionCheck, Update
 from tests.utils import offline_dynamodb
 

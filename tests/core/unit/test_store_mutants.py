@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,8 +11,8 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from botocore.stub import Stubber
 
 from consumer.errors import BusinessConditionFailed, PoisonMessage, TransactionConflict, TransientError
+from consumer.idempotency import Applied, Claimed, Committed, Duplicate, Fenced, IdempotencyStore, InFlight
 from consumer.idempotency.record import IdempotencyRecord, Status
-from consumer.idempotency.store import Applied, Claimed, Committed, Duplicate, Fenced, IdempotencyStore, InFlight
 from consumer.idempotency.writes import MAX_BUSINESS_WRITES, ConditionCheck, Put, Update
 from tests.core.unit.conftest import TALLIES, Clock
 from tests.utils import offline_dynamodb
@@ -142,7 +143,7 @@ _WRITE = (Put(TALLIES, {"tallyId": "t-1", "entryId": "e-1"}),)
 @pytest.fixture
 def stubbed() -> Iterator[tuple[IdempotencyStore, Stubber]]:
     client = offline_dynamodb()
-    tokens = iter(["t-1", "t-2"])
+    tokens = (f"t-{n}" for n in itertools.count(1))
     with Stubber(client) as stubber:
         yield (
             IdempotencyStore(
@@ -261,7 +262,7 @@ def test_a_cancelled_transaction_says_every_code_it_met(
     claim = Claimed("Ev#k-1", "t-1", 1_800_000_060_000, 1)
 
     with pytest.raises(error) as raised:
-        store.release(claim, _WRITE)  # a release raises what commit and apply_once answer as Contended
+        store.release(claim, _WRITE)  # a release raises what commit and apply_once answer as Conflicted
     assert str(raised.value) == said
 
 

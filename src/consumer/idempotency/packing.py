@@ -1,0 +1,172 @@
+"""Transitions of several messages packed into shared transactions, and each one's part of the answer read.
+
+Transitions whose items are disjoint share a ``TransactWriteItems`` (first fit, within its 100 items and 4 MB); ones
+that meet never do. When DynamoDB cancels a shared transaction, its reasons name the failing items: each transition
+reads its own (``Transition.read``) and the others are sent again without it. Whatever a shared transaction cannot
+settle (a conflict, a reason that says nothing, an error naming no item, items that meet or cannot be built) is left
+to the transition's own write, with the reason; a transition that raises while reading its part keeps that error as
+its own outcome, and the others keep theirs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from consumer.errors import TransientError
+from consumer.idempotency.calls import Table, cancelled
+from consumer.idempotency.observer import FallBack
+from consumer.idempotency.transition import Transition
+
+# TransactWriteItems' own limits: a shared transaction stays within both.
+MAX_TRANSACTION_ITEMS = 100
+MAX_TRANSACTION_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A transition's outcome from a shared transaction: its answer, or the error reading its part raised."""
+
+    answer: object
+
+
+@dataclass(frozen=True)
+class Own:
+    """A transition the shared transaction could not settle: it is to go alone, for ``reason`` (``FallBack``)."""
+
+    reason: str
+
+
+Shared = Settled | Own
+
+
+def item_key(transact_item: Mapping[str, Any]) -> tuple[str, object]:
+    """The item a transaction's action names: its table and key (a put's whole item, whose key the schema alone
+    tells; DynamoDB refuses a transaction whose puts meet on one item, and their messages then go alone)."""
+    action = next(iter(transact_item.values()))
+    key = action.get("Key")
+    if key is not None:
+        # A key's values are scalars (S, N or B), so its attributes, in order, name it without encoding it.
+        return action["TableName"], tuple(sorted((name, *value.items()) for name, value in key.items()))
+    return action["TableName"], json.dumps(action.get("Item"), sort_keys=True)
+
+
+class _Pack:
+    """Transitions packed into one transaction: their indexes, the items they name, their items' count and size."""
+
+    def __init__(self) -> None:
+        self.indexes: list[int] = []
+        self.keys: set[tuple[str, object]] = set()
+        self.count = 0
+        self.size = 0
+
+    def fits(self, keys: set[tuple[str, object]], count: int, size: int) -> bool:
+        within = self.count + count <= MAX_TRANSACTION_ITEMS and self.size + size <= MAX_TRANSACTION_BYTES
+        return within and not self.keys & keys
+
+    def add(self, index: int, keys: set[tuple[str, object]], count: int, size: int) -> None:
+        self.indexes.append(index)
+        self.keys |= keys
+        self.count += count
+        self.size += size
+
+
+def send_shared(table: Table, transitions: Sequence[Transition[Any]]) -> list[Shared]:
+    """Each transition's outcome in as few shared transactions as fit, or ``Own`` where only its own write can tell."""
+    outcomes: list[Shared | None] = [None] * len(transitions)
+    built: dict[int, list[dict[str, Any]]] = {}
+    packs: list[_Pack] = []
+    now_ms = table.now_ms()
+    for index, transition in enumerate(transitions):
+        try:
+            items = transition.items(table, now_ms)
+            keys = {item_key(item) for item in items}
+            size = len(json.dumps(items))
+        except Exception:  # a value DynamoDB has no type for: the message's own error, which its own write raises
+            outcomes[index] = Own(FallBack.UNBUILT)
+            continue
+        if len(keys) < len(items) or len(items) > MAX_TRANSACTION_ITEMS:
+            # Two actions on one item, or too many: the message's own write says why, in its own words.
+            outcomes[index] = Own(FallBack.SHARES_AN_ITEM)
+            continue
+        pack = next((pack for pack in packs if pack.fits(keys, len(items), size)), None)
+        if pack is None:
+            pack = _Pack()
+            packs.append(pack)
+        pack.add(index, keys, len(items), size)
+        built[index] = items
+    for pack in packs:
+        if len(pack.indexes) == 1:
+            outcomes[pack.indexes[0]] = Own(FallBack.SHARES_AN_ITEM if len(transitions) > 1 else FallBack.ALONE)
+        else:
+            _send(table, transitions, pack.indexes, built, outcomes)
+    assert all(outcome is not None for outcome in outcomes), "every transition gets its outcome"
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+def _send(
+    table: Table,
+    transitions: Sequence[Transition[Any]],
+    pending: list[int],
+    built: dict[int, list[dict[str, Any]]],
+    outcomes: list[Shared | None],
+) -> None:
+    """Send ``pending``'s transitions as one transaction, again without each one its cancellation settles."""
+    reason = FallBack.ALONE  # the others settled, one is left: its own write is as cheap
+    while len(pending) > 1:
+        now_ms = table.now_ms()
+        # Built for the packing, sent once; an attempt after a cancellation builds them at its own time.
+        parts = [built.pop(index, []) or transitions[index].items(table, now_ms) for index in pending]
+        try:
+            # A token per request: botocore's own retries of it are idempotent at DynamoDB.
+            table.transact([item for part in parts for item in part], table.new_token(), messages=len(pending))
+        except ClientError as error:
+            reasons = list(error.response.get("CancellationReasons") or [])
+            if error.response["Error"]["Code"] != "TransactionCanceledException" or len(reasons) != sum(
+                len(part) for part in parts
+            ):
+                reason = FallBack.UNNAMED
+                break
+            rest = []
+            for index, part in zip(pending, parts, strict=True):
+                mine, reasons = reasons[: len(part)], reasons[len(part) :]
+                outcome = _read(transitions[index], mine)
+                if outcome is None:
+                    rest.append(index)
+                else:
+                    outcomes[index] = outcome
+            if len(rest) == len(pending):
+                # No item named: the same transaction would be cancelled again. Alone, each meets it in its own words.
+                reason = FallBack.UNNAMED
+                break
+            pending = rest
+        except Exception:  # an error naming no item: each message's own write finds what landed
+            reason = FallBack.UNNAMED
+            break
+        else:
+            for index, part in zip(pending, parts, strict=True):
+                outcomes[index] = Settled(transitions[index].landed(part))
+            return
+    for index in pending:
+        outcomes[index] = Own(reason)
+
+
+def _read(transition: Transition[Any], reasons: Sequence[Mapping[str, Any]]) -> Shared | None:
+    """A transition's outcome from its items' cancellation reasons: None when none of them failed."""
+    try:
+        answer = cancelled(transition.writes(), reasons, holder=None)
+    except TransientError:  # a conflict, or a reason that settles nothing: its own write retries it
+        return Own(FallBack.NAMED)
+    except Exception as error:  # reading its part failed (a record this version cannot read): its own outcome
+        return Settled(error)
+    if answer is None:
+        return None
+    try:
+        read = transition.read(answer)
+    except Exception as error:
+        return Settled(error)
+    return Own(FallBack.NAMED) if read is None else Settled(read)
