@@ -1,15 +1,16 @@
-"""A lock-mode handler's deliveries, one at a time, on DynamoDB Local: for the guard's tests.
+"""A lock-mode handler's deliveries, one at a time or side by side, on DynamoDB Local: for the guard's tests.
 
-The processor runs as the function runs it (the real store, conflict retries, dead letters),
-with a clock the test moves (so leases run out when the test says) and a dead-letter queue
-that keeps what it is sent. A worker's death is ``Crash``: nothing in the consumer catches it,
-so, as when a process dies, nothing is released.
+The processor runs as the function runs it (the real store with group commit, conflict retries,
+dead letters), with a clock the test moves (so leases run out when the test says) and a
+dead-letter queue that keeps what it is sent. A worker's death is ``Crash``: nothing in the
+consumer catches it, so, as when a process dies, nothing is released.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
 REMAINING_MS = 60_000
 PAST_THE_LEASE_S = REMAINING_MS / 1000 + 1
 RECORD_TTL_S = 3600
+# How long a shared transaction waits for the transitions of the threads taking part: far longer than they take to
+# arrive, so the claims of deliveries made together are shared by construction, not by the scheduler's grace.
+GROUP_COMMIT_WAIT_MS = 2_000
 
 
 class Crash(BaseException):
@@ -112,7 +116,12 @@ class LockRig:
         self.dynamodb = dynamodb_local.client()
         conflicts = ConflictRetry(base_ms=5, max_ms=50, margin_ms=1_000)
         self.store = IdempotencyStore(
-            self.dynamodb, idempotency_table, ttl_seconds=RECORD_TTL_S, clock=self.clock, conflicts=conflicts
+            self.dynamodb,
+            idempotency_table,
+            ttl_seconds=RECORD_TTL_S,
+            clock=self.clock,
+            conflicts=conflicts,
+            group_commit_wait_ms=GROUP_COMMIT_WAIT_MS,
         )
         self.dead_letters = DeadLetters()
         self.handler = handler
@@ -143,9 +152,32 @@ class LockRig:
         return self.processor.execute(self._prepared(key, payload, receive_count), lambda: remaining_ms)
 
     def deliver_together(self, *deliveries: tuple[str, dict[str, Any], int]) -> list[MessageResult]:
-        """Deliveries (key, payload, receive count) in one batch, as the lanes' first messages: run as a group."""
+        """Deliveries (key, payload, receive count) in one batch, as the lanes' first messages: each on a thread of
+        its own, all joined to the store's group commit before any starts, so their claims share a transaction
+        (their commits share one only where their handlers end together). Results in the given order; a ``Crash``
+        (or anything else a delivery raised) is raised here once every thread has ended, the first one's."""
         items = [self._prepared(*delivery) for delivery in deliveries]
-        return self.processor.execute_group(items, lambda: REMAINING_MS)
+        results: list[MessageResult | None] = [None] * len(items)
+        raised: list[BaseException | None] = [None] * len(items)
+
+        def run(index: int) -> None:
+            try:
+                results[index] = self.processor.execute(items[index], lambda: REMAINING_MS)
+            except BaseException as error:  # a worker's death (Crash) is the test's to see, not the thread's
+                raised[index] = error
+            finally:
+                self.store.leave()
+
+        self.store.join(len(items))
+        threads = [threading.Thread(target=run, args=(index,)) for index in range(len(items))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for error in raised:
+            if error is not None:
+                raise error
+        return [result for result in results if result is not None]
 
     def _prepared(self, key: str, payload: dict[str, Any], receive_count: int) -> Prepared:
         body = {"eventType": self.handler.event_type, "metadata": {"idempotencyKey": key}, "payload": payload}

@@ -2,7 +2,7 @@
 
 The same batch (new messages beside a duplicate, a key reused and a refused business condition, each on its own
 tally) is run by a consumer wired as the function is, grouping off and on: the outcomes, the dead letters and the
-tables are the same, and grouped the batch took two transactions (the group, refused; the new ones again).
+tables are the same, and grouped the batch took two transactions (the five together, refused; the new ones again).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def _run(settings: Settings) -> tuple[dict[str, Any], list[str], list[int], int]
 
 @pytest.mark.parametrize("on", [False, True], ids=["alone", "grouped"])
 def test_one_refused_message_in_a_group_leaves_the_others_outcomes_unchanged(local_aws: LocalServers, on: bool) -> None:
-    settings = settings_on_local_servers(local_aws, max_workers=4, group_commit=on)
+    # A lane each: every message's apply is ready at the same moment.
+    settings = settings_on_local_servers(local_aws, max_workers=5, group_commit=on)
     outcomes, letters, totals, transactions = _run(settings)
     assert outcomes == REFUSALS
     assert letters == ["condition", "key-reused"]

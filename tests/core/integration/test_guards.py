@@ -22,15 +22,19 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from consumer.config import Settings
 from consumer.errors import BusinessConditionFailed, ConfigurationError, ErrorType, PoisonMessage, TransientError
 from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
-from consumer.idempotency import Claimed, IdempotencyStore, Refused
+from consumer.idempotency import Claimed, Committed, IdempotencyStore, Refused
+from consumer.idempotency.answers import ClaimRequest
+from consumer.idempotency.calls import Table
+from consumer.idempotency.claim import Claim
+from consumer.idempotency.commit import Commit
 from consumer.idempotency.record import IdempotencyRecord, Status, reservation_token
 from consumer.idempotency.writes import ConditionCheck, Update, Write
 from consumer.outcome import Outcome
 from consumer.processor import ABANDONED_RELEASED, BUSY
 from testkit.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
-from tests.lock_rig import Crash, LockRig, Refusals, claim, commit, release
-from tests.utils import settings_for_tests
+from tests.lock_rig import REMAINING_MS, Crash, LockRig, Refusals, claim, commit, release
+from tests.utils import settings_for_tests, together
 
 LEASE_MS = 30_000
 
@@ -43,17 +47,23 @@ class Charge(BaseModel):
 
 
 class Billing:
-    """The outside call: records each charge's key; ``fail_next`` scripts what the next calls do."""
+    """The outside call: records each charge's key; ``fail_next`` scripts what the next calls do, ``fail_for`` what
+    the next calls of one key do (handlers running side by side call in no set order)."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
         self._script: list[str] = []
+        self._by_key: dict[str, list[str]] = {}
 
     def fail_next(self, *how: str) -> None:
         self._script.extend(how)
 
+    def fail_for(self, key: str, *how: str) -> None:
+        self._by_key.setdefault(key, []).extend(how)
+
     def charge(self, key: str) -> None:
-        how = self._script.pop(0) if self._script else "ok"
+        mine = self._by_key.get(key)
+        how = mine.pop(0) if mine else self._script.pop(0) if self._script else "ok"
         if how == "crash before the call":
             raise Crash
         self.calls.append(key)
@@ -490,12 +500,13 @@ def test_a_refused_takeover_leaves_alone_a_claim_another_worker_took_over_meanwh
     assert abandoned is not None
     newer: list[object] = []
 
-    def read_then_lose_the_race(found_id: str) -> IdempotencyRecord | None:
+    def read_then_lose_the_race(table: Table, found_id: str) -> IdempotencyRecord | None:
         # The record as this worker read it; another takes the key over before the release is sent.
         newer.append(IdempotencyStore.claim(rig.store, record_id, abandoned.payload_hash, LEASE_MS))
         return abandoned
 
-    monkeypatch.setattr(rig.store, "get", read_then_lose_the_race)
+    # The claim's own read of the abandoned record (``Table`` is frozen: patched on its class, undone below).
+    monkeypatch.setattr(Table, "get", read_then_lose_the_race)
 
     result = rig.deliver(k, {"accountId": account, "amountCents": 1000}, receive_count=2)
 
@@ -706,6 +717,11 @@ def test_an_effect_over_the_item_limit_is_dead_lettered_at_once_and_its_claim_re
 
 
 # -- the lanes' first messages as a group ------------------------------------------------------
+#
+# Each delivery runs on a thread of its own, all joined to the store's group commit before any starts: their claims
+# share one transaction by construction. Each commits as soon as its own handler ends, with whichever others are
+# ready then (or alone), so the commits' grouping is the scheduler's: it is tested at the store, transition by
+# transition, where every commit is ready at once.
 
 
 def charges(accounts: Accounts, count: int) -> list[tuple[str, dict[str, Any], int]]:
@@ -729,6 +745,15 @@ def all_charged(
     assert rig.dead_letters.sent == []
 
 
+def claims_then_commits(seen: list[int], claims: list[int], messages: int) -> None:
+    """The claims' transactions first, as planted (every commit waits for the claims still in flight); then the
+    commits', in whatever grouping their handlers' ends made: a record and a settled hold each, in as many
+    transactions as messages at most."""
+    assert seen[: len(claims)] == claims
+    commits = seen[len(claims) :]
+    assert sum(commits) == 2 * messages and len(commits) <= messages
+
+
 @pytest.mark.parametrize(
     ("planted", "claims"),
     [
@@ -750,31 +775,75 @@ def test_a_cancelled_group_claim_claims_the_named_alone_and_the_rest_again(
     assert [result.outcome for result in rig.deliver_together(*sent)] == [Outcome.APPLIED] * 3
 
     all_charged(rig, billing, accounts, sent)
-    assert seen == [*claims, 6]  # then the three committed together
+    claims_then_commits(seen, claims, 3)
 
 
-@pytest.mark.parametrize(("transition", "sent_sizes"), [(claim, [6, 2, 2, 2, 6]), (commit, [6, 6, 2, 2, 2])])
-def test_a_throttled_group_sends_each_message_alone(make: Make, transition: Any, sent_sizes: list[int]) -> None:
+def test_a_throttled_group_claim_sends_each_message_alone(make: Make) -> None:
     rig, billing, accounts = make()
     sent = charges(accounts, 3)
     seen = sizes(rig)
-    Refusals(rig, transition, 1, error="ProvisionedThroughputExceededException")
+    Refusals(rig, claim, 1, error="ProvisionedThroughputExceededException")
 
     assert [result.outcome for result in rig.deliver_together(*sent)] == [Outcome.APPLIED] * 3
 
     all_charged(rig, billing, accounts, sent)
-    assert seen == sent_sizes
+    claims_then_commits(seen, [6, 2, 2, 2], 3)
+
+
+class Ready:
+    """A charge of 1000 on an account of its own (holding 5000), claimed with its hold: its commit, as its
+    handler's effect makes it."""
+
+    def __init__(self, account: str, commit: Commit) -> None:
+        self.account = account
+        self.commit = commit
+
+
+def claimed_together(rig: LockRig, accounts: Accounts, count: int) -> list[Ready]:
+    """``count`` charges claimed with their holds as the processor claims them when all are ready at once: in one
+    shared transaction."""
+    charged = [(accounts.open(5000), key()) for _ in range(count)]
+    requests = []
+    for account, k in charged:
+        guard = hold(rig, account, k)
+        requests.append(ClaimRequest(f"ChargeRequested#{k}", "h", LEASE_MS, tuple(guard.writes), tuple(guard.undo)))
+    answers = together(rig.store, [Claim(request, str(uuid.uuid4())) for request in requests], lambda: REMAINING_MS)
+    ready = []
+    for (account, k), answer in zip(charged, answers, strict=True):
+        assert isinstance(answer, Claimed), answer
+        effect = rig.handler.handle(Charge(accountId=account, amountCents=1000), context(k))
+        ready.append(Ready(account, Commit(answer, effect.result, tuple(effect.writes))))
+    return ready
+
+
+def committed_together(rig: LockRig, accounts: Accounts, ready: list[Ready]) -> list[object]:
+    """The commits run together, as handlers ending at once commit them: each one's answer, once each charge is
+    seen settled (its record completed, its account charged and its hold gone)."""
+    answers = together(rig.store, [charge.commit for charge in ready], lambda: REMAINING_MS)
+    for charge in ready:
+        record = rig.store.get(charge.commit.claim.record_id)
+        assert record is not None and record.status is Status.COMPLETED
+        assert accounts.state(charge.account) == (4000, False)
+    return answers
+
+
+def test_a_throttled_group_commit_commits_each_message_alone(make: Make) -> None:
+    rig, _, accounts = make()
+    seen = sizes(rig)
+    claimed = claimed_together(rig, accounts, 3)
+    Refusals(rig, commit, 1, error="ProvisionedThroughputExceededException")
+
+    assert committed_together(rig, accounts, claimed) == [Committed()] * 3
+    assert seen == [6, 6, 2, 2, 2]
 
 
 def test_a_group_commit_cancelled_by_a_conflict_commits_the_named_alone_and_the_rest_again(make: Make) -> None:
-    rig, billing, accounts = make()
-    sent = charges(accounts, 3)
+    rig, _, accounts = make()
     seen = sizes(rig)
+    claimed = claimed_together(rig, accounts, 3)
     Refusals(rig, commit, 1, reasons=("None", "None", "TransactionConflict", "None", "None", "None"))
 
-    assert [result.outcome for result in rig.deliver_together(*sent)] == [Outcome.APPLIED] * 3
-
-    all_charged(rig, billing, accounts, sent)
+    assert committed_together(rig, accounts, claimed) == [Committed()] * 3
     assert seen == [6, 6, 4, 2]
 
 
@@ -800,7 +869,7 @@ def test_a_guard_failing_in_a_group_is_its_messages_alone(make: Make) -> None:
 def test_a_rejected_call_in_a_group_dead_letters_its_message_once_released_and_the_others_commit(make: Make) -> None:
     rig, billing, accounts = make()
     sent = charges(accounts, 3)
-    billing.fail_next("rejected")  # the first call: the handlers run in order here (no pool)
+    billing.fail_for(sent[0][0], "rejected")  # by key: the handlers run side by side, in no set order
 
     results = rig.deliver_together(*sent)
 
