@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from consumer.idempotency.observer import FallBack
 from consumer.outcome import Outcome
 
 
@@ -40,8 +41,14 @@ def command_output(path: Path) -> Callable[[str], None]:
     return partial(print, file=terminal, flush=True)
 
 
-# The EMF metrics the function emits per invocation: one per outcome, and the conflicts it absorbed.
-METRICS = (*(outcome.value for outcome in Outcome), "conflicts_absorbed")
+# The EMF metrics the function emits per invocation: one per outcome, the conflicts it absorbed, and its grouping.
+METRICS = (
+    *(outcome.value for outcome in Outcome),
+    "conflicts_absorbed",
+    "transactions",
+    "messages_per_transaction",
+    *(f"fell_back_{reason}" for reason in FallBack.ALL),
+)
 
 
 def outcome_counts(path: Path) -> Counter[str]:

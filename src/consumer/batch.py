@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from consumer.backoff import VisibilityBackoff
@@ -148,8 +148,13 @@ class BatchRunner:
         workers = min(len(lanes), self._max_workers)
         self._processor.join(workers)
         futures = [self._executor().submit(work) for _ in range(workers - 1)]
-        if workers:
-            work()  # the invocation's own thread is one of them
+        try:
+            if workers:
+                work()  # the invocation's own thread is one of them
+        finally:
+            # Whatever escapes a lane (a BaseException: nothing of a message's catches it) escapes once every lane
+            # has ended: no thread of this batch goes on into the next invocation.
+            wait(futures)
         for future in futures:
             future.result()
         done = tuple(result for result in results if result is not None)

@@ -187,19 +187,17 @@ class MessageProcessor:
     ) -> MessageResult:
         """A claimed message's outcome from its commit's answer, or from what its handle or commit raised."""
         if isinstance(end, PoisonMessage):
-            result = self._poison_once_released(item, claim, undo, end, remaining_ms)
-        elif isinstance(end, Exception):
+            return self._poison_once_released(item, claim, undo, end, remaining_ms)
+        if isinstance(end, Exception):
             # Safe even when a commit was in fact applied: release is fenced on IN_PROGRESS. (A process
             # that dies releases nothing; its lease runs out, and the guard's reservation waits for the
             # redelivery that takes the claim over.)
             self._release_quietly(item, claim, undo, remaining_ms)
             raise end
-        elif isinstance(end, Refused):
-            result = self._poison_once_released(item, claim, undo, BusinessConditionFailed(end.write), remaining_ms)
-        else:
-            # A Contended commit keeps its claim: until its lease ends nobody repeats the external call.
-            result = self._settle(item, end)
-        return result
+        if isinstance(end, Refused):
+            return self._poison_once_released(item, claim, undo, BusinessConditionFailed(end.write), remaining_ms)
+        # A Conflicted commit keeps its claim: until its lease ends nobody repeats the external call.
+        return self._settle(item, end)
 
     def _settle(self, item: Prepared, answer: ApplyResult | CommitResult | Existing | Refused) -> MessageResult:
         """The one place a store's answer becomes the message's outcome."""
@@ -223,7 +221,7 @@ class MessageProcessor:
                 # Fenced out: whoever took the key over owns the outcome now.
                 result = self._report.retry(item, answer.reason)
             case Conflicted():
-                result = self._report.contended(item, answer.reason, answer.conflicts_absorbed)
+                result = self._report.conflicted(item, answer.reason, answer.conflicts_absorbed)
             case _:
                 assert_never(answer)
         return result

@@ -35,7 +35,7 @@ class Reporter:
         self._logger.info("in flight elsewhere", extra=item.log_keys())
         return MessageResult(item.message_id, Outcome.IN_FLIGHT, "claimed by another worker", retry_at_ms=until_ms)
 
-    def contended(self, item: Prepared, reason: str, absorbed: int) -> MessageResult:
+    def conflicted(self, item: Prepared, reason: str, absorbed: int) -> MessageResult:
         self._logger.warning("transaction conflict not absorbed", extra={**item.log_keys(), "absorbed": absorbed})
         retry_at_ms = int(self._clock() * 1000) + random.randrange(_CONFLICT_REDELIVERY_MS)  # noqa: S311
         return MessageResult(item.message_id, Outcome.CONFLICT, reason, retry_at_ms=retry_at_ms)

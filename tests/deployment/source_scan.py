@@ -101,18 +101,18 @@ def _attributes_with_enclosing_function(tree: ast.Module) -> list[tuple[str, ast
     return found
 
 
-def transaction_item_kinds(module: str, root: Path = PACKAGE_ROOT) -> set[str]:
-    """Item kinds a module writes into ``TransactItems=[{"Update": ...}, ...]`` literally."""
+def transaction_item_kinds(package: str, root: Path = PACKAGE_ROOT, *, excluding: str = "") -> set[str]:
+    """Item kinds the modules under ``package`` (but ``excluding``) build as transaction items: ``{"Update": ...}``,
+    ``{"Delete": ...}`` literally (a transition's record item, which its transaction's ``TransactItems`` carries)."""
     kinds: set[str] = set()
-    for node in ast.walk(package_modules(root)[module]):
-        if isinstance(node, ast.keyword) and node.arg == "TransactItems":
-            for inner in ast.walk(node.value):
-                if isinstance(inner, ast.Dict):
-                    kinds.update(
-                        key.value
-                        for key in inner.keys
-                        if isinstance(key, ast.Constant) and key.value in TRANSACTION_ITEM_ACTIONS
-                    )
+    for module, tree in package_modules(root).items():
+        if not module.startswith(package) or module == excluding:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Dict) and len(node.keys) == 1:
+                (key,) = node.keys
+                if isinstance(key, ast.Constant) and key.value in TRANSACTION_ITEM_ACTIONS:
+                    kinds.add(key.value)
     return kinds
 
 
@@ -144,17 +144,3 @@ def declared_tables(package: str, root: Path = PACKAGE_ROOT) -> dict[str, tuple[
                 if any(isinstance(target, ast.Name) and target.id == "tables" for target in targets):
                     declared[module] = (*declared.get(module, ()), *ast.literal_eval(node.value))
     return declared
-
-
-def calls_on_names_containing(word: str, method: str, root: Path = PACKAGE_ROOT) -> list[str]:
-    """Places that call ``<something named *word*>.<method>(...)``, e.g. ``self._store.get(...)``."""
-    found: list[str] = []
-    for module, tree in package_modules(root).items():
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method):
-                continue
-            target = node.func.value
-            name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
-            if word in name.lower():
-                found.append(f"{module}:{node.lineno}")
-    return found

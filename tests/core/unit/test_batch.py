@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import pytest
 from pydantic import BaseModel
@@ -306,28 +307,67 @@ def _answer_from(thread_names: list[str], remaining_seen: list[object]) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("max_workers", "keys", "pooled"),
-    [(1, ["a", "b", "c"], False), (3, ["a", "a", "a"], False), (3, ["a", "b", "c"], True)],
+    ("max_workers", "keys", "threads"),
+    [(1, ["a", "b", "c"], 1), (3, ["a", "a", "a"], 1), (3, ["a", "b", "c"], 3)],
     ids=["one-worker", "one-lane", "three-lanes-three-workers"],
 )
-def test_lanes_run_on_the_pool_only_when_there_are_several_and_workers_for_them(
+def test_lanes_run_on_threads_of_their_own_only_when_there_are_several_and_workers_for_them(
     dynamodb: Any,
     sqs: Any,
     clock: Clock,
     monkeypatch: pytest.MonkeyPatch,
     max_workers: int,
     keys: list[str],
-    pooled: bool,
+    threads: int,
 ) -> None:
     names: list[str] = []
-    monkeypatch.setattr(MessageProcessor, "execute", _answer_from(names, []))
-    # Each message through execute, on its lane's thread: not the lanes' first messages committed as a group.
-    consumer = make_consumer(dynamodb, sqs, clock, max_workers=max_workers, group_commit=False)
+    answer = _answer_from(names, [])
+    # Each lane's message waits for the others' (bounded): lanes that run at once hold as many threads at once.
+    together = threading.Barrier(threads, timeout=5)
+
+    def execute(self: MessageProcessor, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
+        if threads > 1:
+            together.wait()
+        return cast("MessageResult", answer(self, item, remaining_ms))
+
+    monkeypatch.setattr(MessageProcessor, "execute", execute)
+    consumer = make_consumer(dynamodb, sqs, clock, max_workers=max_workers)
     batch = [sqs_record(f"m-{i}", tally_body(key, tally_id=key)) for i, key in enumerate(keys)]
 
     assert consumer.failed_ids(batch) == []
+    # The invocation's own thread is one of the workers; the pool gives the others.
     caller = threading.current_thread().name
-    assert names and all((name != caller and name.startswith("message")) == pooled for name in names), names
+    expected = {caller} if threads == 1 else {caller, *(f"message_{n}" for n in range(threads - 1))}
+    assert set(names) == expected, names
+
+
+class _Died(BaseException):
+    """A lane's thread dies here: nothing of a message's catches it."""
+
+
+def test_what_escapes_a_lane_escapes_the_batch_once_every_other_lane_has_ended(
+    dynamodb: Any, sqs: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ended: list[str] = []
+    died_first = threading.Event()
+
+    def execute(self: MessageProcessor, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
+        if item.message_id == "dies":
+            died_first.set()
+            raise _Died
+        died_first.wait(5)
+        time.sleep(0.2)  # ends well after the other lane died
+        ended.append(item.message_id)
+        return MessageResult(item.message_id, Outcome.APPLIED)
+
+    monkeypatch.setattr(MessageProcessor, "execute", execute)
+    consumer = make_consumer(dynamodb, sqs, clock, max_workers=3)
+    batch = [sqs_record(name, tally_body(name, tally_id=name)) for name in ("dies", "lives-1", "lives-2")]
+
+    with pytest.raises(_Died):
+        consumer.failed_ids(batch)
+    # No thread of the batch was left running into whatever comes next.
+    assert sorted(ended) == ["lives-1", "lives-2"]
 
 
 def test_one_pool_of_max_workers_threads_serves_every_invocation(

@@ -137,18 +137,18 @@ def test_waits_grow_exponentially_with_full_jitter_and_stop_at_the_cap() -> None
     [(None, lambda: 30_000), (retry_policy(), None)],
     ids=["no-policy", "no-time-given"],
 )
-def test_without_a_policy_or_a_time_to_bound_it_a_conflict_is_tried_once_and_answered_as_contended(
+def test_without_a_policy_or_a_time_to_bound_it_a_conflict_is_tried_once_and_answered_as_conflicted(
     policy: ConflictRetry | None, remaining: Any
 ) -> None:
     client = offline_dynamodb()
     store = IdempotencyStore(client, "records", ttl_seconds=60, conflicts=policy)
     with Stubber(client) as stub:
         stub.add_client_error("update_item", service_error_code="TransactionConflictException", http_status_code=400)
-        contended = store.claim("Ev#k-1", "hash", lease_ms=30_000, remaining_ms=remaining)
+        conflicted = store.claim("Ev#k-1", "hash", lease_ms=30_000, remaining_ms=remaining)
         stub.assert_no_pending_responses()
-    assert isinstance(contended, Conflicted)
-    assert contended.conflicts_absorbed == 0
-    assert contended.reason.startswith("DynamoDB TransactionConflictException")
+    assert isinstance(conflicted, Conflicted)
+    assert conflicted.conflicts_absorbed == 0
+    assert conflicted.reason.startswith("DynamoDB TransactionConflictException")
 
 
 # -- through the function's assembly ------------------------------------------------------------

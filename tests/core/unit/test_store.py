@@ -424,15 +424,15 @@ def test_throttling_and_server_errors_are_transient(
             store.claim("Tally#1", "hash-a", LEASE_MS)
 
 
-def test_a_single_item_transaction_conflict_is_answered_as_contended(store: IdempotencyStore, dynamodb: Any) -> None:
+def test_a_single_item_transaction_conflict_is_answered_as_conflicted(store: IdempotencyStore, dynamodb: Any) -> None:
     with Stubber(dynamodb) as stub:
         stub.add_client_error("update_item", service_error_code="TransactionConflictException", http_status_code=400)
-        contended = store.claim("Tally#1", "hash-a", LEASE_MS)
-    assert isinstance(contended, Conflicted)
-    assert "TransactionConflictException" in contended.reason
+        conflicted = store.claim("Tally#1", "hash-a", LEASE_MS)
+    assert isinstance(conflicted, Conflicted)
+    assert "TransactionConflictException" in conflicted.reason
 
 
-def test_a_cancelled_transaction_in_conflict_without_a_failed_condition_is_contended(
+def test_a_cancelled_transaction_in_conflict_without_a_failed_condition_is_conflicted(
     store: IdempotencyStore, dynamodb: Any
 ) -> None:
     with Stubber(dynamodb) as stub:
@@ -444,9 +444,9 @@ def test_a_cancelled_transaction_in_conflict_without_a_failed_condition_is_conte
                 "CancellationReasons": [{"Code": "None"}, {"Code": "TransactionConflict"}, {"Code": "None"}]
             },
         )
-        contended = store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#1", 500))
-    assert isinstance(contended, Conflicted)
-    assert "TransactionConflict" in contended.reason
+        conflicted = store.apply_once("Tally#1", "hash-a", None, credit("t-1", "ENTRY#1", 500))
+    assert isinstance(conflicted, Conflicted)
+    assert "TransactionConflict" in conflicted.reason
 
 
 def test_a_validation_error_is_not_mistaken_for_a_transient_one(store: IdempotencyStore, dynamodb: Any) -> None:
