@@ -12,11 +12,14 @@ from chaos.store_calls import Step, StoreCall, classify
 from chaos.transport_faults import TransportCall, TransportPlan, install_faults
 from consumer.idempotency import Applied, Claimed, IdempotencyStore
 from consumer.idempotency.answers import ApplyRequest, ClaimRequest
-from consumer.idempotency.store import CommitRequest
+from consumer.idempotency.apply import Apply
+from consumer.idempotency.claim import Claim
+from consumer.idempotency.commit import Commit
 from consumer.idempotency.writes import Put, Update
 from testkit.aws import session as local_session
 from testkit.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
+from tests.utils import together
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +27,9 @@ def table(id_table: TableFactory) -> str:
     return id_table("calls")
 
 
-def recording(dynamodb_local: DynamoDBLocal, table: str) -> tuple[IdempotencyStore, list[StoreCall]]:
+def recording(
+    dynamodb_local: DynamoDBLocal, table: str, group_commit_wait_ms: int | None = None
+) -> tuple[IdempotencyStore, list[StoreCall]]:
     """A store whose every request is classified as the harness classifies it, in ``seen``."""
     seen: list[StoreCall] = []
 
@@ -35,7 +40,7 @@ def recording(dynamodb_local: DynamoDBLocal, table: str) -> tuple[IdempotencySto
     session = local_session()
     install_faults(session, record)
     client = session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url)
-    return IdempotencyStore(client, table, ttl_seconds=3600), seen
+    return IdempotencyStore(client, table, ttl_seconds=3600, group_commit_wait_ms=group_commit_wait_ms), seen
 
 
 def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLocal, table: str) -> None:
@@ -82,19 +87,20 @@ def test_every_step_of_the_real_store_is_recognised(dynamodb_local: DynamoDBLoca
     assert seen[7].owner_token == guarded.owner_token
 
 
-def test_a_groups_transaction_is_its_first_records_step_carrying_the_others(
+def test_a_shared_transaction_is_its_first_records_step_carrying_the_others(
     dynamodb_local: DynamoDBLocal, table: str
 ) -> None:
-    """A fault on a group's request befalls every message in it: the harness must know them all."""
-    store, seen = recording(dynamodb_local, table)
+    """A fault on a shared request befalls every message in it: the harness must know them all."""
+    store, seen = recording(dynamodb_local, table, group_commit_wait_ms=2_000)
     first, second = (f"k-{uuid.uuid4().hex[:8]}" for _ in range(2))
 
-    claims = store.claim_group([ClaimRequest(first, "h", 5_000), ClaimRequest(second, "h", 5_000)])
-    store.commit_group([CommitRequest(cast("Claimed", claim)) for claim in claims])
-    store.apply_group([ApplyRequest(f"{first}-optimistic", "h"), ApplyRequest(f"{second}-optimistic", "h")])
+    claims = together(store, [Claim(ClaimRequest(key, "h", 5_000), str(uuid.uuid4())) for key in (first, second)])
+    together(store, [Commit(cast("Claimed", claim)) for claim in claims])
+    together(store, [Apply(ApplyRequest(f"{key}-optimistic", "h"), str(uuid.uuid4())) for key in (first, second)])
 
-    assert [(call.step, call.record_id, call.others) for call in seen] == [
-        (Step.CLAIM, first, (second,)),
-        (Step.COMMIT, first, (second,)),
-        (Step.APPLY_ONCE, f"{first}-optimistic", (f"{second}-optimistic",)),
+    # Which message's record comes first is whichever reached the shared transaction first.
+    assert [(call.step, {call.record_id, *call.others}) for call in seen] == [
+        (Step.CLAIM, {first, second}),
+        (Step.COMMIT, {first, second}),
+        (Step.APPLY_ONCE, {f"{first}-optimistic", f"{second}-optimistic"}),
     ]
