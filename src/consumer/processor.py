@@ -143,12 +143,11 @@ class MessageProcessor:
             return self._settle(item, claim)
         end: CommitResult | Exception
         try:
-            # While it calls out, no other message's shared transaction waits for this one.
-            with self._store.stepped_out():
-                effect = self._handle(item, parsed, self._lease_remaining(claim, remaining_ms))
-            # Committed as soon as its own handler ends, whatever its neighbours' handlers still do. The budget is
-            # the invocation's time, not the lease's: past the lease the commit still lands unless another worker
-            # took the key over, and this message cannot come back to one before this invocation hands it back.
+            effect = self._handle(item, parsed, self._lease_remaining(claim, remaining_ms))
+            # Committed as soon as its own handler ends, whatever its neighbours' handlers still do (the store waits
+            # for them a bounded moment at most). The budget is the invocation's time, not the lease's: past the
+            # lease the commit still lands unless another worker took the key over, and this message cannot come
+            # back to one before this invocation hands it back.
             end = self._store.commit(claim, effect.result, tuple(effect.writes), remaining_ms=remaining_ms)
         except Exception as error:
             end = error

@@ -34,9 +34,10 @@ from consumer.handler import (
     declared_settings,
     declared_tables,
 )
-from consumer.idempotency import Duplicate, IdempotencyStore, InFlight
+from consumer.idempotency import Duplicate, IdempotencyStore, InFlight, apply, claim
 from consumer.idempotency import calls as store
 from consumer.idempotency.record import IdempotencyRecord, Status
+from consumer.idempotency.release import Release
 from consumer.idempotency.writes import Put, Update
 from consumer.webhook import WebhookClient
 from local.stack import deploy_stack
@@ -277,7 +278,9 @@ def test_control_resend_without_the_records_condition(
 def test_control_other_content_without_the_payload_hash(
     rig: Rig, subject: Subject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(IdempotencyStore, "_existing", staticmethod(_hash_not_compared))
+    # Every transition that reads a refused record's hash: an apply's and a claim's.
+    for transition in (apply, claim):
+        monkeypatch.setattr(transition, "existing", _hash_not_compared)
     _broken(contract.other_content_is_refused, rig, subject, _pairs(subject, CONTROL + contract.REUSED))
 
 
@@ -312,14 +315,14 @@ def test_control_guard_skipped(rig: Rig, subject: Subject, monkeypatch: pytest.M
 def test_control_takeover_refused_without_releasing_the_abandoned_claim(
     rig: Rig, subject: Subject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(IdempotencyStore, "_release_abandoned", lambda self, dead, undo: False)
+    monkeypatch.setattr(Release, "abandoned", lambda self, table: False)
     cases = _cases(subject, CONTROL + contract.TAKEOVER_REFUSED)
     _broken(contract.refused_takeover_leaves_nothing, rig, subject, cases)
 
 
 @guarded_handlers
 def test_control_busy_read_as_refused(rig: Rig, subject: Subject, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store, "_held_by_another", lambda write, reason, holder: False)
+    monkeypatch.setattr(store, "held_by_another", lambda write, reason, holder: False)
     _broken(contract.busy_waits, rig, subject, _cases(subject, CONTROL + contract.BUSY))
 
 

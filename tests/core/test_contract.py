@@ -214,6 +214,12 @@ ROWS = [
     Row("poison, a failure and good messages in one batch", "One bad message never fails the batch",
         [[add("m1", "p-1"), sqs_record("m2", "{"), call("m3", "r-1"), add("m4", "p-2", tally="t-2")]],
         [["m3"]], {"t-1": 100, "t-2": 100}, dead={"m2": "InvalidJson"}, webhook=[Answer(503)]),
+    # -- Each message as if alone -----------------------------------------------------------------------
+    Row("messages sharing transactions each get their own outcome", "Each message as if alone",
+        [[add("m1", "p-1"), add("m2", "p-2", tally="t-2"), call("m3", "r-1"), sqs_record("m4", "{"),
+          add("m5", "p-1", key="k-p-1", amount=999), call("m6", "r-2")]],
+        [[]], {"t-1": 100, "t-2": 100}, {"t-1/ENTRY#p-1", "t-2/ENTRY#p-2", "CALL#r-1", "CALL#r-2"},
+        dead={"m4": "InvalidJson", "m5": "IdempotencyKeyReused"}, calls=2),
     # -- Order on FIFO queues, none on standard and fair queues -------------------------------------
     Row("FIFO: a group stops at its first failure; the rest of the group follows it", "Order only on FIFO queues",
         [[grouped(add("a1", "p-1"), "A", fifo=True), grouped(call("a2", "r-1"), "A", fifo=True),

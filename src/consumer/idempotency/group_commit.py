@@ -3,20 +3,18 @@
 Each message runs its own life on its lane's thread (claim, handler, commit or release; or its one apply) and
 hands each transition to ``submit``, which returns when that transition is settled or is left to its own write.
 As a database's group commit does, the first waiting transition's thread leads: it waits until every thread
-taking part is waiting too, or at most ``wait_ms`` after the first arrived, then sends what is waiting in one go;
-what arrives meanwhile goes in the next send. So no transition waits on the shared call for longer than
-``wait_ms`` plus one call in flight, whatever its neighbours' handlers do.
-
-A thread takes part (``join``, ``leave``) while it runs lanes, and steps out (``stepped_out``) while its message waits
-on something else, a lock-mode handler calling out: a message in its handler never holds back another's commit.
+taking part (``join``, ``leave``: the batch's lane threads) is waiting too, or at most ``wait_ms`` after the first
+arrived, then sends what is waiting in one go; what arrives meanwhile goes in the next send. So lock-mode handlers
+that end together commit together, and no transition waits on the shared call for longer than ``wait_ms`` plus one
+call in flight, whatever its neighbours' handlers do: a quick message beside a slow one commits well inside its
+lease (``wait_ms`` is at most a tenth of the shortest).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from consumer.idempotency.observer import FallBack
@@ -59,15 +57,6 @@ class GroupCommit:
         with self._changed:
             self._taking_part -= 1
             self._changed.notify_all()
-
-    @contextmanager
-    def stepped_out(self) -> Iterator[None]:
-        """The calling thread submits nothing for a while: no send waits for it meanwhile."""
-        self.leave()
-        try:
-            yield
-        finally:
-            self.join()
 
     def submit(self, transition: Transition[Any]) -> Shared:
         """The transition's outcome from a shared send: settled there, or ``Own`` (its own write is to tell)."""

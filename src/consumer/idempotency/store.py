@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from consumer.conflicts import ConflictRetry
@@ -113,10 +112,6 @@ class IdempotencyStore:
         """The calling thread runs no more messages."""
         if self._group is not None:
             self._group.leave()
-
-    def stepped_out(self) -> AbstractContextManager[None]:
-        """The calling thread's message waits on something else (its handler): nothing waits for it meanwhile."""
-        return self._group.stepped_out() if self._group is not None else nullcontext()
 
     # -- each transition, for one message ------------------------------------------
 

@@ -423,32 +423,28 @@ def test_a_transition_waits_for_a_thread_busy_elsewhere_no_longer_than_the_bound
     assert 0.2 <= waited < 5
 
 
-def test_a_thread_stepped_out_holds_back_no_transition() -> None:
+def test_lock_messages_whose_handlers_end_together_commit_together() -> None:
+    # Three lock messages' handlers end at one moment: each thread, back from its handler, submits its commit, and
+    # the first waits for the other two (every thread taking part is then waiting): one transaction.
     sends = _Sends()
-    group = GroupCommit(sends, wait_ms=60_000)
-    group.join(2)
-    handler_ends = threading.Event()
+    group = GroupCommit(sends, wait_ms=10_000)
+    group.join(3)
+    handlers_end = threading.Barrier(3, timeout=5)
 
-    def in_its_handler() -> None:
-        with group.stepped_out():
-            handler_ends.wait(10)
-        group.leave()
+    def handler_then_commit(name: str) -> None:
+        handlers_end.wait()
+        _submit_on_threads(group, [name])
 
-    handler = threading.Thread(target=in_its_handler)
-    handler.start()
-    started = time.monotonic()
-    try:
-        _submit_on_threads(group, ["quick"])
-    finally:
-        handler_ends.set()
-        handler.join()
-    # Sent at once: a minute's wait would have been the other's handler's to impose.
-    assert sends.sent == [["quick"]]
-    assert time.monotonic() - started < 5
+    threads = [threading.Thread(target=handler_then_commit, args=(name,)) for name in ("a", "b", "c")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [sorted(sent) for sent in sends.sent] == [["a", "b", "c"]]
 
 
 def test_what_arrives_while_a_send_is_in_flight_goes_in_the_next_one() -> None:
-    # Three lock messages whose handlers end together: the first commit leaves at once, the two behind it share one.
+    # A commit alone leaves at once (nothing else takes part); two that arrive while it is in flight share the next.
     sends = _Sends(first_waits_for=2)
     group = GroupCommit(sends, wait_ms=10_000)
     sends.group = group
