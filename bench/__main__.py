@@ -28,6 +28,7 @@ from bench.report import TARGET_BATCH, TARGET_LATENCY_MS, TARGET_MEMORY_MB, Benc
 from bench.systems import SYSTEM_ENV, SYSTEMS, settings_environment
 from bench.timing import POWERTOOLS_ENV, REPO_ROOT, invoke, system_functions, time_batches
 from consumer.config import Settings
+from consumer.handler import Mode
 from service.registry import HANDLERS
 from testkit.aws import DUMMY_CREDENTIALS_ENV, client
 from testkit.dynamodb_local import DynamoDBLocal, JavaNotFound, jar_directory, java_runtime
@@ -177,6 +178,10 @@ class _Run:
                 for size in (TARGET_BATCH, 1)
             )
             self.results.floors[handler_name(handler)] = (batch[report.CONSUMER], single[report.CONSUMER])
+            if handler.mode is Mode.LOCK:
+                # Three lock messages whose handlers end together (the webhook answers each alike): their calls.
+                trio = time_batches(ours, functools.partial(draws.bodies, 3), TARGET_LATENCY_MS, self.arguments)
+                self.results.lock_trios[handler_name(handler)] = trio[report.CONSUMER]
 
     def measure_hot_item(self) -> None:
         _progress(f"a hot item: {HOT_MESSAGES} messages on one tally, {CONSUMERS} consumers in this process")

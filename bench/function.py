@@ -31,8 +31,9 @@ with on_new_clients(_probe.handler_specs()):
 
 def handler(request: dict[str, Any], context: Any) -> dict[str, Any]:
     _probe.latency_s, _probe.botocore_cpu_s, _probe.server_s = float(request.get("latency_ms", 0)) / 1000, 0.0, 0.0
+    _probe.calls = 0
     cpu_before, started = time.process_time(), time.perf_counter()
     failed = len(_system.handle(request["event"], context).get("batchItemFailures") or [])
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_before
-    figures = {"botocore_cpu_s": _probe.botocore_cpu_s, "server_s": _probe.server_s}
+    figures = {"botocore_cpu_s": _probe.botocore_cpu_s, "server_s": _probe.server_s, "calls": _probe.calls}
     return {"wall_s": wall, "cpu_s": cpu, "failed": failed, **figures}

@@ -45,6 +45,7 @@ class Samples:
     record_cpu_s: list[float] = field(default_factory=list)  # each batch's CPU per record
     botocore_cpu_s: list[float] = field(default_factory=list)  # of which botocore's, in its DynamoDB calls
     server_s: list[float] = field(default_factory=list)  # each batch's time at DynamoDB's end (probe.server_s)
+    calls: list[int] = field(default_factory=list)  # each batch's DynamoDB calls (probe.calls)
     # The cgroup's own count of time its processes waited for quota, over the timed batches.
     throttled_s: float = 0.0
     throttled_periods: int = 0
@@ -164,6 +165,7 @@ def time_batches(
             samples[name].record_cpu_s.append(answer["cpu_s"] / len(bodies))
             samples[name].botocore_cpu_s.append(answer["botocore_cpu_s"] / len(bodies))
             samples[name].server_s.append(answer["server_s"])
+            samples[name].calls.append(answer["calls"])
         if repetition + 1 >= limits.min_repetitions and all(
             _ci_relative(s) <= limits.precision for s in samples.values()
         ):
