@@ -30,12 +30,13 @@ class FallBack:
     """Why a message left a shared transaction for its own: the reasons an operator sees, by name."""
 
     ALONE = "alone"  # nothing else was ready at that moment
-    SHARES_AN_ITEM = "shares_an_item"  # its items meet another message's, or each other
-    UNBUILT = "unbuilt"  # its items could not be built (the message's own error, which its own write raises)
+    SHARES_AN_ITEM = "shares_an_item"  # its items meet another message's
+    NO_ROOM = "no_room"  # no shared transaction had room for it (100 items, 4 MB)
+    UNBUILT = "unbuilt"  # its items cannot go in a transaction (a value with no type, two actions on one item...)
     NAMED = "named"  # the shared transaction's cancellation named its items without settling it (a conflict...)
     UNNAMED = "unnamed"  # the shared transaction failed with nothing naming an item (throttled, answer lost...)
     # The reasons that are metrics (a message alone because nothing else was ready fell back from nothing).
-    ALL = (SHARES_AN_ITEM, UNBUILT, NAMED, UNNAMED)
+    ALL = (SHARES_AN_ITEM, NO_ROOM, UNBUILT, NAMED, UNNAMED)
 
 
 class Unobserved:

@@ -91,7 +91,7 @@ def send_shared(table: Table, transitions: Sequence[Transition[Any]]) -> list[Sh
             continue
         if len(keys) < len(items) or len(items) > MAX_TRANSACTION_ITEMS:
             # Two actions on one item, or too many: the message's own write says why, in its own words.
-            outcomes[index] = Own(FallBack.SHARES_AN_ITEM)
+            outcomes[index] = Own(FallBack.UNBUILT)
             continue
         pack = next((pack for pack in packs if pack.fits(keys, len(items), size)), None)
         if pack is None:
@@ -101,11 +101,22 @@ def send_shared(table: Table, transitions: Sequence[Transition[Any]]) -> list[Sh
         built[index] = items
     for pack in packs:
         if len(pack.indexes) == 1:
-            outcomes[pack.indexes[0]] = Own(FallBack.SHARES_AN_ITEM if len(transitions) > 1 else FallBack.ALONE)
+            outcomes[pack.indexes[0]] = Own(_alone_because(pack, packs, len(transitions)))
         else:
             _send(table, transitions, pack.indexes, built, outcomes)
     assert all(outcome is not None for outcome in outcomes), "every transition gets its outcome"
     return [outcome for outcome in outcomes if outcome is not None]
+
+
+def _alone_because(pack: _Pack, packs: Sequence[_Pack], transitions: int) -> str:
+    """Why a transition packed alone goes alone: nothing else was ready, its items meet another's, or no room."""
+    if transitions == 1:
+        return FallBack.ALONE
+    return (
+        FallBack.SHARES_AN_ITEM
+        if any(pack.keys & other.keys for other in packs if other is not pack)
+        else (FallBack.NO_ROOM)
+    )
 
 
 def _send(

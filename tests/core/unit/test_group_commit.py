@@ -154,8 +154,10 @@ def test_the_batch_tells_its_transactions_messages_per_transaction_and_fall_back
     assert (alone.grouping.transactions, alone.grouping.messages_per_transaction) == (1, 1.0)
 
 
-def _store(client: Any, clock: Clock) -> IdempotencyStore:
-    return IdempotencyStore(client, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock, group_commit_wait_ms=WAIT_MS)
+def _store(client: Any, clock: Clock, observer: Tally | None = None) -> IdempotencyStore:
+    return IdempotencyStore(
+        client, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock, group_commit_wait_ms=WAIT_MS, observer=observer
+    )
 
 
 def _applied(store: IdempotencyStore, requests: Sequence[ApplyRequest]) -> list[object]:
@@ -313,8 +315,15 @@ class _Accepting:
 
 
 def test_a_group_past_four_megabytes_is_split_below_it(clock: Clock) -> None:
-    client = _Accepting()
-    store = _store(cast("Any", client), clock)
+    client, tally = _Accepting(), Tally()
+    store = IdempotencyStore(
+        cast("Any", client),
+        IDEMPOTENCY_TABLE,
+        ttl_seconds=3600,
+        clock=clock,
+        group_commit_wait_ms=WAIT_MS,
+        observer=tally,
+    )
 
     # Ten messages of two 210 KB items each (an item's limit is 400 KB): four megabytes hold nine of them.
     def entry(n: int, side: str) -> Put:
@@ -325,6 +334,8 @@ def test_a_group_past_four_megabytes_is_split_below_it(clock: Clock) -> None:
     assert all(isinstance(answer, Applied) for answer in answers)
     sizes = [len(json.dumps(items)) for items in client.sent]
     assert [len(items) for items in client.sent] == [27, 3] and max(sizes) <= 4 * 1024 * 1024
+    # The tenth went alone for want of room, and the operator is told so.
+    assert tally.take().fell_back == {FallBack.NO_ROOM: 1}
 
 
 class _CancelledWithoutReason:
@@ -486,9 +497,7 @@ def test_a_record_this_version_cannot_read_fails_only_its_own_message_in_a_share
 
 def test_the_store_tells_its_observer_each_transaction_and_each_fall_back(dynamodb: Any, clock: Clock) -> None:
     tally = Tally()
-    store = IdempotencyStore(
-        dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock, group_commit_wait_ms=WAIT_MS, observer=tally
-    )
+    store = _store(dynamodb, clock, tally)
     check = ConditionCheck(TALLIES, {"tallyId": "t-1", "entryId": "ENTRY#e-1"}, "attribute_not_exists(entryId)")
     shared = [ApplyRequest(f"TallyAdded#k-{n}", "h", None, (check,)) for n in range(1, 3)]
     _applied(store, [*shared, _tally_request(3)])
