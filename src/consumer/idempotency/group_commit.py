@@ -23,12 +23,34 @@ from consumer.idempotency.transition import Transition
 
 
 class _Waiting:
-    __slots__ = ("outcome", "since", "transition")
+    """A submitted transition: its outcome once settled, and what its thread sleeps on. Each thread is woken alone,
+    for its own outcome or its turn to lead, never all of them at each arrival: a held lock is the cheapest sleep
+    (``wake`` releases it, at most once until the sleeper takes it again)."""
+
+    __slots__ = ("_asleep", "_woken", "outcome", "since", "transition")
 
     def __init__(self, transition: Transition[Any], since: float) -> None:
         self.transition = transition
         self.since = since
         self.outcome: Shared | None = None
+        self._asleep = threading.Lock()
+        self._asleep.acquire()
+        self._woken = False  # a wake not yet slept through: the lock is released
+
+    def wake(self) -> None:
+        """Under the group commit's lock."""
+        if not self._woken:
+            self._woken = True
+            self._asleep.release()
+
+    def sleep(self, lock: threading.Lock, timeout: float = -1) -> None:
+        """Until woken (at once if a wake is pending), or ``timeout`` seconds; ``lock`` is the group commit's."""
+        slept_through = self._asleep.acquire(timeout=timeout)
+        with lock:
+            if self._woken:
+                if not slept_through:  # woken just after the timeout: take that release, so the lock stays held
+                    self._asleep.acquire()
+                self._woken = False
 
 
 class GroupCommit:
@@ -42,50 +64,65 @@ class GroupCommit:
         self._send = send
         self._wait_s = wait_ms / 1000
         self._clock = clock
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
         self._taking_part = 0
         self._waiting: list[_Waiting] = []
+        # The one whose thread sends next: it waits for company, then sends; the others sleep until settled.
+        self._leader: _Waiting | None = None
         self._sending = False
 
     def join(self, threads: int = 1) -> None:
         """``threads`` more threads will submit transitions soon (each ``leave``s when done): a send waits for them."""
-        with self._changed:
+        with self._lock:
             self._taking_part += threads
 
     def leave(self) -> None:
         """The calling thread submits nothing more: no send waits for it."""
-        with self._changed:
+        with self._lock:
             self._taking_part -= 1
-            self._changed.notify_all()
+            self._nudge()
+
+    def _nudge(self) -> None:
+        """Under the lock: wake the leader if it waits for company that has all come."""
+        if self._leader is not None and not self._sending and len(self._waiting) >= self._taking_part:
+            self._leader.wake()
 
     def submit(self, transition: Transition[Any]) -> Shared:
         """The transition's outcome from a shared send: settled there, or ``Own`` (its own write is to tell)."""
         mine = _Waiting(transition, self._clock())
-        with self._changed:
+        with self._lock:
             self._waiting.append(mine)
-            self._changed.notify_all()
-            while mine.outcome is None:
-                if self._sending:
-                    self._changed.wait()
-                    continue
-                wait_s = self._waiting[0].since + self._wait_s - self._clock()
-                if len(self._waiting) < self._taking_part and wait_s > 0:
-                    # Others taking part are still on their way here: wait for them, bounded.
-                    self._changed.wait(wait_s)
-                    continue
-                sending, self._waiting = self._waiting, []
-                self._sending = True
-                break
+            if self._leader is None:
+                self._leader = mine
             else:
-                return mine.outcome
+                self._nudge()
+        while True:  # until settled by another's send, or this thread's turn to lead
+            with self._lock:
+                if mine.outcome is not None:
+                    return mine.outcome
+                if self._leader is mine:
+                    break
+            mine.sleep(self._lock)
+        while True:  # leading: until every thread taking part is waiting too, or the bound
+            with self._lock:
+                wait_s = self._waiting[0].since + self._wait_s - self._clock()
+                if len(self._waiting) >= self._taking_part or wait_s <= 0:
+                    sending, self._waiting = self._waiting, []
+                    self._sending = True
+                    break
+            mine.sleep(self._lock, wait_s)
         try:
             outcomes = self._send([waiting.transition for waiting in sending])
-        except Exception:
+        except Exception:  # a send settles nothing it could not name: each goes alone, as it would
             outcomes = [Own(FallBack.UNNAMED)] * len(sending)
-        with self._changed:
+        with self._lock:
             for waiting, outcome in zip(sending, outcomes, strict=True):
                 waiting.outcome = outcome
             self._sending = False
-            self._changed.notify_all()
+            # What arrived during the send is led by its first.
+            self._leader = self._waiting[0] if self._waiting else None
+            for waiting in [*sending, *([self._leader] if self._leader is not None else [])]:
+                if waiting is not mine:
+                    waiting.wake()
         assert mine.outcome is not None
         return mine.outcome
