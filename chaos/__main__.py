@@ -9,6 +9,7 @@ import random
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
+from typing import Any
 
 from chaos.faults import DEFAULT_RATES, FaultKind
 from chaos.harness import ChaosConfig, run
@@ -46,13 +47,16 @@ def _consumer(text: str) -> str:
 
 def parse(argv: Sequence[str]) -> ChaosConfig:
     parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__.split("\n", 1)[0])
-    numbers = [field.name for field in fields(ChaosConfig) if field.type in ("int", "float")]
-    for name in numbers:
+    options = [field.name for field in fields(ChaosConfig) if field.type in ("int", "float", "bool")]
+    for name in options:
         default = getattr(_DEFAULTS, name)
         if name == "seed":  # exploration: each run draws from a new seed, printed first, which --seed replays
             default = random.SystemRandom().randrange(1 << 32)
         shown = "a new one each run, printed" if name == "seed" else default
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default, help=f"default {shown}")
+        kind: dict[str, Any] = (
+            {"action": argparse.BooleanOptionalAction} if isinstance(default, bool) else {"type": type(default)}
+        )
+        parser.add_argument(f"--{name.replace('_', '-')}", **kind, default=default, help=f"default {shown}")
     parser.add_argument("--rate", type=_rate, action="append", default=[], help="KIND=RATE, repeatable")
     parser.add_argument("--fault-scale", type=float, default=1.0, help="multiply every default rate (default 1)")
     parser.add_argument("--no-faults", action="store_true", help="every rate 0: the control run")
@@ -68,7 +72,7 @@ def parse(argv: Sequence[str]) -> ChaosConfig:
     rates = {kind: min(1.0, rate * scale) for kind, rate in DEFAULT_RATES.items()}
     rates.update(dict(arguments.rate))
     return ChaosConfig(
-        **{name: getattr(arguments, name) for name in numbers},
+        **{name: getattr(arguments, name) for name in options},
         rates=rates,
         consumer=arguments.consumer,
         handlers=tuple(arguments.handler),

@@ -1,6 +1,6 @@
 """The fault kinds and their default rates, and the policy that injects them into one runtime process:
 at the state machine's named points (``chaos.store_calls``) a crash or a zombie, on any request a
-transport fault (``chaos.transport_faults``); each journaled as it happens."""
+transport fault (``chaos.transport_faults``), in a lock-mode handler a slow one; each journaled as it happens."""
 
 from __future__ import annotations
 
@@ -16,11 +16,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from chaos.journal import Journal
 from chaos.store_calls import Step, StoreCall, classify
 from chaos.transport_faults import TransportCall, TransportFault, TransportPlan
+from consumer.handler import Effect, MessageContext
+
+Handle = Callable[[Any, MessageContext], Effect]  # a handler's bound ``handle``
 
 
 class FaultKind(StrEnum):
@@ -38,6 +41,7 @@ class FaultKind(StrEnum):
     WEBHOOK_SLOW = "webhook-slow"
     WEBHOOK_TIMEOUT = "webhook-timeout"
     DEADLINE = "deadline"
+    SLOW_HANDLER = "slow-handler"
 
     @property
     def description(self) -> str:
@@ -45,7 +49,8 @@ class FaultKind(StrEnum):
 
 
 # What the report calls each kind, and its default rate per opportunity: crash points per
-# state-machine step, transport faults per request, webhook faults per call, the deadline per invocation.
+# state-machine step, transport faults per request, webhook faults per call, the deadline per invocation, a slow
+# handler per lock-mode handler.
 _CATALOGUE: Mapping[FaultKind, tuple[str, float]] = {
     FaultKind.CRASH_AFTER_CLAIM: ("crash after claim, before the effect", 0.02),
     FaultKind.CRASH_BEFORE_COMMIT: ("crash after the effect, before commit", 0.02),
@@ -62,6 +67,7 @@ _CATALOGUE: Mapping[FaultKind, tuple[str, float]] = {
     FaultKind.WEBHOOK_SLOW: ("webhook slow (within the timeout)", 0.1),
     FaultKind.WEBHOOK_TIMEOUT: ("webhook timeout", 0.05),
     FaultKind.DEADLINE: ("invocation deadline reached mid-batch", 0.05),
+    FaultKind.SLOW_HANDLER: ("lock handler slower than its neighbours' leases", 0.02),
 }
 DEFAULT_RATES: Mapping[FaultKind, float] = {kind: rate for kind, (_, rate) in _CATALOGUE.items()}
 
@@ -166,7 +172,9 @@ class FaultPolicy:
     """The transport policy of one runtime process: one decision per state-machine step, then per request.
 
     ``forced``: per kind, the faults this environment still owes whatever the draws, each taken at the kind's
-    next opportunity (a first attempt), so that a short run injects every kind by construction."""
+    next opportunity (a first attempt), so that a short run injects every kind by construction. A forced crash
+    waits for a moment when another lock-mode handler runs, a forced slow handler for one started beside it: both
+    land inside a lock wave."""
 
     rates: Mapping[FaultKind, float]
     rng: random.Random
@@ -178,11 +186,40 @@ class FaultPolicy:
     forced_on: str | None = None
     # Records this invocation touched: a crash cuts off whatever the other threads were doing to them.
     _touched: set[str] = field(default_factory=set, init=False)
+    # This invocation's lock-mode handlers by record: True while running.
+    _handlers: dict[str, bool] = field(default_factory=dict, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def new_invocation(self) -> None:
         with self._lock:
             self._touched.clear()
+            self._handlers.clear()
+
+    def _beside(self, record_id: str | None, running: bool = True) -> int:
+        """This invocation's other lock-mode handlers: those running (or started, ``running=False``)."""
+        with self._lock:
+            return sum(record != record_id and (now or not running) for record, now in self._handlers.items())
+
+    def slowed(self, handle: Handle, event_type: str, hold_s: float) -> Handle:
+        """A lock-mode handler's ``handle``, known to be running, and for a slow handler fault held ``hold_s`` once
+        its call is made: past its lease and its message's visibility, while its neighbours end at once."""
+
+        def handle_watched(payload: Any, context: MessageContext) -> Effect:
+            record = f"{event_type}#{context.idempotency_key}"
+            with self._lock:
+                self._handlers[record] = True
+            try:
+                effect = handle(payload, context)
+                beside = self._beside(record, running=False)
+                if self.roll(FaultKind.SLOW_HANDLER, forcible=beside > 0, record_id=record):
+                    self.inject(FaultKind.SLOW_HANDLER, record)
+                    time.sleep(hold_s)
+                return effect
+            finally:
+                with self._lock:
+                    self._handlers[record] = False
+
+        return handle_watched
 
     def roll(self, kind: FaultKind, forcible: bool = True, record_id: str | None = None) -> bool:
         on_its_records = self.forced_on is None or (record_id or "").startswith(f"{self.forced_on}#")
@@ -191,10 +228,10 @@ class FaultPolicy:
         rate = self.rates.get(kind, 0.0)
         return rate > 0 and self._draw() < rate
 
-    def inject(self, kind: FaultKind, record_id: str | None = None) -> None:
+    def inject(self, kind: FaultKind, record_id: str | None = None, **detail: Any) -> None:
         with self._lock:
             self.forced[kind] -= min(1, self.forced[kind])
-        self.journal.write("fault", kind=kind, record=record_id)
+        self.journal.write("fault", kind=kind, record=record_id, **detail)
 
     def __call__(self, call: TransportCall) -> TransportPlan | None:
         store_call = classify(call, self.idempotency_table)
@@ -225,7 +262,7 @@ class FaultPolicy:
         if attempt > 1:
             return None  # one decision per call; its retries go through untouched
         for kind, when in _CRASH_POINTS.get(call.step, ()):
-            if self.roll(kind, record_id=call.record_id):
+            if self.roll(kind, forcible=self._beside(call.record_id) > 0, record_id=call.record_id):
                 crash = self._crash(kind, call.record_id)
                 return TransportPlan(before=crash) if when == "before" else TransportPlan(after=crash)
         if call.step is Step.COMMIT and self.roll(FaultKind.ZOMBIE, record_id=call.record_id):
@@ -234,7 +271,7 @@ class FaultPolicy:
 
     def _crash(self, kind: FaultKind, record_id: str | None) -> Callable[[], NoReturn]:
         def crash() -> NoReturn:
-            self.inject(kind, record_id)
+            self.inject(kind, record_id, beside=self._beside(record_id))
             with self._lock:
                 cut_off = self._touched - {record_id}
             for other in cut_off:

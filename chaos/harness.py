@@ -49,7 +49,14 @@ _PACKAGES = {
 }
 _HANDLER = "chaos.runtime_handler.handler"
 # The consumer's settings that the run sets, under the same names as in ``ChaosConfig``.
-_SETTINGS_OF_THE_RUN = ("lease_max_ms", "lease_min_ms", "lease_margin_ms", "deadline_margin_ms", "webhook_timeout_ms")
+_SETTINGS_OF_THE_RUN = (
+    "lease_max_ms",
+    "lease_min_ms",
+    "lease_margin_ms",
+    "deadline_margin_ms",
+    "webhook_timeout_ms",
+    "group_commit",
+)
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,7 @@ class ChaosConfig:
     webhook_timeout_ms: int = 400
     max_queue_depth: int = 100
     drain_timeout_s: float = 240.0
+    group_commit: bool = True  # the consumer's GROUP_COMMIT: transitions ready at one moment share a transaction
 
 
 @dataclass(frozen=True)
@@ -180,6 +188,8 @@ def _environments(
     python = venv_python()
     check_handler(packaged, shared, python)
     settings = _settings(function.environment, config, chaos_handlers(config)).model_dump_json()
+    # Until a key held past its lease comes back to another runtime and is claimed there.
+    taken_over_s = config.visibility_timeout_s + (config.lease_max_ms + 2 * config.max_skew_ms) / 1000
     environments = []
     for index, seed in enumerate(seeds):
         plan = Plan(
@@ -192,9 +202,9 @@ def _environments(
             max_skew_ms=config.max_skew_ms,
             # A paused worker holds its poller; some must stay free to take the key over.
             max_paused=config.pollers - 1,
-            # Long enough for a zombie's message to come back and another runtime to claim it.
-            max_pause_s=config.visibility_timeout_s + (config.lease_max_ms + 2 * config.max_skew_ms) / 1000 + 5,
+            max_pause_s=taken_over_s + 5,
             deadline_margin_ms=config.deadline_margin_ms,
+            slow_handler_s=taken_over_s + 1,
             forced={kind.value: count for kind, count in config.forced.items()},
             forced_on=config.forced_on,
             handlers=list(config.handlers),

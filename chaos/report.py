@@ -40,6 +40,7 @@ def render(report: ChaosReport) -> str:
     lines += [_row(f"{kind.description} [{kind.value}]", history.faults[kind]) for kind in FaultKind]
     lines += [
         _row("zombies that saw no takeover (not counted above)", history.zombies_without_takeover),
+        _row("crashes while other lock handlers ran (inside a lock wave)", history.crashes_in_a_wave),
         _row(f"clock skew between runtimes (up to +/-{config.max_skew_ms} ms)", f"{history.cold_starts} clocks"),
         *_section("outcomes"),
         _row("invocations", history.pollers.invocations),

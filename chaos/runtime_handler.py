@@ -1,6 +1,7 @@
 """The chaos function as Lambda's runtime loads it (``_HANDLER=chaos.runtime_handler.handler``): at a
 cold start, the run's fault plan from ``CHAOS_PLAN``, a skewed clock, the fault hooks on a boto3
-session, and the consumer built on them (``consumer.app.wire``, or a negative control's factory)."""
+session and on the lock-mode handlers, and the consumer built on them (``consumer.app.wire``, or a
+negative control's factory)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from chaos.faults import FaultKind, FaultPolicy, Zombies
 from chaos.journal import Journal
 from chaos.transport_faults import install_faults
 from consumer.config import Settings
-from consumer.handler import build_handlers
+from consumer.handler import Mode, build_handlers
 from consumer.idempotency.record import Attr
 from service.registry import HANDLERS
 
@@ -47,6 +48,7 @@ class Plan:
     max_paused: int
     max_pause_s: float
     deadline_margin_ms: int
+    slow_handler_s: float  # how long a slow lock-mode handler holds on once its call is made
     forced: dict[str, int]  # fault kind -> the faults each environment injects at their first opportunities
     forced_on: str | None  # the event type whose records take the forced crashes and zombies (None: any)
     # module:Class of handlers the run adds to the registered ones (a core test's own, its tables made by the run).
@@ -83,15 +85,16 @@ class Environment:
         # The application's handlers and those the plan adds, built as the function builds them.
         classes = (*HANDLERS, *(pkgutil.resolve_name(name) for name in plan.handlers))
         handlers = build_handlers(classes, settings)
+        for built in handlers.values():
+            if built.mode is Mode.LOCK:
+                built.handle = self.faults.slowed(built.handle, built.event_type, plan.slow_handler_s)  # type: ignore[method-assign,assignment]
         self.consumer = pkgutil.resolve_name(plan.consumer)(settings, session, clock=self.clock, handlers=handlers)
 
     def clock(self) -> float:
         return time.time() + self._skew_s
 
-    def remaining_ms(self, context: Any) -> Callable[[], int]:
-        """The runtime's own deadline; or, for a deadline fault, one that runs out partway through the batch."""
-        if not self.faults.roll(FaultKind.DEADLINE):
-            return context.get_remaining_time_in_millis
+    def early_deadline(self, context: Any) -> Callable[[], int]:
+        """For a deadline fault, a remaining time that runs out partway through the batch (the runtime's own stays)."""
         self.faults.inject(FaultKind.DEADLINE)
         ends = time.monotonic() + (self._deadline_margin_ms + self._rng.uniform(0, 400)) / 1000
 
@@ -105,9 +108,14 @@ class Environment:
         receives = [int((record.get("attributes") or {}).get("ApproximateReceiveCount", "1")) for record in records]
         self.journal.write("invoked", redelivered=sum(count > 1 for count in receives))
         self.faults.new_invocation()
-        batch = self.consumer.process(records, self.remaining_ms(context))
-        results = [[result.message_id, result.outcome] for result in batch.results]
-        self.journal.write("results", results=results, conflicts_absorbed=batch.grouping.conflicts_absorbed)
+        early = self.faults.roll(FaultKind.DEADLINE)
+        batch = self.consumer.process(
+            records, self.early_deadline(context) if early else context.get_remaining_time_in_millis
+        )
+        results = [[result.message_id, result.outcome, result.reason] for result in batch.results]
+        self.journal.write(
+            "results", results=results, deadline=early, conflicts_absorbed=batch.grouping.conflicts_absorbed
+        )
         response: dict[str, Any] = batch.response()
         return response
 

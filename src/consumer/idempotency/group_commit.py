@@ -3,11 +3,12 @@
 Each message runs its own life on its lane's thread (claim, handler, commit or release; or its one apply) and
 hands each transition to ``submit``, which returns when that transition is settled or is left to its own write.
 As a database's group commit does, the first waiting transition's thread leads: it waits until every thread
-taking part (``join``, ``leave``: the batch's lane threads) is waiting too, or at most ``wait_ms`` after the first
-arrived, then sends what is waiting in one go; what arrives meanwhile goes in the next send. So lock-mode handlers
-that end together commit together, and no transition waits on the shared call for longer than ``wait_ms`` plus one
-call in flight, whatever its neighbours' handlers do: a quick message beside a slow one commits well inside its
-lease (``wait_ms`` is at most a tenth of the shortest).
+taking part (``join``, ``leave``: the batch's lane threads) is waiting too, or at most ``wait_ms`` after it
+arrived, then sends what is waiting in one go. What arrives after that is led by its own first, at once, beside a
+send still in flight: no transition ever waits for another send, however long that one takes (an SDK timeout, a
+stalled connection). So lock-mode handlers that end together commit together, and no transition waits for company
+longer than ``wait_ms``, whatever its neighbours' handlers or sends do: a quick message beside a slow one commits
+well inside its lease (``wait_ms`` is at most a tenth of the shortest).
 """
 
 from __future__ import annotations
@@ -67,9 +68,8 @@ class GroupCommit:
         self._lock = threading.Lock()
         self._taking_part = 0
         self._waiting: list[_Waiting] = []
-        # The one whose thread sends next: it waits for company, then sends; the others sleep until settled.
+        # The first of those waiting, whose thread gathers them and sends; the others sleep until settled.
         self._leader: _Waiting | None = None
-        self._sending = False
 
     def join(self, threads: int = 1) -> None:
         """``threads`` more threads will submit transitions soon (each ``leave``s when done): a send waits for them."""
@@ -83,8 +83,8 @@ class GroupCommit:
             self._nudge()
 
     def _nudge(self) -> None:
-        """Under the lock: wake the leader if it waits for company that has all come."""
-        if self._leader is not None and not self._sending and len(self._waiting) >= self._taking_part:
+        """Under the lock: wake the leader if the company it waits for has all come."""
+        if self._leader is not None and len(self._waiting) >= self._taking_part:
             self._leader.wake()
 
     def submit(self, transition: Transition[Any]) -> Shared:
@@ -96,7 +96,7 @@ class GroupCommit:
                 self._leader = mine
             else:
                 self._nudge()
-        while True:  # until settled by another's send, or this thread's turn to lead
+        while True:  # until settled by its leader's send, or leading
             with self._lock:
                 if mine.outcome is not None:
                     return mine.outcome
@@ -105,10 +105,10 @@ class GroupCommit:
             mine.sleep(self._lock)
         while True:  # leading: until every thread taking part is waiting too, or the bound
             with self._lock:
-                wait_s = self._waiting[0].since + self._wait_s - self._clock()
+                wait_s = mine.since + self._wait_s - self._clock()
                 if len(self._waiting) >= self._taking_part or wait_s <= 0:
-                    sending, self._waiting = self._waiting, []
-                    self._sending = True
+                    # Whoever arrives next leads the next send, at once: never behind this one, however long it takes.
+                    sending, self._waiting, self._leader = self._waiting, [], None
                     break
             mine.sleep(self._lock, wait_s)
         try:
@@ -118,10 +118,6 @@ class GroupCommit:
         with self._lock:
             for waiting, outcome in zip(sending, outcomes, strict=True):
                 waiting.outcome = outcome
-            self._sending = False
-            # What arrived during the send is led by its first.
-            self._leader = self._waiting[0] if self._waiting else None
-            for waiting in [*sending, *([self._leader] if self._leader is not None else [])]:
                 if waiting is not mine:
                     waiting.wake()
         assert mine.outcome is not None

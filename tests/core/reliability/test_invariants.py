@@ -127,7 +127,7 @@ PLANTED: dict[str, tuple[str, EndState, History]] = {
         _history(foreign=("not-in-the-batch",)),
     ),
     "a repeat call with no failed attempt": (
-        "webhook: a repeat call only after a failed attempt",
+        "webhook: no call repeated that alone would not repeat",
         replace(CORRECT, webhook_calls=[_call("call-1"), _call("call-1")]),
         History(),
     ),
@@ -190,43 +190,78 @@ def _journaled(directory: Path, *entries: tuple[str, dict[str, Any]]) -> History
     return history
 
 
-REPEAT = "webhook: a repeat call only after a failed attempt"
+REPEAT = "webhook: no call repeated that alone would not repeat"
+TWICE = replace(CORRECT, webhook_calls=[_call("call-1"), _call("call-1")])
 
 
-def test_a_repeat_webhook_call_is_allowed_after_a_failed_attempt(tmp_path: Path) -> None:
-    history = _journaled(tmp_path, ("results", {"results": [["m-called", "retried", 0]]}))
-    end = replace(CORRECT, webhook_calls=[_call("call-1"), _call("call-1")])
-    assert set(_verdicts(end, history=history).values()) == {0}
-    assert _verdicts(replace(end, webhook_calls=[_call("call-1")] * 3), history=history)[REPEAT] == 1
+def _results(outcome: str, reason: str | None = None, *, deadline: bool = False) -> dict[str, Any]:
+    """A runtime's results entry for an invocation that delivered ``m-called`` once (``deadline``: cut short)."""
+    return {"results": [["m-called", outcome, reason]], "deadline": deadline, "conflicts_absorbed": 0}
 
 
-def test_a_repeat_webhook_call_is_allowed_after_a_fault_on_its_record(tmp_path: Path) -> None:
-    history = _journaled(tmp_path, ("fault", {"kind": FaultKind.WEBHOOK_TIMEOUT, "record": CALL_RECORD}))
-    end = replace(CORRECT, webhook_calls=[_call("call-1"), _call("call-1")])
-    assert set(_verdicts(end, history=history).values()) == {0}
+FENCED = f"lease on {CALL_RECORD} lost before commit; record is now held by t-2"
 
 
-def test_a_repeat_webhook_call_after_an_absorbed_conflict_is_a_violation(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "results",
+    [
+        _results("retried", "webhook answered HTTP 503"),
+        _results("retried", "webhook call passed its 0.4 s deadline"),
+        # Its invocation's time was cut short: alone, its lease and its commit's time are as short.
+        _results("retried", FENCED, deadline=True),
+        _results("conflict", "still in conflict", deadline=True),
+    ],
+    ids=["its call failed", "its call timed out", "fenced after an early deadline", "conflict at an early deadline"],
+)
+def test_a_repeat_call_is_allowed_after_a_failed_attempt_of_its_own(tmp_path: Path, results: dict[str, Any]) -> None:
+    history = _journaled(tmp_path, ("results", results))
+    assert set(_verdicts(TWICE, history=history).values()) == {0}
+    assert _verdicts(replace(TWICE, webhook_calls=[_call("call-1")] * 3), history=history)[REPEAT] == 1
+
+
+@pytest.mark.parametrize(
+    "results",
+    [
+        # Its lease ran out while it waited on another message (a slow neighbour): alone it would have committed.
+        _results("retried", FENCED),
+        _results("conflict", "still in conflict"),
+        # An early deadline excuses only a delivery it left unfinished.
+        _results("applied", deadline=True),
+    ],
+    ids=["fenced", "conflict with time left", "applied at an early deadline"],
+)
+def test_a_repeat_call_after_a_failure_not_its_own_is_a_violation(tmp_path: Path, results: dict[str, Any]) -> None:
+    history = _journaled(tmp_path, ("results", results), ("results", _results("applied")))
+    assert _verdicts(TWICE, history=history)[REPEAT] == 1
+
+
+@pytest.mark.parametrize("kind", [FaultKind.SLOW_HANDLER, FaultKind.CRASH_BEFORE_COMMIT, FaultKind.ZOMBIE])
+def test_a_repeat_call_is_allowed_after_a_fault_on_its_record(tmp_path: Path, kind: FaultKind) -> None:
+    for name in ("own", "other"):
+        (tmp_path / name).mkdir()
+    history = _journaled(tmp_path / "own", ("fault", {"kind": kind, "record": CALL_RECORD}))
+    assert set(_verdicts(TWICE, history=history).values()) == {0}
+    # Not after one on another record: a slow neighbour explains nothing of this key's calls.
+    other = _journaled(tmp_path / "other", ("fault", {"kind": kind, "record": TALLY_RECORD}))
+    assert _verdicts(TWICE, history=other)[REPEAT] == 1
+
+
+def test_a_repeat_call_after_an_absorbed_conflict_is_a_violation(tmp_path: Path) -> None:
     history = _journaled(
         tmp_path,
         ("fault", {"kind": FaultKind.TRANSACTION_CONFLICT, "record": CALL_RECORD}),
-        ("results", {"results": [["m-called", "applied", 1]]}),
+        ("results", _results("applied")),
     )
-    end = replace(CORRECT, webhook_calls=[_call("call-1"), _call("call-1")])
-    assert _verdicts(end, history=history)[REPEAT] == 1
+    assert _verdicts(TWICE, history=history)[REPEAT] == 1
 
 
-def test_a_repeat_webhook_call_is_allowed_after_a_delivery_that_ended_in_conflict(tmp_path: Path) -> None:
-    """Its commit was still refused when the invocation's time ran out: the next owner posts again."""
+def test_a_crash_beside_running_lock_handlers_is_counted_inside_a_lock_wave(tmp_path: Path) -> None:
     history = _journaled(
         tmp_path,
-        ("fault", {"kind": FaultKind.TRANSACTION_CONFLICT, "record": CALL_RECORD}),
-        ("results", {"results": [["m-called", "conflict", 0]]}),
-        ("results", {"results": [["m-called", "applied", 0]]}),
+        ("fault", {"kind": FaultKind.CRASH_AFTER_CLAIM, "record": CALL_RECORD, "beside": 0}),
+        ("fault", {"kind": FaultKind.CRASH_BEFORE_COMMIT, "record": CALL_RECORD, "beside": 2}),
     )
-    end = replace(CORRECT, webhook_calls=[_call("call-1"), _call("call-1")])
-    assert set(_verdicts(end, history=history).values()) == {0}
-    assert _verdicts(replace(CORRECT, webhook_calls=[_call("call-1")] * 3), history=history)[REPEAT] == 1
+    assert history.crashes_in_a_wave == 1
 
 
 def test_a_failed_call_is_not_counted_as_an_accepted_one() -> None:
