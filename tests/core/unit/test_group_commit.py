@@ -13,23 +13,28 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import boto3
 import pytest
 from botocore.exceptions import ClientError, ConnectionClosedError
 
+from consumer.errors import BusinessConditionFailed, TransientError
 from consumer.idempotency import Applied, Claimed, Committed, Duplicate, IdempotencyStore, InFlight, Refused
-from consumer.idempotency.answers import ApplyRequest, ClaimRequest
+from consumer.idempotency.answers import ApplyRequest, ClaimRequest, RecordRefused
 from consumer.idempotency.apply import Apply
+from consumer.idempotency.calls import Table
 from consumer.idempotency.claim import Claim
 from consumer.idempotency.commit import Commit
 from consumer.idempotency.group_commit import GroupCommit
 from consumer.idempotency.observer import FallBack, Tally
-from consumer.idempotency.packing import Own, Settled, Shared
+from consumer.idempotency.packing import MAX_TRANSACTION_BYTES, Own, Settled, Shared
+from consumer.idempotency.record import IdempotencyRecord, Status
+from consumer.idempotency.release import Release
 from consumer.idempotency.transition import Transition
-from consumer.idempotency.writes import ConditionCheck, Put
+from consumer.idempotency.writes import ConditionCheck, Delete, Put
 from consumer.outcome import Outcome
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, REGION, sqs_record
 from tests.core.handlers import REFUSALS, refusals, tally_body
@@ -196,16 +201,23 @@ def _tally_request(n: int) -> ApplyRequest:
     return ApplyRequest(f"TallyAdded#k-{n}", f"hash-{n}", {"n": n}, (entry,))
 
 
-@pytest.mark.parametrize("retried", [False, True], ids=["answer-lost", "retried-after-applied"])
+@pytest.mark.parametrize(
+    ("retried", "fell_back"),
+    [(False, {FallBack.UNNAMED: 3}), (True, {})],
+    ids=["answer-lost", "retried-after-applied"],
+)
 def test_a_group_whose_answer_was_lost_is_each_messages_own_and_applied_once(
-    dynamodb: Any, clock: Clock, retried: bool
+    dynamodb: Any, clock: Clock, retried: bool, fell_back: dict[str, int]
 ) -> None:
-    store = _store(cast("Any", _LostAnswers(dynamodb, times=1, retried=retried)), clock)
+    tally = Tally()
+    store = _store(cast("Any", _LostAnswers(dynamodb, times=1, retried=retried)), clock, tally)
     answers = _applied(store, [_tally_request(n) for n in range(1, 4)])
-    assert [type(answer) for answer in answers] == [Applied] * 3
     for n, answer in enumerate(answers, start=1):
         record = store.get(f"TallyAdded#k-{n}")
-        assert record is not None and isinstance(answer, Applied) and record.owner_token == answer.owner_token
+        assert record is not None and answer == Applied(f"TallyAdded#k-{n}", record.owner_token)
+    # Lost: each message goes alone, and the operator is told why; retried: the retry's cancellation, each message
+    # finding its own record, settles every one.
+    assert tally.take().fell_back == fell_back
     # And a delivery after it is a duplicate: applied once.
     again = _applied(store, [_tally_request(n) for n in range(1, 4)])
     assert [type(answer) for answer in again] == [Duplicate] * 3
@@ -243,15 +255,25 @@ def test_a_group_claim_beside_a_claim_in_flight_claims_the_others(dynamodb: Any,
     seen = _sizes(dynamodb)
     store = _store(dynamodb, clock)
     assert isinstance(store.claim("CallRequested#k-2", "hash-2", 30_000), Claimed)
+    calls = _calls(dynamodb)
     answers = _claimed(store, [_claim_request(n) for n in range(1, 4)])
     assert [type(answer) for answer in answers] == [Claimed, InFlight, Claimed]
-    # The three in one transaction, cancelled on the second's record; the other two again, together.
+    # The three in one transaction, cancelled on the second's record; the other two again, together. The second's
+    # answer is read from the cancellation: no write of its own follows.
     assert seen == [3, 2]
+    assert calls == Counter({"TransactWriteItems": 2})
 
 
 def test_a_claim_with_a_lease_not_positive_is_the_callers_bug() -> None:
     with pytest.raises(ValueError, match="lease must be positive"):
         Claim(ClaimRequest("CallRequested#k-2", "h", 0), "token")
+
+
+def _calls(client: Any) -> Counter[str]:
+    """Every call the client makes, by operation, from now on."""
+    calls: Counter[str] = Counter()
+    client.meta.events.register("before-call.dynamodb", lambda model, **_: calls.update([model.name]))
+    return calls
 
 
 def _sizes(client: Any) -> list[int]:
@@ -355,12 +377,13 @@ class _CancelledWithoutReason:
 
 
 def test_a_group_cancelled_with_no_reason_is_not_sent_again_but_each_message_alone(clock: Clock) -> None:
-    client = _CancelledWithoutReason()
-    store = _store(cast("Any", client), clock)
+    client, tally = _CancelledWithoutReason(), Tally()
+    store = _store(cast("Any", client), clock, tally)
     answers = _applied(store, [_tally_request(n) for n in range(1, 4)])
     # Once as a group, then once each: what each would meet alone, a cancellation that settles nothing.
     assert client.calls == 4
     assert [str(answer) for answer in answers] == ["transaction cancelled: no reason given"] * 3
+    assert tally.take().fell_back == {FallBack.UNNAMED: 3}
 
 
 # -- the group commit itself: who waits for whom, and for how long ---------------------------------
@@ -369,17 +392,10 @@ def test_a_group_cancelled_with_no_reason_is_not_sent_again_but_each_message_alo
 class _Sends:
     """A group commit's send that records what it was given and settles each with its index in that send."""
 
-    def __init__(self, first_waits_for: int = 0) -> None:
+    def __init__(self) -> None:
         self.sent: list[list[str]] = []
-        self.group: GroupCommit | None = None
-        self._first_waits_for = first_waits_for
 
     def __call__(self, transitions: Sequence[Transition[Any]]) -> list[Shared]:
-        if not self.sent and self._first_waits_for and self.group is not None:
-            # The first send stays in flight until that many others are waiting behind it.
-            deadline = time.monotonic() + 5
-            while len(self.group._waiting) < self._first_waits_for and time.monotonic() < deadline:
-                time.sleep(0.001)
         self.sent.append([cast("_Named", transition).name for transition in transitions])
         return [Settled(len(self.sent)) for _ in transitions]
 
@@ -454,21 +470,34 @@ def test_lock_messages_whose_handlers_end_together_commit_together() -> None:
     assert [sorted(sent) for sent in sends.sent] == [["a", "b", "c"]]
 
 
-def test_what_arrives_while_a_send_is_in_flight_goes_in_the_next_one() -> None:
-    # A commit alone leaves at once (nothing else takes part); two that arrive while it is in flight share the next.
-    sends = _Sends(first_waits_for=2)
-    group = GroupCommit(sends, wait_ms=10_000)
-    sends.group = group
+def test_a_transition_never_waits_for_another_send_in_flight() -> None:
+    # A send that stalls (an SDK timeout, a dropped connection) holds back only its own transitions: one that
+    # arrives meanwhile is sent beside it, within the bound, while the stalled one is still in flight.
+    quick_went = threading.Event()
+    sent: list[list[str]] = []
+    stalled_saw_quick_go: list[bool] = []
+
+    def send(transitions: Sequence[Transition[Any]]) -> list[Shared]:
+        names = [cast("_Named", transition).name for transition in transitions]
+        sent.append(names)
+        if names == ["stalled"]:
+            stalled_saw_quick_go.append(quick_went.wait(5))
+        else:
+            quick_went.set()
+        return [Settled(names) for _ in transitions]
+
+    group = GroupCommit(send, wait_ms=200)
     group.join(1)
-    first = threading.Thread(target=_submit_on_threads, args=(group, ["first"]))
-    first.start()
+    stalled = threading.Thread(target=_submit_on_threads, args=(group, ["stalled"]))
+    stalled.start()
     deadline = time.monotonic() + 5
-    while not group._sending and time.monotonic() < deadline:
+    while not sent and time.monotonic() < deadline:
         time.sleep(0.001)
-    group.join(2)
-    _submit_on_threads(group, ["second", "third"])
-    first.join()
-    assert [sorted(sent) for sent in sends.sent] == [["first"], ["second", "third"]]
+    answers = _submit_on_threads(group, ["quick"])
+    stalled.join()
+    assert answers == {"quick": Settled(["quick"])}
+    assert sent == [["stalled"], ["quick"]]
+    assert stalled_saw_quick_go == [True]
 
 
 def test_a_send_that_raises_leaves_each_transition_to_its_own_write() -> None:
@@ -505,3 +534,311 @@ def test_the_store_tells_its_observer_each_transaction_and_each_fall_back(dynamo
     # One shared transaction of two messages; the third met one of them on an item and went alone.
     assert (grouping.transactions, grouping.messages, grouping.fell_back) == (2, 3, {FallBack.SHARES_AN_ITEM: 1})
     assert tally.take().transactions == 0
+
+
+# -- each transition's part of a shared transaction: what it reads, what is sent again, what goes alone ----------
+
+
+def test_claims_ready_together_land_in_one_transaction_each_with_its_own_lease(dynamodb: Any, clock: Clock) -> None:
+    calls = _calls(dynamodb)
+    store = _store(dynamodb, clock)
+    answers = _claimed(store, [_claim_request(n) for n in range(1, 4)])
+    # One transaction and nothing after it: each claim's answer is read from what it sent.
+    assert calls == Counter({"TransactWriteItems": 1})
+    lease_end = int(clock.now * 1000) + 30_000
+    for n, answer in enumerate(answers, start=1):
+        record = store.get(f"CallRequested#k-{n}")
+        assert record is not None and record.lease_expires_at_ms == lease_end
+        # A transaction returns no attributes: the attempts are not known.
+        assert answer == Claimed(f"CallRequested#k-{n}", record.owner_token, lease_end, None)
+
+
+def test_commits_and_releases_ready_together_land_in_one_transaction(dynamodb: Any, clock: Clock) -> None:
+    store = _store(dynamodb, clock)
+    claims = [cast("Claimed", store.claim(f"CallRequested#k-{n}", f"hash-{n}", 30_000)) for n in range(1, 5)]
+    calls = _calls(dynamodb)
+    transitions: list[Transition[Any]] = [
+        Commit(claims[0], {"n": 1}, _tally_request(1).writes),
+        Commit(claims[1], {"n": 2}),
+        Release(claims[2]),
+        Release(claims[3]),
+    ]
+    assert together(store, transitions) == [Committed(), Committed(), True, True]
+    assert calls == Counter({"TransactWriteItems": 1})
+    done = [store.get(f"CallRequested#k-{n}") for n in (1, 2)]
+    assert [(record.status, record.result_value()) for record in done if record is not None] == [
+        (Status.COMPLETED, {"n": 1}),
+        (Status.COMPLETED, {"n": 2}),
+    ]
+    assert entries(dynamodb, "t-1") == ["ENTRY#e-1"]
+    assert (store.get("CallRequested#k-3"), store.get("CallRequested#k-4")) == (None, None)
+
+
+def test_releases_in_a_group_each_answer_as_alone(dynamodb: Any, clock: Clock) -> None:
+    # A release whose claim was taken over answers False and leaves the new owner's record; one whose undo is refused
+    # raises, as alone, and releases nothing; the others are released.
+    tally = Tally()
+    store = _store(dynamodb, clock, tally)
+    zombie = cast("Claimed", store.claim("CallRequested#k-2", "hash-2", 1_000))
+    clock.advance(2)
+    owner = cast("Claimed", store.claim("CallRequested#k-2", "hash-2", 30_000))
+    mine = {n: cast("Claimed", store.claim(f"CallRequested#k-{n}", f"hash-{n}", 30_000)) for n in (1, 3, 4)}
+    gone = Delete(TALLIES, {"tallyId": "t-4", "entryId": "HOLD"}, condition="attribute_exists(tallyId)")
+    tally.take()
+    calls = _calls(dynamodb)
+
+    answers = together(store, [Release(mine[1]), Release(zombie), Release(mine[3]), Release(mine[4], (gone,))])
+
+    assert answers[:3] == [True, False, True]
+    assert isinstance(answers[3], BusinessConditionFailed) and answers[3].write == gone
+    # The four in one transaction, cancelled on the zombie's record and on the undo; the two others again, together;
+    # the refused undo alone, which says it in its own words.
+    assert calls == Counter({"TransactWriteItems": 3})
+    assert tally.take().fell_back == {FallBack.NAMED: 1}
+    taken = store.get("CallRequested#k-2")
+    assert taken is not None and taken.owner_token == owner.owner_token
+    kept = store.get("CallRequested#k-4")
+    assert kept is not None and kept.owner_token == mine[4].owner_token
+    assert (store.get("CallRequested#k-1"), store.get("CallRequested#k-3")) == (None, None)
+
+
+def test_a_guard_refused_in_a_group_claim_is_that_messages_alone(dynamodb: Any, clock: Clock) -> None:
+    tally = Tally()
+    store = _store(dynamodb, clock, tally)
+    missing = ConditionCheck(TALLIES, {"tallyId": "t-9", "entryId": "TOTAL"}, "attribute_exists(tallyId)")
+    requests = [_claim_request(1), replace(_claim_request(2), guard=(missing,)), _claim_request(3)]
+
+    answers = _claimed(store, requests)
+
+    assert [type(answer) for answer in answers] == [Claimed, Refused, Claimed]
+    assert answers[1] == Refused(missing)
+    assert store.get("CallRequested#k-2") is None
+    # The refusal goes alone, which looks for an abandoned claim of its own that a shared transaction cannot see.
+    assert tally.take().fell_back == {FallBack.NAMED: 1}
+
+
+def _key_id(transact_item: dict[str, Any]) -> str | None:
+    """The record id an item of a transaction names (None for a business item, whose key has no ``id``)."""
+    action = next(iter(transact_item.values()))
+    return cast("str | None", action.get("Key", {}).get("id", {}).get("S"))
+
+
+def _cancellation(reasons: list[dict[str, Any]] | None) -> ClientError:
+    """DynamoDB's TransactionCanceledException, with these reasons (None: none given at all)."""
+    response: dict[str, Any] = {
+        "Error": {"Code": "TransactionCanceledException", "Message": "Transaction cancelled"},
+        "ResponseMetadata": {"HTTPStatusCode": 400},
+    }
+    if reasons is not None:
+        response["CancellationReasons"] = reasons
+    return ClientError(cast("Any", response), "TransactWriteItems")
+
+
+class _CancelledOnce:
+    """A client whose first TransactWriteItems is cancelled with ``reasons`` (of its items); the rest reach moto."""
+
+    def __init__(self, client: Any, reasons: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> None:
+        self._client, self._reasons, self._cancelled = client, reasons, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def transact_write_items(self, **request: Any) -> Any:
+        if self._cancelled:
+            return self._client.transact_write_items(**request)
+        self._cancelled = True
+        raise _cancellation(self._reasons(request["TransactItems"]))
+
+
+def test_a_conflict_on_one_messages_record_in_a_group_sends_it_alone_and_the_others_again(
+    dynamodb: Any, clock: Clock
+) -> None:
+    def conflict_on_the_second(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"Code": "TransactionConflict" if _key_id(item) == "TallyAdded#k-2" else "None"} for item in items]
+
+    tally = Tally()
+    store = _store(cast("Any", _CancelledOnce(dynamodb, conflict_on_the_second)), clock, tally)
+
+    answers = _applied(store, [_tally_request(n) for n in range(1, 4)])
+
+    assert [type(answer) for answer in answers] == [Applied] * 3
+    assert [entries(dynamodb, f"t-{n}") for n in range(1, 4)] == [[f"ENTRY#e-{n}"] for n in range(1, 4)]
+    grouping = tally.take()
+    # The three (cancelled), the first and third again together, the second alone: it was named, not settled.
+    assert (grouping.transactions, grouping.messages, grouping.fell_back) == (3, 6, {FallBack.NAMED: 1})
+
+
+def test_the_one_message_a_group_leaves_unsettled_goes_alone_as_a_message_alone_does(
+    dynamodb: Any, clock: Clock
+) -> None:
+    tally = Tally()
+    store = _store(dynamodb, clock, tally)
+    for n in (1, 2):
+        assert isinstance(store.apply_once(f"TallyAdded#k-{n}", f"hash-{n}"), Applied)
+    tally.take()
+    calls = _calls(dynamodb)
+
+    answers = _applied(store, [ApplyRequest(f"TallyAdded#k-{n}", f"hash-{n}") for n in (1, 2, 3)])
+
+    assert [type(answer) for answer in answers] == [Duplicate, Duplicate, Applied]
+    # The three in one transaction, cancelled on the first two's records: the third is left, as if it had been alone
+    # from the start (its own single write, and no fall-back to report).
+    assert calls == Counter({"TransactWriteItems": 1, "UpdateItem": 1})
+    grouping = tally.take()
+    assert (grouping.transactions, grouping.messages, grouping.fell_back) == (2, 4, {})
+
+
+# A record of k-1 another delivery completed: what a cancellation names when k-1 is a duplicate.
+_DONE = {
+    "id": {"S": "TallyAdded#k-1"},
+    "status": {"S": "COMPLETED"},
+    "expiresAt": {"N": str(2**40)},
+    "ownerToken": {"S": "another"},
+    "payloadHash": {"S": "hash-1"},
+    "result": {"S": "null"},
+}
+
+
+def _first_is_done(items: list[dict[str, Any]]) -> Any:
+    raise _cancellation(
+        [
+            {"Code": "ConditionalCheckFailed", "Item": _DONE} if _key_id(item) == _DONE["id"]["S"] else {"Code": "None"}
+            for item in items
+        ]
+    )
+
+
+def _nothing_named(items: list[dict[str, Any]]) -> Any:
+    raise _cancellation([{"Code": "None"}] * len(items))
+
+
+def _no_reasons(items: list[dict[str, Any]]) -> Any:
+    raise _cancellation(None)
+
+
+def _connection_lost(items: list[dict[str, Any]]) -> Any:
+    raise ConnectionClosedError(endpoint_url="https://dynamodb")
+
+
+def _accepted(items: list[dict[str, Any]]) -> Any:
+    return {}
+
+
+class _Scripted:
+    """A DynamoDB client that answers each TransactWriteItems with the next answer of a script (the last one for
+    every call after it) and keeps each one's items."""
+
+    def __init__(self, *script: Callable[[list[dict[str, Any]]], Any]) -> None:
+        self._script = list(script)
+        self.sent: list[list[dict[str, Any]]] = []
+
+    def transact_write_items(self, TransactItems: list[dict[str, Any]], **_: Any) -> Any:  # noqa: N803
+        self.sent.append(TransactItems)
+        answer = self._script.pop(0) if len(self._script) > 1 else self._script[0]
+        return answer(TransactItems)
+
+
+@pytest.mark.parametrize("then", [_nothing_named, _no_reasons, _connection_lost])
+def test_a_message_settled_in_one_send_of_a_group_keeps_its_answer_when_the_next_send_fails(
+    clock: Clock, then: Callable[[list[dict[str, Any]]], Any]
+) -> None:
+    client, tally = _Scripted(_first_is_done, then), Tally()
+    store = _store(cast("Any", client), clock, tally)
+
+    answers = _applied(store, [_tally_request(n) for n in range(1, 4)])
+
+    # The first send settles k-1 (a duplicate); the second, of the two others, fails naming nothing: each of them
+    # goes alone (and fails there too), k-1 keeps its answer and is not sent again.
+    assert answers[0] == Duplicate(IdempotencyRecord.from_item(_DONE))
+    assert [type(answer) for answer in answers[1:]] == [TransientError] * 2
+    assert [len(items) for items in client.sent] == [6, 4, 2, 2]
+    assert tally.take().fell_back == {FallBack.UNNAMED: 2}
+
+
+def test_a_cancellation_whose_reasons_do_not_match_the_items_one_to_one_is_read_for_no_message(clock: Clock) -> None:
+    # DynamoDB gives one reason per item, in order; a list of another length cannot say which item each is about.
+    def one_reason(items: list[dict[str, Any]]) -> Any:
+        raise _cancellation([{"Code": "ConditionalCheckFailed", "Item": _DONE}])
+
+    client, tally = _Scripted(one_reason, _accepted), Tally()
+    store = _store(cast("Any", client), clock, tally)
+
+    answers = _applied(store, [_tally_request(n) for n in range(1, 4)])
+
+    assert [type(answer) for answer in answers] == [Applied] * 3
+    assert [len(items) for items in client.sent] == [6, 2, 2, 2]
+    assert tally.take().fell_back == {FallBack.UNNAMED: 3}
+
+
+@pytest.mark.parametrize(("over", "sent"), [(0, [26]), (1, [13, 13])], ids=["at-the-limit", "a-byte-over"])
+def test_a_shared_transaction_takes_up_to_four_megabytes_exactly(clock: Clock, over: int, sent: list[int]) -> None:
+    # Two messages of twelve items each, whose items come to 4 MB (as the packing measures them) or a byte more.
+    def request(n: int, blobs: Sequence[int]) -> ApplyRequest:
+        puts = tuple(
+            Put(TALLIES, {"tallyId": f"t-{n}", "entryId": f"e-{i}", "blob": "x" * size}) for i, size in enumerate(blobs)
+        )
+        return ApplyRequest(f"TallyAdded#k-{n}", f"hash-{n}", None, puts)
+
+    client = _Accepting()
+    table = Table(cast("Any", client), IDEMPOTENCY_TABLE, 3600, clock=clock)
+    now_ms = int(clock.now * 1000)
+
+    def size(blobs: Sequence[int]) -> int:
+        return sum(len(json.dumps(Apply(request(n, blobs), str(uuid.uuid4())).items(table, now_ms))) for n in (1, 2))
+
+    room = MAX_TRANSACTION_BYTES + over - size([0] * 12)
+    blobs = [room // 24] * 12
+    first, second = request(1, blobs), request(2, [*blobs[:-1], blobs[-1] + room - 24 * (room // 24)])
+    assert size(blobs) + room - 24 * (room // 24) == MAX_TRANSACTION_BYTES + over
+
+    answers = _applied(_store(cast("Any", client), clock), [first, second])
+
+    assert [type(answer) for answer in answers] == [Applied] * 2
+    assert [len(items) for items in client.sent] == sent
+
+
+@dataclass(frozen=True)
+class _Unreadable(Apply):
+    """An apply whose reading of its part of a cancellation fails, whatever the part says."""
+
+    def read(self, cancelled: RecordRefused | Refused) -> Any:
+        raise LookupError("its part cannot be read")
+
+
+def test_a_transition_that_fails_to_read_its_part_of_a_cancellation_gets_that_error_and_the_others_theirs(
+    dynamodb: Any, clock: Clock
+) -> None:
+    store = _store(dynamodb, clock)
+    assert isinstance(store.apply_once("TallyAdded#k-2", "hash-2"), Applied)  # the second's record is taken
+    transitions = [
+        Apply(_tally_request(1), str(uuid.uuid4())),
+        _Unreadable(_tally_request(2), str(uuid.uuid4())),
+        Apply(_tally_request(3), str(uuid.uuid4())),
+    ]
+
+    answers = together(store, transitions)
+
+    assert [type(answer) for answer in answers] == [Applied, LookupError, Applied]
+    assert str(answers[1]) == "its part cannot be read"
+
+
+@dataclass(frozen=True)
+class _Counted(Apply):
+    """An apply that counts the times its items are built."""
+
+    builds: Counter[str] = field(default_factory=Counter)
+
+    def items(self, table: Table, now_ms: int) -> list[dict[str, Any]]:
+        self.builds[self.record_id] += 1
+        return super().items(table, now_ms)
+
+
+def test_a_shared_transaction_builds_each_messages_items_once(dynamodb: Any, clock: Clock) -> None:
+    builds: Counter[str] = Counter()
+    store = _store(dynamodb, clock)
+
+    answers = together(store, [_Counted(_tally_request(n), str(uuid.uuid4()), builds) for n in range(1, 4)])
+
+    assert [type(answer) for answer in answers] == [Applied] * 3
+    # Built once to be packed, and sent as built: building is most of a message's CPU in the store.
+    assert builds == Counter({f"TallyAdded#k-{n}": 1 for n in range(1, 4)})
