@@ -401,6 +401,36 @@ def test_one_pool_of_max_workers_threads_serves_every_invocation(
     assert most_at_once[0] == 2
 
 
+def test_a_batch_starts_no_thread_past_the_pools_own_while_the_pool_is_busy(
+    dynamodb: Any, sqs: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # max_workers 2: the invocation's own thread and a pool of one. That one is held busy when the batch hands out its
+    # lanes, so the lane it was given waits for it (or runs on the invocation's thread): no other thread is started.
+    consumer = make_consumer(dynamodb, sqs, clock, max_workers=2, group_commit=False)
+    busy, free = threading.Event(), threading.Event()
+
+    def elsewhere() -> None:
+        busy.set()
+        free.wait(timeout=30)
+
+    held = consumer.batch._executor().submit(elsewhere)
+    assert busy.wait(timeout=30)
+
+    def execute(self: MessageProcessor, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
+        free.set()
+        return MessageResult(item.message_id, Outcome.APPLIED)
+
+    monkeypatch.setattr(MessageProcessor, "execute", execute)
+    before = set(threading.enumerate())
+    batch = [sqs_record(f"m-{i}", tally_body(f"m{i}", tally_id=f"t-{i}")) for i in range(4)]
+
+    assert consumer.failed_ids(batch) == []
+
+    held.result(timeout=30)
+    # A pool's threads live on after their work: any the batch had started would still be here.
+    assert [thread.name for thread in threading.enumerate() if thread not in before] == []
+
+
 def test_a_batch_result_counts_its_outcomes_and_the_conflicts_absorbed() -> None:
     result = BatchResult(
         (

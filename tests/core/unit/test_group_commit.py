@@ -156,7 +156,12 @@ def test_the_batch_tells_its_transactions_messages_per_transaction_and_fall_back
     # Five in one transaction, cancelled on three records' and writes' conditions; the two new ones again together.
     assert (grouping.transactions, grouping.messages, grouping.fell_back) == (2, 7, {})
     alone = consumer.batch.process([sqs_record("m-9", tally_body("e-9", tally_id="t-9"))], consumer.remaining)
-    assert (alone.grouping.transactions, alone.grouping.messages_per_transaction) == (1, 1.0)
+    # Alone because nothing else was ready: no fall-back from a shared transaction.
+    assert (alone.grouping.transactions, alone.grouping.messages_per_transaction, alone.grouping.fell_back) == (
+        1,
+        1.0,
+        {},
+    )
 
 
 def _store(client: Any, clock: Clock, observer: Tally | None = None) -> IdempotencyStore:
@@ -738,7 +743,9 @@ class _Scripted:
         return answer(TransactItems)
 
 
-@pytest.mark.parametrize("then", [_nothing_named, _no_reasons, _connection_lost])
+@pytest.mark.parametrize(
+    "then", [_nothing_named, _no_reasons, _connection_lost], ids=["nothing-named", "no-reasons", "connection-lost"]
+)
 def test_a_message_settled_in_one_send_of_a_group_keeps_its_answer_when_the_next_send_fails(
     clock: Clock, then: Callable[[list[dict[str, Any]]], Any]
 ) -> None:

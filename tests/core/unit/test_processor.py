@@ -10,17 +10,19 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import boto3
 import pytest
 
 from consumer.envelope import payload_hash
-from consumer.errors import TransientError
-from consumer.handler import Effect, MessageContext
+from consumer.errors import ConfigurationError, PoisonMessage, TransientError
+from consumer.handler import Effect, Guard, MessageContext, Mode
 from consumer.idempotency import Claimed
 from consumer.idempotency.record import Status, reservation_token
+from consumer.idempotency.writes import ConditionCheck
 from consumer.outcome import MessageResult, Outcome
+from consumer.processor import ABANDONED_RELEASED, BUSY
 from testkit.dead_letters import reasons
 from testkit.lambda_sqs import REGION, sqs_record
 from tests.core.handlers import (
@@ -28,6 +30,7 @@ from tests.core.handlers import (
     HOLD_EVENT,
     TALLY_EVENT,
     HoldHandler,
+    HoldRequested,
     TallyAdded,
     TallyHandler,
     call_body,
@@ -221,6 +224,40 @@ def test_an_unexpected_error_in_a_handler_is_logged_with_its_trace_and_retried_u
     ]
 
 
+def test_a_message_its_handler_refuses_is_dead_lettered_under_the_handlers_reason_and_nothing_is_written(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog
+) -> None:
+    class Refusing(TallyHandler):
+        def handle(self, payload: TallyAdded, context: MessageContext) -> Effect:
+            raise PoisonMessage("InsufficientStock", "9000 asked, 5000 in stock")
+
+    consumer = make_consumer(
+        dynamodb, sqs, clock, logger=log, extra_handlers={TALLY_EVENT: Refusing(settings_for_tests())}
+    )
+
+    (result,) = run(consumer, sqs_record("m", tally_body("p-1")))
+
+    assert (result.outcome, result.reason) == (Outcome.POISON, "InsufficientStock: 9000 asked, 5000 in stock")
+    (letter,) = consumer.dead_letters()
+    assert (letter.original_message_id, letter.error_type, letter.error_message) == (
+        "m",
+        "InsufficientStock",
+        "9000 asked, 5000 in stock",
+    )
+    assert log.of("m") == [
+        (
+            "warning",
+            "dead-lettered",
+            {
+                **keys("m", "add-p-1", TALLY_EVENT),
+                "error_type": "InsufficientStock",
+                "reason": "9000 asked, 5000 in stock",
+            },
+        )
+    ]
+    assert consumer.store.get(f"{TALLY_EVENT}#add-p-1") is None
+
+
 def test_a_message_still_in_conflict_when_its_time_runs_out_says_why_and_how_many_were_absorbed(
     dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog, session: boto3.session.Session
 ) -> None:
@@ -264,6 +301,16 @@ def test_a_guard_reserves_with_the_claim_and_handle_is_told_the_time_left_under_
     assert record is not None and record.status is Status.COMPLETED and record.result_value() == {"holdId": "h-1"}
 
 
+def test_an_optimistic_handler_with_a_guard_stops_the_processor_at_start(dynamodb: Any, sqs: Any, clock: Clock) -> None:
+    # Its guard would never run (only lock mode runs one): a configuration error, named, before any message.
+    class OptimisticHold(HoldHandler):
+        mode: ClassVar[Mode] = Mode.OPTIMISTIC
+
+    with pytest.raises(ConfigurationError) as refused:
+        make_consumer(dynamodb, sqs, clock, extra_handlers={HOLD_EVENT: OptimisticHold(settings_for_tests())})
+    assert str(refused.value) == f"handler of {HOLD_EVENT} defines a guard, which only lock mode runs"
+
+
 def test_a_guard_that_refuses_claims_nothing_and_runs_no_handle(
     dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog
 ) -> None:
@@ -279,6 +326,33 @@ def test_a_guard_that_refuses_claims_nothing_and_runs_no_handle(
         " attribute_not_exists(callId) OR holdToken = :token)",
     )
     assert reasons(consumer.dead_letters()) == {"h": "BusinessConditionFailed"}
+    assert handler.seen == [("guard", 30_000)]
+    assert consumer.store.get(HOLD_RECORD) is None
+    assert hold_item(dynamodb) == held_by("hold-other")
+
+
+class MarkedHold(HoldHandler):
+    """Holds as ``HoldHandler`` does, its hold marked ``held_by``: another message's hold makes it wait, not refuse."""
+
+    def guard(self, payload: HoldRequested, context: MessageContext) -> Guard:
+        held = super().guard(payload, context)
+        return Guard(tuple(replace(write, held_by="holdToken") for write in held.writes), held.undo)
+
+
+def test_a_guard_that_meets_another_messages_hold_is_retried_not_dead_lettered(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog
+) -> None:
+    handler = MarkedHold(settings_for_tests())
+    consumer = holding(dynamodb, sqs, clock, log, handler)
+    set_the_hold(dynamodb, "hold-other", "HELD")
+
+    (result,) = run(consumer, sqs_record("h", hold_body("h-1")))
+
+    condition = "attribute_not_exists(callId) OR holdToken = :token"
+    reason = f"{BUSY}: {HOLD_TAKEN} (condition of a Put on {CALLS} failed: {condition})"
+    assert result == MessageResult("h", Outcome.RETRIED, reason)
+    assert log.of("h") == [("warning", "will retry", {**hold_keys("h"), "reason": reason})]
+    assert reasons(consumer.dead_letters()) == {}
     assert handler.seen == [("guard", 30_000)]
     assert consumer.store.get(HOLD_RECORD) is None
     assert hold_item(dynamodb) == held_by("hold-other")
@@ -339,6 +413,25 @@ def test_a_commit_refused_by_its_condition_is_dead_lettered_and_the_reservation_
             {**hold_keys("h"), "error_type": "BusinessConditionFailed", "reason": HOLD_CANCELLED},
         )
     ]
+
+
+def test_a_claimed_message_its_handler_refuses_is_dead_lettered_once_released_past_a_conflict(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog, session: boto3.session.Session
+) -> None:
+    conflicts = ReleaseConflicts(session, "TransactWriteItems", 1)
+
+    def refuse(_: MessageContext) -> None:
+        raise PoisonMessage("HoldRefused", "the desk refuses hold h-1")
+
+    consumer = holding(dynamodb, sqs, clock, log, HoldHandler(settings_for_tests(), refuse), session=session)
+
+    (result,) = run(consumer, sqs_record("h", hold_body("h-1")))
+
+    assert (result.outcome, result.reason) == (Outcome.POISON, "HoldRefused: the desk refuses hold h-1")
+    # Released past the conflict (absorbed as any transition's), undo and all, before the dead letter.
+    assert conflicts.left == 0
+    assert consumer.store.get(HOLD_RECORD) is None
+    assert hold_item(dynamodb) is None
 
 
 def test_a_refused_commit_whose_release_is_throttled_is_retried_with_both_reasons_not_dead_lettered(
@@ -443,3 +536,43 @@ def test_a_release_whose_undo_is_refused_releases_nothing_and_logs_why(
         ("warning", "release failed", {**hold_keys("h"), "error": f"BusinessConditionFailed: {UNDO_REFUSED}"}),
         ("warning", "will retry", {**hold_keys("h"), "reason": "downstream busy"}),
     ]
+
+
+class _Died(BaseException):
+    """The worker dies here (a Lambda timeout): nothing of the message's catches it, nothing is released."""
+
+
+class DeskHold(HoldHandler):
+    """Holds as ``HoldHandler`` does, while the desk (an item of its table) is open."""
+
+    def guard(self, payload: HoldRequested, context: MessageContext) -> Guard:
+        held = super().guard(payload, context)
+        desk_open = ConditionCheck(CALLS, {"callId": "DESK"}, "attribute_exists(callId)", reason="the desk is closed")
+        return Guard((desk_open, *held.writes), held.undo)
+
+
+def test_a_takeover_its_guard_refuses_releases_the_dead_workers_claim_and_hold_before_its_dead_letter(
+    dynamodb: Any, sqs: Any, clock: Clock, log: RecordingLog
+) -> None:
+    def die(_: MessageContext) -> None:
+        raise _Died
+
+    desk = {"callId": {"S": "DESK"}}
+    dynamodb.put_item(TableName=CALLS, Item=desk)
+    with pytest.raises(_Died):
+        run(holding(dynamodb, sqs, clock, log, DeskHold(settings_for_tests(), die)), sqs_record("h", hold_body("h-1")))
+    assert hold_item(dynamodb) == held_by("hold-h-1")
+    dynamodb.delete_item(TableName=CALLS, Key=desk)
+    clock.advance(LEASE_MS / 1000 + 1)
+
+    consumer = holding(dynamodb, sqs, clock, log, DeskHold(settings_for_tests()))
+    (result,) = run(consumer, sqs_record("h", hold_body("h-1"), receive_count=2))
+
+    assert (result.outcome, result.reason) == (
+        Outcome.POISON,
+        f"BusinessConditionFailed: the desk is closed (condition of a ConditionCheck on {CALLS} failed:"
+        f" attribute_exists(callId)); {ABANDONED_RELEASED}",
+    )
+    # Nothing of the message is left: neither the dead worker's claim nor the hold it took (with the guard's undo).
+    assert consumer.store.get(HOLD_RECORD) is None
+    assert hold_item(dynamodb) is None

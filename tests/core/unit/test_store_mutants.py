@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 from botocore.stub import Stubber
 
-from consumer.errors import BusinessConditionFailed, PoisonMessage, TransactionConflict, TransientError
-from consumer.idempotency import Applied, Claimed, Committed, Duplicate, Fenced, IdempotencyStore, InFlight
-from consumer.idempotency.record import IdempotencyRecord, Status
-from consumer.idempotency.writes import MAX_BUSINESS_WRITES, ConditionCheck, Put, Update
-from tests.core.unit.conftest import TALLIES, Clock
+from consumer.conflicts import ConflictRetry
+from consumer.errors import BusinessConditionFailed, ErrorType, PoisonMessage, TransactionConflict, TransientError
+from consumer.idempotency import Applied, Claimed, Committed, Duplicate, Fenced, IdempotencyStore, InFlight, Refused
+from consumer.idempotency.observer import Tally
+from consumer.idempotency.record import IdempotencyRecord, Status, reservation_token
+from consumer.idempotency.writes import MAX_BUSINESS_WRITES, ConditionCheck, Delete, Put, Update
+from tests.core.unit.conftest import IDEMPOTENCY_TABLE, TALLIES, Clock
 from tests.utils import offline_dynamodb
 
 
@@ -331,3 +333,165 @@ def test_an_unreachable_dynamodb_is_transient_and_says_so(
     monkeypatch.setattr(dynamodb, "get_item", unreachable)
     with pytest.raises(TransientError, match=r"^DynamoDB unreachable: Could not connect to the endpoint URL"):
         store.get("Ev#k-1")
+
+
+# -- a takeover refused by its guard, and the abandoned claim it meets (moto) -------------------------------------
+
+_OPEN = ConditionCheck(TALLIES, {"tallyId": "t-1", "entryId": "OPEN"}, "attribute_exists(tallyId)", reason="closed")
+_HOLD = {"tallyId": "t-1", "entryId": "HOLD"}
+# The guard: the tally open, and held for this message; the undo takes the hold back if it is still this message's.
+_HOLDING = (
+    _OPEN,
+    Put(
+        TALLIES,
+        {**_HOLD, "holdToken": "mine"},
+        condition="attribute_not_exists(tallyId) OR holdToken = :token",
+        values={":token": "mine"},
+    ),
+)
+_UNHOLD = (Delete(TALLIES, _HOLD, condition="holdToken = :token", values={":token": "mine"}),)
+
+
+def _hold(dynamodb: Any) -> dict[str, Any] | None:
+    key = {name: {"S": value} for name, value in _HOLD.items()}
+    return cast("dict[str, Any] | None", dynamodb.get_item(TableName=TALLIES, Key=key).get("Item"))
+
+
+def _abandoned(store: IdempotencyStore, dynamodb: Any, clock: Clock) -> Claimed:
+    """A claim that took its hold and whose worker died: its lease (1 s) over, the hold standing, the tally closed."""
+    dynamodb.put_item(TableName=TALLIES, Item={"tallyId": {"S": "t-1"}, "entryId": {"S": "OPEN"}})
+    dead = store.claim("Ev#k-1", "hash", 1_000, _HOLDING, undo=_UNHOLD)
+    assert isinstance(dead, Claimed)
+    dynamodb.delete_item(TableName=TALLIES, Key={"tallyId": {"S": "t-1"}, "entryId": {"S": "OPEN"}})
+    clock.advance(2)
+    return dead
+
+
+@pytest.mark.parametrize("hold", ["standing", "already-gone"])
+def test_a_refused_takeover_releases_the_abandoned_claim_of_its_message_and_its_hold(
+    store: IdempotencyStore, dynamodb: Any, clock: Clock, hold: str
+) -> None:
+    _abandoned(store, dynamodb, clock)
+    if hold == "already-gone":
+        dynamodb.delete_item(TableName=TALLIES, Key={name: {"S": value} for name, value in _HOLD.items()})
+    assert (_hold(dynamodb) is None) == (hold == "already-gone")
+
+    refused = store.claim("Ev#k-1", "hash", 30_000, _HOLDING, undo=_UNHOLD)
+
+    # Refused, and nothing of the message left behind: neither the dead worker's claim nor its hold.
+    assert refused == Refused(_OPEN, abandoned_released=True)
+    assert store.get("Ev#k-1") is None
+    assert _hold(dynamodb) is None
+
+
+@pytest.mark.parametrize(
+    ("payload", "lease_ms"),
+    [("another payload's", 1_000), ("its lease still running", 60_000), ("its lease ending this millisecond", 2_000)],
+    ids=["another-payload", "lease-running", "lease-ends-now"],
+)
+def test_a_refused_claim_leaves_alone_an_expired_record_that_is_no_abandoned_claim_of_its_message(
+    dynamodb: Any, clock: Clock, payload: str, lease_ms: int
+) -> None:
+    # A record past its TTL is free to take, so the guard decides; the record is released only if it is this
+    # message's claim whose lease is over (another payload's claim, or a lease that still runs, is left alone).
+    store = IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=1, clock=clock)
+    other = store.claim("Ev#k-1", "other" if payload == "another payload's" else "hash", lease_ms)
+    assert isinstance(other, Claimed)
+    clock.advance(2)
+
+    refused = store.claim("Ev#k-1", "hash", 30_000, (_OPEN,))
+
+    assert refused == Refused(_OPEN)
+    record = store.get("Ev#k-1")
+    assert record is not None and record.owner_token == other.owner_token
+
+
+# A claim of the same message whose worker died: its lease ended a second before the stubbed clock's now.
+_DEAD = {**_HELD, "leaseExpiresAt": {"N": "1799999999000"}}
+_UNDO = (Delete(TALLIES, {"tallyId": "t-1", "entryId": "HOLD"}, condition="attribute_exists(tallyId)"),)
+
+
+def _refused_meeting_the_dead_claim(stubber: Stubber) -> None:
+    """The takeover's transaction refused by its guard, then its read of the record: the dead worker's claim."""
+    _cancelled(stubber, {"Code": "None"}, {"Code": "ConditionalCheckFailed"})
+    stubber.add_response("get_item", {"Item": _DEAD})
+
+
+def test_a_refused_takeover_whose_release_stays_in_conflict_raises_naming_the_claim(
+    stubbed: tuple[IdempotencyStore, Stubber],
+) -> None:
+    store, stubber = stubbed
+    _refused_meeting_the_dead_claim(stubber)
+    _cancelled(stubber, {"Code": "TransactionConflict"}, {"Code": "ConditionalCheckFailed"})
+
+    # A conflict on the record settles nothing, whatever the undo's condition met beside it: the message comes back
+    # (the release is tried again then) rather than be dead-lettered with the dead worker's hold standing.
+    with pytest.raises(TransactionConflict) as raised:
+        store.claim("Ev#k-1", "hash", 30_000, _GUARD, undo=_UNDO)
+    assert str(raised.value) == (
+        "the abandoned claim of Ev#k-1 could not be released: transaction cancelled: TransactionConflict on the record"
+    )
+
+
+def test_a_refused_takeovers_release_absorbs_its_conflicts_as_any_transition_does() -> None:
+    client = offline_dynamodb()
+    conflicts = ConflictRetry(base_ms=1, max_ms=1, margin_ms=0, sleep=lambda _: None, jitter=lambda: 0.0)
+    store = IdempotencyStore(
+        client, "records", ttl_seconds=60, clock=lambda: 1_800_000_000.0, new_token=lambda: "t-1", conflicts=conflicts
+    )
+    with Stubber(client) as stubber:
+        _refused_meeting_the_dead_claim(stubber)
+        _cancelled(stubber, {"Code": "TransactionConflict"}, {"Code": "None"})
+        stubber.add_response("transact_write_items", {})
+
+        refused = store.claim("Ev#k-1", "hash", 30_000, _GUARD, undo=_UNDO, remaining_ms=lambda: 30_000)
+
+        stubber.assert_no_pending_responses()
+    assert refused == Refused(_GUARD[0], abandoned_released=True)
+
+
+def test_a_guard_write_that_fails_on_an_item_this_message_holds_is_refused_not_busy(
+    stubbed: tuple[IdempotencyStore, Stubber],
+) -> None:
+    # Held by this very message (its reservation token): the write failed on its own terms, so waiting cannot help.
+    store, stubber = stubbed
+    held = Update(
+        TALLIES,
+        {"tallyId": "t-1", "entryId": "HOLD"},
+        "SET holdToken = :token",
+        condition="attribute_not_exists(tallyId) OR (holdToken = :token AND attribute_not_exists(cancelled))",
+        values={":token": reservation_token("Ev#k-1", "hash")},
+        held_by="holdToken",
+    )
+    mine = {"tallyId": {"S": "t-1"}, "entryId": {"S": "HOLD"}, "holdToken": {"S": reservation_token("Ev#k-1", "hash")}}
+    _cancelled(stubber, {"Code": "None"}, {"Code": "ConditionalCheckFailed", "Item": mine})
+    stubber.add_response("get_item", {})
+
+    assert store.claim("Ev#k-1", "hash", 30_000, (held,)) == Refused(held)
+
+
+def test_a_messages_own_single_item_write_is_told_as_a_transaction_of_one_message(dynamodb: Any, clock: Clock) -> None:
+    tally = Tally()
+    store = IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock, observer=tally)
+
+    assert isinstance(store.apply_once("Ev#k-1", "hash"), Applied)
+    claimed = store.claim("Ev#k-2", "hash", 30_000)
+    assert isinstance(claimed, Claimed)
+    assert store.release(claimed) is True
+
+    grouping = tally.take()
+    assert (grouping.transactions, grouping.messages, grouping.fell_back) == (3, 3, {})
+
+
+def test_two_writes_on_one_item_are_the_handlers_error_and_nothing_is_written(store: IdempotencyStore) -> None:
+    # DynamoDB refuses a transaction with two actions on one item: the handler's writes, the same on every delivery.
+    entry = {"tallyId": "t-1", "entryId": "e-1"}
+    twice = (Put(TALLIES, entry), Update(TALLIES, entry, "SET n = :one", values={":one": 1}))
+
+    with pytest.raises(PoisonMessage) as refused:
+        store.apply_once("Ev#k-1", "hash", None, twice)
+
+    assert refused.value.error_type is ErrorType.INVALID_HANDLER_TRANSACTION
+    assert refused.value.message.startswith("the handler's writes put two actions on one item in a transaction: ")
+    assert "multiple operations on one item" in refused.value.message
+    assert store.get("Ev#k-1") is None
