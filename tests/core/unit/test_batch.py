@@ -431,6 +431,56 @@ def test_a_batch_starts_no_thread_past_the_pools_own_while_the_pool_is_busy(
     assert [thread.name for thread in threading.enumerate() if thread not in before] == []
 
 
+def test_an_invocation_that_died_leaves_its_transactions_out_of_the_next_ones_figures(
+    dynamodb: Any, sqs: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first invocation applies one message, then dies in the next (a Lambda timeout): what its store told the
+    # observer was never taken. The next invocation's figures are its own.
+    execute = MessageProcessor.execute
+
+    def dies_on_the_second(self: MessageProcessor, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
+        if item.message_id == "dies":
+            raise _Died
+        return execute(self, item, remaining_ms)
+
+    monkeypatch.setattr(MessageProcessor, "execute", dies_on_the_second)
+    consumer = make_consumer(dynamodb, sqs, clock)
+    with pytest.raises(_Died):
+        consumer.failed_ids([sqs_record("applied", tally_body("e-1")), sqs_record("dies", tally_body("e-2"))])
+    assert total(dynamodb, "t-1") == 1250
+
+    result = consumer.batch.process([sqs_record("next", tally_body("e-3", tally_id="t-3"))], consumer.remaining)
+
+    assert result.counts() == Counter({Outcome.APPLIED: 1})
+    assert (result.grouping.transactions, result.grouping.messages) == (1, 1)
+
+
+def test_a_copy_whose_first_runs_outcome_cannot_be_reused_is_retried_and_stops_its_fifo_group(
+    dynamodb: Any, sqs: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: MessageProcessor, item: Prepared, first: MessageResult) -> MessageResult:
+        raise RuntimeError("reuse broke")
+
+    monkeypatch.setattr(MessageProcessor, "reuse", broken)
+    consumer = make_consumer(dynamodb, sqs, clock)
+    batch = [
+        sqs_record(name, tally_body(entry), group_id="g", queue_arn=FIFO_QUEUE_ARN)
+        for name, entry in (("first", "e-1"), ("copy", "e-1"), ("later", "e-2"))
+    ]
+
+    results = consumer.batch.process(batch, consumer.remaining).results
+
+    # Never the whole batch for one message: the copy is retried, and FIFO order holds the group's later message.
+    assert results == (
+        MessageResult("first", Outcome.APPLIED),
+        MessageResult("copy", Outcome.RETRIED, "RuntimeError: reuse broke"),
+        MessageResult(
+            "later", Outcome.RETRIED, "not started: earlier message copy of group g failed", int(clock.now * 1000)
+        ),
+    )
+    assert entries(dynamodb, "t-1") == ["ENTRY#e-1", "TOTAL"]
+
+
 def test_a_batch_result_counts_its_outcomes_and_the_conflicts_absorbed() -> None:
     result = BatchResult(
         (
