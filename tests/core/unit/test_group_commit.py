@@ -30,11 +30,11 @@ from consumer.idempotency.claim import Claim
 from consumer.idempotency.commit import Commit
 from consumer.idempotency.group_commit import GroupCommit
 from consumer.idempotency.observer import FallBack, Tally
-from consumer.idempotency.packing import MAX_TRANSACTION_BYTES, Own, Settled, Shared
+from consumer.idempotency.packing import MAX_TRANSACTION_BYTES, Own, Settled, Shared, send_shared
 from consumer.idempotency.record import IdempotencyRecord, Status
 from consumer.idempotency.release import Release
 from consumer.idempotency.transition import Transition
-from consumer.idempotency.writes import ConditionCheck, Delete, Put
+from consumer.idempotency.writes import ConditionCheck, Delete, Put, Update
 from consumer.outcome import Outcome
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, REGION, sqs_record
 from tests.core.handlers import REFUSALS, refusals, tally_body
@@ -544,6 +544,18 @@ def test_the_store_tells_its_observer_each_transaction_and_each_fall_back(dynamo
 # -- each transition's part of a shared transaction: what it reads, what is sent again, what goes alone ----------
 
 
+def test_applies_ready_together_land_in_one_transaction_each_answered_as_its_own(dynamodb: Any, clock: Clock) -> None:
+    calls = _calls(dynamodb)
+    store = _store(dynamodb, clock)
+
+    answers = together(store, [Apply(_tally_request(n), f"token-{n}") for n in range(1, 4)])
+
+    assert answers == [Applied(f"TallyAdded#k-{n}", f"token-{n}") for n in range(1, 4)]
+    assert calls == Counter({"TransactWriteItems": 1})
+    records = [store.get(f"TallyAdded#k-{n}") for n in range(1, 4)]
+    assert [record.owner_token for record in records if record is not None] == [f"token-{n}" for n in range(1, 4)]
+
+
 def test_claims_ready_together_land_in_one_transaction_each_with_its_own_lease(dynamodb: Any, clock: Clock) -> None:
     calls = _calls(dynamodb)
     store = _store(dynamodb, clock)
@@ -849,3 +861,48 @@ def test_a_shared_transaction_builds_each_messages_items_once(dynamodb: Any, clo
     assert [type(answer) for answer in answers] == [Applied] * 3
     # Built once to be packed, and sent as built: building is most of a message's CPU in the store.
     assert builds == Counter({f"TallyAdded#k-{n}": 1 for n in range(1, 4)})
+
+
+def _answers(outcomes: Sequence[Shared]) -> list[object]:
+    """Each outcome of a shared send: the type of its settled answer, or the ``Own`` that leaves it alone."""
+    return [type(outcome.answer) if isinstance(outcome, Settled) else outcome for outcome in outcomes]
+
+
+def test_what_cannot_go_in_a_shared_transaction_is_left_to_its_own_write_and_the_rest_share_one(
+    dynamodb: Any, clock: Clock
+) -> None:
+    # In the order given: a message whose own writes meet on one item, one whose items cannot be built, one of a
+    # whole transaction's hundred items: each is left to its own write, for its reason; the three others share one.
+    entry = {"tallyId": "t-2", "entryId": "e-2"}
+    on_one_item = (Update(TALLIES, entry, "SET n = :n"), ConditionCheck(TALLIES, entry, "attribute_exists(n)"))
+    twice = ApplyRequest("TallyAdded#k-2", "hash-2", None, on_one_item)
+    broken = ApplyRequest("TallyAdded#k-4", "hash-4", None, (Put(TALLIES, {"tallyId": "t-4", "entryId": object()}),))
+    hundred = tuple(Put(TALLIES, {"tallyId": "t-6", "entryId": f"e-{i}"}) for i in range(99))
+    full = ApplyRequest("TallyAdded#k-6", "hash-6", None, hundred)
+    requests = [_tally_request(1), twice, _tally_request(3), broken, _tally_request(5), full]
+    seen = _sizes(dynamodb)
+
+    outcomes = send_shared(Table(dynamodb, IDEMPOTENCY_TABLE, 3600, clock=clock), [Apply(r, "t") for r in requests])
+
+    unbuilt, no_room = Own(FallBack.UNBUILT), Own(FallBack.NO_ROOM)
+    assert _answers(outcomes) == [Applied, unbuilt, Applied, unbuilt, Applied, no_room]
+    assert seen == [6]
+
+
+def test_puts_of_one_item_never_share_a_transaction_whatever_the_order_of_their_attributes(
+    dynamodb: Any, clock: Clock
+) -> None:
+    def marker(n: int, item: dict[str, str]) -> Apply:
+        return Apply(ApplyRequest(f"TallyAdded#k-{n}", f"hash-{n}", None, (Put(TALLIES, item),)), f"t-{n}")
+
+    item = {"tallyId": "t-1", "entryId": "MARK", "by": "batch"}
+    same_item = {"by": "batch", "entryId": "MARK", "tallyId": "t-1"}
+    seen = _sizes(dynamodb)
+
+    outcomes = send_shared(
+        Table(dynamodb, IDEMPOTENCY_TABLE, 3600, clock=clock),
+        [marker(1, item), marker(2, same_item), Apply(_tally_request(3), "t-3")],
+    )
+
+    assert _answers(outcomes) == [Applied, Own(FallBack.SHARES_AN_ITEM), Applied]
+    assert seen == [4]

@@ -495,3 +495,19 @@ def test_two_writes_on_one_item_are_the_handlers_error_and_nothing_is_written(st
     assert refused.value.message.startswith("the handler's writes put two actions on one item in a transaction: ")
     assert "multiple operations on one item" in refused.value.message
     assert store.get("Ev#k-1") is None
+
+
+def test_another_rejection_of_a_transaction_is_raised_as_it_is(stubbed: tuple[IdempotencyStore, Stubber]) -> None:
+    # Not the handler's writes on one item: a request DynamoDB refuses may be the core's, and is retried (the redrive
+    # policy bounds it), never dead-lettered as the handler's.
+    store, stubber = stubbed
+    stubber.add_client_error(
+        "transact_write_items",
+        service_error_code="ValidationException",
+        service_message="One or more parameter values were invalid",
+    )
+
+    with pytest.raises(ClientError) as raised:
+        store.apply_once("Ev#k-1", "hash", writes=_WRITE)
+    assert not isinstance(raised.value, PoisonMessage)
+    assert raised.value.response["Error"]["Code"] == "ValidationException"
