@@ -8,6 +8,12 @@ On a FIFO queue it is one ``MessageGroupId``: its messages run in order and the 
 failure stops the group, with every later message of the group reported too, as SQS
 FIFO ordering requires.
 
+A lane with a lock-mode message runs on a thread of its own (the invocation's or the pool's): its handler may wait
+on the network under its lease, and nothing else may wait behind it. The lanes whose messages never wait outside
+the store (optimistic handlers are pure; a dead letter is one send) are interleaved on the invocation's thread:
+each one's next message runs up to its transition, and those transitions are sent together. Either way each message
+lives the same life (``MessageProcessor.begin``); only how many lives a thread holds differs.
+
 Near the invocation's deadline no new message is started; unstarted messages are
 reported as failures, so SQS delivers them again.
 
@@ -25,10 +31,11 @@ from dataclasses import dataclass, field
 
 from consumer.backoff import VisibilityBackoff
 from consumer.envelope import SqsMessage
+from consumer.handler import Mode
 from consumer.idempotency.observer import Grouping, Tally
 from consumer.outcome import MessageResult, Outcome
 from consumer.prepared import Parsed, Prepared
-from consumer.processor import MessageProcessor
+from consumer.processor import Life, MessageProcessor
 
 
 @dataclass(frozen=True)
@@ -129,28 +136,38 @@ class BatchRunner:
         items = [self._processor.prepare(message) for message in messages]
         fifo = any(item.group for item in items)
         results: list[MessageResult | None] = [None] * len(messages)
-        lanes = deque(_Lane(indexes) for indexes in _lanes(items, fifo))
+
+        interleaved, threaded = deque[_Lane](), deque[_Lane]()
+        for lane in _lanes(items, fifo):
+            (threaded if any(_waits_outside(items[index]) for index in lane) else interleaved).append(_Lane(lane))
 
         def work() -> None:
-            """Lanes, one after another, until none is left; then this thread leaves the group commit."""
+            """Lanes of their own thread, one after another, until none is left."""
+            while True:
+                try:
+                    lane = threaded.popleft()
+                except IndexError:
+                    return
+                while (index := self._next(lane, items, results, fifo, remaining_ms)) is not None:
+                    self._settle(lane, items, results, fifo, index, self._processor.execute(items[index], remaining_ms))
+
+        def pooled() -> None:
             try:
-                while True:
-                    try:
-                        lane = lanes.popleft()
-                    except IndexError:
-                        return
-                    while (index := self._next(lane, items, results, fifo, remaining_ms)) is not None:
-                        self._settle(lane, items, results, fifo, index, self._run_one(items[index], remaining_ms))
+                work()
             finally:
                 self._processor.leave()
 
-        # Every worker joins before any starts, so that the first transitions wait (bounded) for the others'.
-        workers = min(len(lanes), self._max_workers)
+        # Every thread joins before any starts, so that the first transitions wait (bounded) for the others'.
+        workers = min(len(threaded) + (1 if interleaved else 0), self._max_workers)
         self._processor.join(workers)
-        futures = [self._executor().submit(work) for _ in range(workers - 1)]
+        futures = [self._executor().submit(pooled) for _ in range(workers - 1)]
         try:
             if workers:
-                work()  # the invocation's own thread is one of them
+                try:  # the invocation's own thread is one of them
+                    self._interleave(interleaved, items, results, fifo, remaining_ms)
+                    work()
+                finally:
+                    self._processor.leave()
         finally:
             # Whatever escapes a lane (a BaseException: nothing of a message's catches it) escapes once every lane
             # has ended: no thread of this batch goes on into the next invocation.
@@ -214,11 +231,40 @@ class BatchRunner:
         if fifo and result.outcome.is_failure and lane.stopped_by is None:
             lane.stopped_by = f"not started: earlier message {item.message_id} of group {item.group} failed"
 
-    def _run_one(self, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
-        try:
-            return self._processor.execute(item, remaining_ms)
-        except Exception as error:  # never let one message fail the whole batch
-            return MessageResult(item.message_id, Outcome.RETRIED, f"{type(error).__name__}: {error}")
+    def _interleave(
+        self,
+        lanes: deque[_Lane],
+        items: list[Prepared],
+        results: list[MessageResult | None],
+        fifo: bool,
+        remaining_ms: Callable[[], int],
+    ) -> None:
+        """Lanes whose messages never wait outside the store, on this one thread: each lane's next message runs until
+        it waits on a transition, the transitions they wait on are sent together, until every lane ends."""
+        running: list[tuple[_Lane, int, Life]] = []
+        ready = list(lanes)
+        while ready or running:
+            for lane in ready:
+                while (index := self._next(lane, items, results, fifo, remaining_ms)) is not None:
+                    life = self._processor.begin(items[index], remaining_ms)
+                    if life.result is None:
+                        running.append((lane, index, life))
+                        break
+                    self._settle(lane, items, results, fifo, index, life.result)
+            if not running:
+                return
+            self._processor.step([life for _, _, life in running], remaining_ms)
+            ready = []
+            for lane, index, life in running:
+                if life.result is not None:
+                    self._settle(lane, items, results, fifo, index, life.result)
+                    ready.append(lane)
+            running = [entry for entry in running if entry[2].result is None]
+
+
+def _waits_outside(item: Prepared) -> bool:
+    """A lock-mode message: its guard and handler may wait on the network, under its lease."""
+    return isinstance(item.state, Parsed) and item.state.handler.mode is Mode.LOCK
 
 
 def _copy_of(item: Prepared) -> tuple[str, str]:

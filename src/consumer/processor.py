@@ -1,18 +1,22 @@
 """One message, start to finish: parse, route, run under the idempotency store, classify.
 
-``prepare`` is pure (no I/O) so the batch can sort messages into lanes before any round trip;
-``execute`` is the message's one life: its apply (optimistic), or its claim, its handler under
-its own lease and its commit or release (lock), each as soon as the one before ends. Whether a
-transition shares a transaction with other messages' is the store's business, below this: the
-message's outcome is the same either way. Neither raises for a message's sake: every message
-ends with exactly one ``MessageResult``, so one bad message never fails its batch.
+``prepare`` is pure (no I/O) so the batch can sort messages into lanes before any round trip.
+A message's one life (``begin``) is its apply (optimistic), or its claim, its handler under its
+own lease and its commit or release (lock), each as soon as the one before ends. The life stops
+at each transition it needs (a ``Life`` waiting on it); ``step`` sends the transitions of the
+lives it is given, shared where they are ready together, and resumes each with its own answer.
+``execute`` is one life stepped to its end on the calling thread; the batch steps several at once
+on one thread where no handler waits outside the store (optimistic lanes). Whether a transition
+shares a transaction is the store's business, below this: the outcome is the same either way.
+Nothing here raises for a message's sake: every message ends with exactly one ``MessageResult``,
+so one bad message never fails its batch.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, assert_never
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, TypeVar, assert_never, cast
 
 from consumer.config import Settings
 from consumer.dead_letter import DeadLetterQueue
@@ -27,6 +31,7 @@ from consumer.errors import (
 from consumer.handler import Effect, MessageContext, MessageHandler, Mode
 from consumer.idempotency.answers import (
     Applied,
+    ApplyRequest,
     ApplyResult,
     Claimed,
     ClaimRequest,
@@ -40,9 +45,14 @@ from consumer.idempotency.answers import (
     PayloadMismatch,
     Refused,
 )
+from consumer.idempotency.apply import Apply
+from consumer.idempotency.claim import Claim
+from consumer.idempotency.commit import Commit
 from consumer.idempotency.lease import lease_duration
 from consumer.idempotency.record import reservation_token
+from consumer.idempotency.release import Release
 from consumer.idempotency.store import IdempotencyStore
+from consumer.idempotency.transition import Transition
 from consumer.idempotency.writes import Write
 from consumer.outcome import Log, MessageResult, Outcome
 from consumer.prepared import Parsed, Prepared, Rejected, prepare
@@ -52,6 +62,45 @@ from consumer.report import Reporter
 ABANDONED_RELEASED = "the abandoned claim and its reservation were released"
 # What a message met that waits for another message's hold to settle: back to the queue, with backoff.
 BUSY = "held by another message, so not refused"
+
+_A = TypeVar("_A")
+# A message's life: it yields each transition it needs, is sent that transition's answer (or has the exception its
+# write raised thrown in), and returns the message's result.
+Steps = Generator[Transition[Any], object, MessageResult]
+
+
+def _sent(transition: Transition[_A]) -> Generator[Transition[Any], object, _A]:
+    """A life's wait for one transition's answer (``yield from``): the answer, or what its write raised."""
+    return cast("_A", (yield transition))
+
+
+class Life:
+    """One message's life in progress: the transition it waits on, or its result once it has ended."""
+
+    __slots__ = ("_steps", "item", "result", "waiting")
+
+    def __init__(self, item: Prepared, steps: Steps) -> None:
+        self.item = item
+        self._steps = steps
+        self.waiting: Transition[Any] | None = None
+        self.result: MessageResult | None = None
+        self._go(steps.send, None)
+
+    def resume(self, answer: object) -> None:
+        """Go on with its transition's answer; an exception is what its write raised, raised where it waited."""
+        if isinstance(answer, Exception):
+            self._go(self._steps.throw, answer)
+        else:
+            self._go(self._steps.send, answer)
+
+    def _go(self, step: Callable[[Any], Transition[Any]], value: object) -> None:
+        try:
+            self.waiting = step(value)
+        except StopIteration as end:
+            self.waiting, self.result = None, end.value
+        except Exception as error:  # never let one message fail the whole batch
+            self.waiting = None
+            self.result = MessageResult(self.item.message_id, Outcome.RETRIED, f"{type(error).__name__}: {error}")
 
 
 class MessageProcessor:
@@ -87,14 +136,33 @@ class MessageProcessor:
         """The calling thread runs no more messages."""
         self._store.leave()
 
+    def begin(self, item: Prepared, remaining_ms: Callable[[], int]) -> Life:
+        """The message's life, run until it waits on its first transition (or has ended without one)."""
+        return Life(item, self._life(item, remaining_ms))
+
+    def step(self, lives: Sequence[Life], remaining_ms: Callable[[], int]) -> None:
+        """Send the transitions ``lives`` wait on (together: the store shares what fits) and resume each with its own
+        answer, until it waits on its next transition or has ended."""
+        waiting = [life for life in lives if life.waiting is not None]
+        answers = self._store.run_all([life.waiting for life in waiting if life.waiting is not None], remaining_ms)
+        for life, answer in zip(waiting, answers, strict=True):
+            life.resume(answer)
+
     def execute(self, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
+        """The message's life, to its end, on the calling thread."""
+        life = self.begin(item, remaining_ms)
+        while life.result is None:
+            self.step((life,), remaining_ms)
+        return life.result
+
+    def _life(self, item: Prepared, remaining_ms: Callable[[], int]) -> Steps:
         parsed = item.state
         if isinstance(parsed, Rejected):
             return self._report.dead_letter(item, parsed.poison)
         try:
             if parsed.handler.mode is Mode.OPTIMISTIC:
-                return self._run_optimistic(item, parsed, remaining_ms)
-            return self._run_locked(item, parsed, remaining_ms)
+                return (yield from self._run_optimistic(item, parsed, remaining_ms))
+            return (yield from self._run_locked(item, parsed, remaining_ms))
         except Exception as error:
             return self._failed(item, error)
 
@@ -119,25 +187,17 @@ class MessageProcessor:
         self._logger.info("retry with the first copy", extra={**item.log_keys(), "first": first.message_id})
         return MessageResult(item.message_id, first.outcome, first.reason, first.retry_at_ms)
 
-    def _run_optimistic(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> MessageResult:
+    def _run_optimistic(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> Steps:
         effect = self._handle(item, parsed, remaining_ms)
         message = parsed.message
-        applied = self._store.apply_once(
-            message.record_id, message.payload_hash, effect.result, effect.writes, remaining_ms=remaining_ms
-        )
+        request = ApplyRequest(message.record_id, message.payload_hash, effect.result, tuple(effect.writes))
+        applied = yield from _sent(Apply(request, self._store.new_token()))
         return self._settle(item, applied)
 
-    def _run_locked(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> MessageResult:
+    def _run_locked(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> Steps:
         # Claimed only now, as its handler is about to start: the lease is the handler's, none of it spent waiting.
         request = self._claim_request(item, parsed, remaining_ms)
-        claim = self._store.claim(
-            request.record_id,
-            request.payload_hash,
-            request.lease_ms,
-            request.guard,
-            undo=request.undo,
-            remaining_ms=remaining_ms,
-        )
+        claim = yield from _sent(Claim(request, self._store.new_token()))
         if not isinstance(claim, Claimed):
             # Refused: nothing was claimed or reserved, and handle never ran: no call was made.
             return self._settle(item, claim)
@@ -148,10 +208,10 @@ class MessageProcessor:
             # for them a bounded moment at most). The budget is the invocation's time, not the lease's: past the
             # lease the commit still lands unless another worker took the key over, and this message cannot come
             # back to one before this invocation hands it back.
-            end = self._store.commit(claim, effect.result, tuple(effect.writes), remaining_ms=remaining_ms)
+            end = yield from _sent(Commit(claim, effect.result, tuple(effect.writes)))
         except Exception as error:
             end = error
-        return self._locked_end(item, claim, request.undo, end, remaining_ms)
+        return (yield from self._locked_end(item, claim, request.undo, end))
 
     def _claim_request(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> ClaimRequest:
         """A lock-mode message's claim: its lease from the time left, its guard's writes and undo, checked."""
@@ -182,19 +242,18 @@ class MessageProcessor:
         claim: Claimed,
         undo: Sequence[Write],
         end: CommitResult | Exception,
-        remaining_ms: Callable[[], int],
-    ) -> MessageResult:
+    ) -> Steps:
         """A claimed message's outcome from its commit's answer, or from what its handle or commit raised."""
         if isinstance(end, PoisonMessage):
-            return self._poison_once_released(item, claim, undo, end, remaining_ms)
+            return (yield from self._poison_once_released(item, claim, undo, end))
         if isinstance(end, Exception):
             # Safe even when a commit was in fact applied: release is fenced on IN_PROGRESS. (A process
             # that dies releases nothing; its lease runs out, and the guard's reservation waits for the
             # redelivery that takes the claim over.)
-            self._release_quietly(item, claim, undo, remaining_ms)
+            yield from self._release_quietly(item, claim, undo)
             raise end
         if isinstance(end, Refused):
-            return self._poison_once_released(item, claim, undo, BusinessConditionFailed(end.write), remaining_ms)
+            return (yield from self._poison_once_released(item, claim, undo, BusinessConditionFailed(end.write)))
         # A Conflicted commit keeps its claim: until its lease ends nobody repeats the external call.
         return self._settle(item, end)
 
@@ -247,24 +306,23 @@ class MessageProcessor:
         claim: Claimed,
         undo: Sequence[Write],
         poison: PoisonMessage,
-        remaining_ms: Callable[[], int],
-    ) -> MessageResult:
+    ) -> Steps:
         """Dead-letter a claimed message once its claim and reservation are released; retry it while they stand.
 
         Dead-lettered with its reservation standing, the message that alone could settle it would sit in the
         DLQ (or be purged): retried, it comes back after the lease and its takeover releases them.
         """
-        unreleased = self._release_quietly(item, claim, undo, remaining_ms)
+        unreleased = yield from self._release_quietly(item, claim, undo)
         if unreleased is not None:
             return self._report.retry(item, f"release failed ({unreleased}), so not yet dead-lettered: {poison}")
         return self._report.dead_letter(item, poison)
 
     def _release_quietly(
-        self, item: Prepared, claim: Claimed, undo: Sequence[Write], remaining_ms: Callable[[], int]
-    ) -> str | None:
+        self, item: Prepared, claim: Claimed, undo: Sequence[Write]
+    ) -> Generator[Transition[Any], object, str | None]:
         """Release; the error when the claim and its reservation may still stand, None when nothing of ours does."""
         try:
-            if not self._store.release(claim, undo, remaining_ms=remaining_ms):
+            if not (yield from _sent(Release(claim, tuple(undo)))):
                 self._logger.warning(
                     "release found no claim of ours (taken over, or an earlier release lost its answer)",
                     extra=item.log_keys(),

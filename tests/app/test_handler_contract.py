@@ -34,7 +34,7 @@ from consumer.handler import (
     declared_settings,
     declared_tables,
 )
-from consumer.idempotency import Duplicate, IdempotencyStore, InFlight, apply, claim
+from consumer.idempotency import Duplicate, InFlight, apply, claim
 from consumer.idempotency import calls as store
 from consumer.idempotency.record import IdempotencyRecord, Status
 from consumer.idempotency.release import Release
@@ -300,14 +300,13 @@ def test_control_crash_when_a_lease_never_ends(rig: Rig, subject: Subject, monke
 
 @guarded_handlers
 def test_control_guard_skipped(rig: Rig, subject: Subject, monkeypatch: pytest.MonkeyPatch) -> None:
-    claim = IdempotencyStore.claim
+    checked = claim.Claim.__post_init__
 
-    def unguarded(
-        self: IdempotencyStore, record_id: str, payload_hash: str, lease_ms: int, guard: Any = (), **kwargs: Any
-    ) -> Any:
-        return claim(self, record_id, payload_hash, lease_ms, **kwargs)
+    def unguarded(self: claim.Claim) -> None:
+        object.__setattr__(self, "request", replace(self.request, guard=()))
+        checked(self)
 
-    monkeypatch.setattr(IdempotencyStore, "claim", unguarded)
+    monkeypatch.setattr(claim.Claim, "__post_init__", unguarded)
     _broken(contract.refused_guard_makes_no_call, rig, subject, _cases(subject, CONTROL + contract.GUARD))
 
 

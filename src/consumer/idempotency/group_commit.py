@@ -1,14 +1,14 @@
 """Group commit across a batch's threads: transitions ready at the same moment sent as one transaction.
 
-Each message runs its own life on its lane's thread (claim, handler, commit or release; or its one apply) and
-hands each transition to ``submit``, which returns when that transition is settled or is left to its own write.
-As a database's group commit does, the first waiting transition's thread leads: it waits until every thread
-taking part (``join``, ``leave``: the batch's lane threads) is waiting too, or at most ``wait_ms`` after it
-arrived, then sends what is waiting in one go. What arrives after that is led by its own first, at once, beside a
-send still in flight: no transition ever waits for another send, however long that one takes (an SDK timeout, a
-stalled connection). So lock-mode handlers that end together commit together, and no transition waits for company
-longer than ``wait_ms``, whatever its neighbours' handlers or sends do: a quick message beside a slow one commits
-well inside its lease (``wait_ms`` is at most a tenth of the shortest).
+Each thread of a batch hands the transitions it has ready to ``submit`` (one, for a lane whose message runs on a
+thread of its own; several, for the thread that interleaves the lanes that never wait outside the store), which
+returns when each is settled or is left to its own write. As a database's group commit does, the first waiting
+thread leads: it waits until every thread taking part (``join``, ``leave``: the batch's threads) is waiting too, or
+at most ``wait_ms`` after it arrived, then sends what is waiting in one go. What arrives after that is led by its
+own first, at once, beside a send still in flight: no transition ever waits for another send, however long that one
+takes (an SDK timeout, a stalled connection). So lock-mode handlers that end together commit together, and no
+transition waits for company longer than ``wait_ms``, whatever its neighbours' handlers or sends do: a quick message
+beside a slow one commits well inside its lease (``wait_ms`` is at most a tenth of the shortest).
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ from consumer.idempotency.transition import Transition
 
 
 class _Waiting:
-    """A submitted transition: its outcome once settled, and what its thread sleeps on. Each thread is woken alone,
-    for its own outcome or its turn to lead, never all of them at each arrival: a held lock is the cheapest sleep
-    (``wake`` releases it, at most once until the sleeper takes it again)."""
+    """A thread's submitted transitions: their outcomes once settled, and what the thread sleeps on. Each thread is
+    woken alone, for its own outcomes or its turn to lead, never all of them at each arrival: a held lock is the
+    cheapest sleep (``wake`` releases it, at most once until the sleeper takes it again)."""
 
-    __slots__ = ("_asleep", "_woken", "outcome", "since", "transition")
+    __slots__ = ("_asleep", "_woken", "outcomes", "since", "transitions")
 
-    def __init__(self, transition: Transition[Any], since: float) -> None:
-        self.transition = transition
+    def __init__(self, transitions: Sequence[Transition[Any]], since: float) -> None:
+        self.transitions = transitions
         self.since = since
-        self.outcome: Shared | None = None
+        self.outcomes: list[Shared] | None = None
         self._asleep = threading.Lock()
         self._asleep.acquire()
         self._woken = False  # a wake not yet slept through: the lock is released
@@ -83,13 +83,15 @@ class GroupCommit:
             self._nudge()
 
     def _nudge(self) -> None:
-        """Under the lock: wake the leader if the company it waits for has all come."""
+        """Under the lock: wake the leader if every thread it waits for is waiting."""
         if self._leader is not None and len(self._waiting) >= self._taking_part:
             self._leader.wake()
 
-    def submit(self, transition: Transition[Any]) -> Shared:
-        """The transition's outcome from a shared send: settled there, or ``Own`` (its own write is to tell)."""
-        mine = _Waiting(transition, self._clock())
+    def submit(self, transitions: Sequence[Transition[Any]]) -> list[Shared]:
+        """Each transition's outcome from a shared send: settled there, or ``Own`` (its own write is to tell)."""
+        if not transitions:
+            return []
+        mine = _Waiting(transitions, self._clock())
         with self._lock:
             self._waiting.append(mine)
             if self._leader is None:
@@ -98,8 +100,8 @@ class GroupCommit:
                 self._nudge()
         while True:  # until settled by its leader's send, or leading
             with self._lock:
-                if mine.outcome is not None:
-                    return mine.outcome
+                if mine.outcomes is not None:
+                    return mine.outcomes
                 if self._leader is mine:
                     break
             mine.sleep(self._lock)
@@ -111,14 +113,16 @@ class GroupCommit:
                     sending, self._waiting, self._leader = self._waiting, [], None
                     break
             mine.sleep(self._lock, wait_s)
+        every = [transition for waiting in sending for transition in waiting.transitions]
         try:
-            outcomes = self._send([waiting.transition for waiting in sending])
+            outcomes = self._send(every)
         except Exception:  # a send settles nothing it could not name: each goes alone, as it would
-            outcomes = [Own(FallBack.UNNAMED)] * len(sending)
+            outcomes = [Own(FallBack.UNNAMED)] * len(every)
+        assert len(outcomes) == len(every), "a send answers each transition"
         with self._lock:
-            for waiting, outcome in zip(sending, outcomes, strict=True):
-                waiting.outcome = outcome
+            for waiting in sending:
+                waiting.outcomes, outcomes = outcomes[: len(waiting.transitions)], outcomes[len(waiting.transitions) :]
                 if waiting is not mine:
                     waiting.wake()
-        assert mine.outcome is not None
-        return mine.outcome
+        assert mine.outcomes is not None
+        return mine.outcomes

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from consumer.conflicts import ConflictRetry
 from consumer.idempotency.answers import (
@@ -44,7 +44,7 @@ from consumer.idempotency.claim import Claim
 from consumer.idempotency.commit import Commit
 from consumer.idempotency.group_commit import GroupCommit
 from consumer.idempotency.observer import FallBack, Observer, Unobserved
-from consumer.idempotency.packing import Settled, send_shared
+from consumer.idempotency.packing import Own, Settled, send_shared
 from consumer.idempotency.record import IdempotencyRecord
 from consumer.idempotency.release import Release
 from consumer.idempotency.transition import Transition
@@ -90,17 +90,35 @@ class IdempotencyStore:
         )
 
     def run(self, transition: Transition[_A], remaining_ms: Callable[[], int] | None = None) -> _A:
-        """The one way a transition is applied: shared with others ready at the same moment where group commit is
-        on, its own write for whatever sharing did not settle. Its answer, or what its own write raises."""
-        if self._group is not None:
-            shared = self._group.submit(transition)
-            if isinstance(shared, Settled):
-                if isinstance(shared.answer, Exception):
-                    raise shared.answer
-                return cast("_A", shared.answer)
-            if shared.reason != FallBack.ALONE:
-                self._table.observer.fell_back(shared.reason)
-        return transition.alone(self._table, remaining_ms)
+        """One transition applied (``run_all``): its answer, or what its write raised."""
+        (answer,) = self.run_all((transition,), remaining_ms)
+        if isinstance(answer, Exception):
+            raise answer
+        return cast("_A", answer)
+
+    def run_all(
+        self, transitions: Sequence[Transition[Any]], remaining_ms: Callable[[], int] | None = None
+    ) -> list[object]:
+        """The one way transitions are applied: shared with others ready at the same moment where group commit is
+        on, each one's own write for whatever sharing did not settle. Each one's answer, or the exception its own
+        write or the reading of its part raised: one transition's error is never another's."""
+        shared = [Own(FallBack.ALONE)] * len(transitions) if self._group is None else self._group.submit(transitions)
+        answers: list[object] = []
+        for transition, outcome in zip(transitions, shared, strict=True):
+            if isinstance(outcome, Settled):
+                answers.append(outcome.answer)
+                continue
+            if outcome.reason != FallBack.ALONE:
+                self._table.observer.fell_back(outcome.reason)
+            try:
+                answers.append(transition.alone(self._table, remaining_ms))
+            except Exception as error:
+                answers.append(error)
+        return answers
+
+    def new_token(self) -> str:
+        """A fresh token for a claim or an apply: the fence its later transitions are held to."""
+        return self._table.new_token()
 
     def join(self, threads: int = 1) -> None:
         """``threads`` threads about to run messages (each ``leave``s when done): a shared transaction waits, bounded,
@@ -128,7 +146,7 @@ class IdempotencyStore:
         """Lock mode, step 1: take the key for ``lease_ms`` (``Claim``). ``guard``'s writes go in the claim's
         transaction; ``undo`` takes them back when a refusal meets an abandoned claim of the same message."""
         request = ClaimRequest(record_id, payload_hash, lease_ms, tuple(guard), tuple(undo))
-        return self.run(Claim(request, self._table.new_token()), remaining_ms)
+        return self.run(Claim(request, self.new_token()), remaining_ms)
 
     def commit(
         self,
@@ -162,7 +180,7 @@ class IdempotencyStore:
         there can a key reused for other content be recognised, whichever business item that content names.
         """
         request = ApplyRequest(record_id, payload_hash, result, tuple(writes))
-        return self.run(Apply(request, self._table.new_token()), remaining_ms)
+        return self.run(Apply(request, self.new_token()), remaining_ms)
 
     def get(self, record_id: str) -> IdempotencyRecord | None:
         """Read a record (strongly consistent); for operators and tests, not the hot path."""

@@ -12,7 +12,7 @@ trials without the guard, or with the core's undo dropped, and see the checks fa
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -28,7 +28,8 @@ from consumer.idempotency.calls import Table
 from consumer.idempotency.claim import Claim
 from consumer.idempotency.commit import Commit
 from consumer.idempotency.record import IdempotencyRecord, Status, reservation_token
-from consumer.idempotency.writes import ConditionCheck, Update, Write
+from consumer.idempotency.release import Release
+from consumer.idempotency.writes import ConditionCheck, Update
 from consumer.outcome import Outcome
 from consumer.processor import ABANDONED_RELEASED, BUSY
 from testkit.dynamodb_local import DynamoDBLocal
@@ -278,14 +279,13 @@ def test_a_transient_failure_releases_the_claim_and_its_hold_together(make: Make
 def test_negative_control_a_release_without_the_undo_leaves_the_hold(
     make: Make, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    release = IdempotencyStore.release
+    run_all = IdempotencyStore.run_all
 
-    def release_without_undo(
-        store: IdempotencyStore, claim: Claimed, undo: tuple[Write, ...] = (), **kwargs: Any
-    ) -> bool:
-        return release(store, claim, **kwargs)
+    def release_without_undo(store: IdempotencyStore, transitions: Sequence[Any], *args: Any) -> list[object]:
+        bare = [replace(t, undo=()) if isinstance(t, Release) else t for t in transitions]
+        return run_all(store, bare, *args)
 
-    monkeypatch.setattr(IdempotencyStore, "release", release_without_undo)
+    monkeypatch.setattr(IdempotencyStore, "run_all", release_without_undo)
     rig, _, accounts, account, k = transient_trial(make)
     assert rig.store.get(f"ChargeRequested#{k}") is None
     assert accounts.state(account) == (5000, True)  # what the test above refuses

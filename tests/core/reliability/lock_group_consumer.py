@@ -10,7 +10,7 @@ the test's process cannot reach it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from chaos.faults import Handle
@@ -18,6 +18,7 @@ from consumer.app import wire
 from consumer.batch import BatchRunner
 from consumer.config import Settings
 from consumer.handler import Effect, MessageContext, MessageHandler, Mode
+from consumer.idempotency.commit import Commit
 from consumer.idempotency.store import IdempotencyStore
 
 
@@ -43,12 +44,13 @@ def committed_after_the_slowest(
     for handler in handlers.values():
         if handler.mode is Mode.LOCK:
             handler.handle = counted(handler.handle)  # type: ignore[method-assign,assignment]
-    commit = IdempotencyStore.commit
+    run_all = IdempotencyStore.run_all
 
-    def commit_after_the_slowest(store: IdempotencyStore, *args: Any, **kwargs: Any) -> Any:
-        with changed:
-            changed.wait_for(lambda: running[0] == 0)
-        return commit(store, *args, **kwargs)
+    def commit_after_the_slowest(store: IdempotencyStore, transitions: Sequence[Any], *args: Any) -> Any:
+        if any(isinstance(transition, Commit) for transition in transitions):
+            with changed:
+                changed.wait_for(lambda: running[0] == 0)
+        return run_all(store, transitions, *args)
 
-    IdempotencyStore.commit = commit_after_the_slowest  # type: ignore[method-assign,assignment]
+    IdempotencyStore.run_all = commit_after_the_slowest  # type: ignore[method-assign,assignment]
     return wire(settings, session, clock, handlers=handlers)

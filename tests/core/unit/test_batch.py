@@ -21,7 +21,7 @@ from consumer.idempotency.observer import Grouping
 from consumer.idempotency.writes import Put
 from consumer.outcome import MessageResult, Outcome
 from consumer.prepared import Prepared
-from consumer.processor import MessageProcessor
+from consumer.processor import Life, MessageProcessor, Steps
 from testkit.dead_letters import reasons
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, sqs_record
 from testkit.webhook import Answer, WebhookSink
@@ -311,7 +311,7 @@ def _answer_from(thread_names: list[str], remaining_seen: list[object]) -> Any:
     [(1, ["a", "b", "c"], 1), (3, ["a", "a", "a"], 1), (3, ["a", "b", "c"], 3)],
     ids=["one-worker", "one-lane", "three-lanes-three-workers"],
 )
-def test_lanes_run_on_threads_of_their_own_only_when_there_are_several_and_workers_for_them(
+def test_lock_lanes_run_on_threads_of_their_own_only_when_there_are_several_and_workers_for_them(
     dynamodb: Any,
     sqs: Any,
     clock: Clock,
@@ -332,13 +332,43 @@ def test_lanes_run_on_threads_of_their_own_only_when_there_are_several_and_worke
 
     monkeypatch.setattr(MessageProcessor, "execute", execute)
     consumer = make_consumer(dynamodb, sqs, clock, max_workers=max_workers)
-    batch = [sqs_record(f"m-{i}", tally_body(key, tally_id=key)) for i, key in enumerate(keys)]
+    batch = [sqs_record(f"m-{i}", call_body(str(i), key=key, tally_id=key)) for i, key in enumerate(keys)]
 
     assert consumer.failed_ids(batch) == []
     # The invocation's own thread is one of the workers; the pool gives the others.
     caller = threading.current_thread().name
     expected = {caller} if threads == 1 else {caller, *(f"message_{n}" for n in range(threads - 1))}
     assert set(names) == expected, names
+
+
+def test_optimistic_lanes_are_interleaved_on_the_invocations_thread_beside_lock_lanes_on_their_own(
+    dynamodb: Any, sqs: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch, webhook: WebhookSink
+) -> None:
+    # Optimistic handlers never wait outside the store: each lane's next message runs up to its apply, and the applies
+    # go together; the lock lane has a thread of its own, its handler free to wait under its lease.
+    ran: list[tuple[str, str]] = []
+    handle = MessageProcessor._handle
+
+    def recorded(self: MessageProcessor, item: Prepared, parsed: Any, remaining_ms: Callable[[], int]) -> Effect:
+        ran.append((item.message_id, threading.current_thread().name))
+        return handle(self, item, parsed, remaining_ms)
+
+    monkeypatch.setattr(MessageProcessor, "_handle", recorded)
+    consumer = make_consumer(dynamodb, sqs, clock, webhook.url, max_workers=3)
+    batch = [
+        sqs_record("a1", tally_body("a1", tally_id="t-a")),
+        sqs_record("a2", tally_body("a2", tally_id="t-a")),
+        sqs_record("b1", tally_body("b1", tally_id="t-b")),
+        sqs_record("call", call_body("1", tally_id="t-c")),
+    ]
+    result = consumer.batch.process(batch, consumer.remaining)
+
+    assert result.counts() == Counter({Outcome.APPLIED: 4})
+    caller = threading.current_thread().name
+    optimistic = [(name, thread) for name, thread in ran if name != "call"]
+    assert optimistic == [("a1", caller), ("b1", caller), ("a2", caller)]
+    assert [thread for name, thread in ran if name == "call"] == ["message_0"]
+    assert total(dynamodb, "t-a") == 2500
 
 
 class _Died(BaseException):
@@ -362,7 +392,7 @@ def test_what_escapes_a_lane_escapes_the_batch_once_every_other_lane_has_ended(
 
     monkeypatch.setattr(MessageProcessor, "execute", execute)
     consumer = make_consumer(dynamodb, sqs, clock, max_workers=3)
-    batch = [sqs_record(name, tally_body(name, tally_id=name)) for name in ("dies", "lives-1", "lives-2")]
+    batch = [sqs_record(name, call_body(name, tally_id=name)) for name in ("dies", "lives-1", "lives-2")]
 
     with pytest.raises(_Died):
         consumer.failed_ids(batch)
@@ -392,7 +422,7 @@ def test_one_pool_of_max_workers_threads_serves_every_invocation(
     monkeypatch.setattr(MessageProcessor, "execute", execute)
     consumer = make_consumer(dynamodb, sqs, clock, max_workers=2, group_commit=False)
     for invocation in ("a", "b"):
-        batch = [sqs_record(f"{invocation}-{i}", tally_body(f"{invocation}{i}", tally_id=f"t-{i}")) for i in range(4)]
+        batch = [sqs_record(f"{invocation}-{i}", call_body(f"{invocation}{i}", tally_id=f"t-{i}")) for i in range(4)]
         assert consumer.failed_ids(batch) == []
 
     # The invocation's own thread is one of the workers, so the pool has one thread fewer.
@@ -422,7 +452,7 @@ def test_a_batch_starts_no_thread_past_the_pools_own_while_the_pool_is_busy(
 
     monkeypatch.setattr(MessageProcessor, "execute", execute)
     before = set(threading.enumerate())
-    batch = [sqs_record(f"m-{i}", tally_body(f"m{i}", tally_id=f"t-{i}")) for i in range(4)]
+    batch = [sqs_record(f"m-{i}", call_body(f"m{i}", tally_id=f"t-{i}")) for i in range(4)]
 
     assert consumer.failed_ids(batch) == []
 
@@ -436,14 +466,14 @@ def test_an_invocation_that_died_leaves_its_transactions_out_of_the_next_ones_fi
 ) -> None:
     # The first invocation applies one message, then dies in the next (a Lambda timeout): what its store told the
     # observer was never taken. The next invocation's figures are its own.
-    execute = MessageProcessor.execute
+    begin = MessageProcessor.begin
 
-    def dies_on_the_second(self: MessageProcessor, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
+    def dies_on_the_second(self: MessageProcessor, item: Prepared, remaining_ms: Callable[[], int]) -> Life:
         if item.message_id == "dies":
             raise _Died
-        return execute(self, item, remaining_ms)
+        return begin(self, item, remaining_ms)
 
-    monkeypatch.setattr(MessageProcessor, "execute", dies_on_the_second)
+    monkeypatch.setattr(MessageProcessor, "begin", dies_on_the_second)
     consumer = make_consumer(dynamodb, sqs, clock)
     with pytest.raises(_Died):
         consumer.failed_ids([sqs_record("applied", tally_body("e-1")), sqs_record("dies", tally_body("e-2"))])
@@ -500,23 +530,34 @@ def test_a_rejected_message_is_run_with_the_invocations_remaining_time(
     consumer: Consumer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[object] = []
-    monkeypatch.setattr(MessageProcessor, "execute", _answer_from([], seen))
+    begin = MessageProcessor.begin
+
+    def seeing(self: MessageProcessor, item: Prepared, remaining_ms: Callable[[], int]) -> Life:
+        seen.append(remaining_ms)
+        return begin(self, item, remaining_ms)
+
+    monkeypatch.setattr(MessageProcessor, "begin", seeing)
 
     consumer.failed_ids([sqs_record("poison", "{oops")])
 
     assert seen == [consumer.remaining]
 
 
-def test_an_error_escaping_the_processor_retries_that_message_alone(
-    consumer: Consumer, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("when", ["at-start", "at-its-answer"])
+def test_an_error_escaping_a_messages_life_retries_that_message_alone(
+    consumer: Consumer, monkeypatch: pytest.MonkeyPatch, when: str
 ) -> None:
-    def execute(self: MessageProcessor, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:
-        if item.message_id == "boom":
-            raise RuntimeError("a bug in the core")
-        return MessageResult(item.message_id, Outcome.APPLIED)
+    life = MessageProcessor._life
 
-    monkeypatch.setattr(MessageProcessor, "execute", execute)
-    batch = [sqs_record("boom", tally_body("p-1")), sqs_record("ok", tally_body("p-2"))]
+    def broken(self: MessageProcessor, item: Prepared, remaining_ms: Callable[[], int]) -> Steps:
+        if item.message_id != "boom":
+            return (yield from life(self, item, remaining_ms))
+        if when == "at-its-answer":
+            yield from life(self, item, remaining_ms)
+        raise RuntimeError("a bug in the core")
+
+    monkeypatch.setattr(MessageProcessor, "_life", broken)
+    batch = [sqs_record("boom", tally_body("p-1", tally_id="t-1")), sqs_record("ok", tally_body("p-2", tally_id="t-2"))]
 
     results = consumer.batch.process(batch, consumer.remaining).results
 

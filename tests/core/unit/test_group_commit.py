@@ -418,12 +418,14 @@ class _Named(Transition[object]):
 
 
 def _submit_on_threads(group: GroupCommit, names: Sequence[str]) -> dict[str, object]:
-    """Each name submitted from a thread of its own (which leaves the group commit when done); the answers."""
+    """Each name submitted from a thread of its own (which leaves the group commit when done), or names joined by
+    "+" together from one thread; the answers, by name."""
     answers: dict[str, object] = {}
 
-    def submit(name: str) -> None:
+    def submit(names: str) -> None:
         try:
-            answers[name] = group.submit(_Named(name))
+            outcomes = group.submit([_Named(name) for name in names.split("+")])
+            answers.update(zip(names.split("+"), outcomes, strict=True))
         finally:
             group.leave()
 
@@ -442,6 +444,25 @@ def test_transitions_of_every_thread_taking_part_are_sent_together() -> None:
     answers = _submit_on_threads(group, ["a", "b", "c"])
     assert [sorted(sent) for sent in sends.sent] == [["a", "b", "c"]]
     assert set(answers.values()) == {Settled(1)}
+
+
+def test_a_thread_that_submits_several_transitions_is_one_of_those_waited_for() -> None:
+    # The thread that interleaves optimistic lanes hands in each lane's transition at once: it is one thread waiting,
+    # so the send goes when the other thread taking part is waiting too, with all four transitions.
+    sends = _Sends()
+    group = GroupCommit(sends, wait_ms=10_000)
+    group.join(2)
+    answers = _submit_on_threads(group, ["a+b+c", "d"])
+    assert [sorted(sent) for sent in sends.sent] == [["a", "b", "c", "d"]]
+    assert answers == dict.fromkeys("abcd", Settled(1))
+
+
+def test_a_thread_with_nothing_to_submit_waits_for_nothing() -> None:
+    sends = _Sends()
+    group = GroupCommit(sends, wait_ms=10_000)
+    group.join(2)
+    assert group.submit([]) == []
+    assert sends.sent == []
 
 
 def test_a_transition_waits_for_a_thread_busy_elsewhere_no_longer_than_the_bound() -> None:
