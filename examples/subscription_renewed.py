@@ -116,7 +116,7 @@ class SubscriptionRenewedHandler(MessageHandler[SubscriptionRenewed]):
         # Never outlive the lease: past it another worker may already be charging.
         deadline_s = max(0.1, min(self._timeout_ms, context.remaining_ms()) / 1000)
         body = json.dumps(payload.model_dump(mode="json")).encode("utf-8")
-        status = self._billing.post(body, context.idempotency_key, deadline_s)
+        status = self._billing.post(body, context.idempotency_key, deadline_s).status
         settle = self._write(
             payload,
             context,

@@ -1,13 +1,16 @@
 """A webhook sink on loopback: records every POST, verifies its signature, answers as a test tells it to.
 
 ``verified``: ``standardwebhooks`` accepts its signature with ``secret``. ``GET /requests`` lists what was received
-(for ``make run`` users and other processes); ``answer_next`` lets tests make the downstream fail, stall or reject.
+(for ``make run`` users and other processes); ``answer_next`` lets tests make the downstream fail, stall, reject or
+answer a document of their own. Unscripted, it answers as an idempotent API does: ``{"status": <status>, "id":
+<an id derived from the Idempotency-Key>}``, the same id for every call with one key.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -31,6 +34,15 @@ class Answer:
     status: int = HTTPStatus.OK
     delay_s: float = 0.0
     trickle_s: float = 0.0
+    # Trickle only the body: the status and headers go at once, so only a deadline over the body's read ends the call.
+    trickle_body_only: bool = False
+    # The JSON document answered (bytes: sent as they are); None answers the default one (the status, the key's id).
+    body: Any = None
+
+
+def answer_id(idempotency_key: str | None) -> str:
+    """The id the sink answers for a key: the same for every call with it, as an idempotent API's."""
+    return "wh_" + hashlib.sha256((idempotency_key or "").encode("utf-8")).hexdigest()[:20]
 
 
 @dataclass(frozen=True)
@@ -142,7 +154,8 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
             answer = sink._answer(ReceivedRequest(self.path, key, body, headers, 0, time.time(), verified))
             if answer.delay_s:
                 time.sleep(answer.delay_s)
-            self._reply(answer.status, {"status": int(answer.status)}, answer.trickle_s)
+            document = {"status": int(answer.status), "id": answer_id(key)} if answer.body is None else answer.body
+            self._reply(answer.status, document, answer.trickle_s, answer.trickle_body_only)
 
         def do_GET(self) -> None:
             if self.path.rstrip("/") != "/requests":
@@ -150,12 +163,16 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
                 return
             self._reply(HTTPStatus.OK, [asdict(request) for request in sink.received()])
 
-        def _reply(self, status: int, document: Any, trickle_s: float = 0.0) -> None:
-            payload = json.dumps(document).encode("utf-8")
+        def _reply(self, status: int, document: Any, trickle_s: float = 0.0, body_only: bool = False) -> None:
+            payload = document if isinstance(document, bytes) else json.dumps(document).encode("utf-8")
             # The caller may have given up (a delay past its timeout): nothing to tell it then.
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 if trickle_s:
-                    for byte in f"HTTP/1.1 {status} X\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload:
+                    head = f"HTTP/1.1 {status} X\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+                    if body_only:
+                        self.wfile.write(head)
+                        self.wfile.flush()
+                    for byte in payload if body_only else head + payload:
                         self.wfile.write(bytes([byte]))
                         time.sleep(trickle_s)
                     return

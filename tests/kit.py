@@ -12,7 +12,10 @@ A handler's tests import this module and the application, nothing of the core's 
         assert consumer.process([sqs_record("m-1", body), sqs_record("m-2", body)]) == {"batchItemFailures": []}
 
 Fixtures: ``aws`` (moto in process, dummy credentials, no endpoint of the caller's), ``dynamodb`` and
-``sqs`` (its clients), ``clock`` (wall time the test moves: leases and TTLs expire when it says so). The
+``sqs`` (its clients), ``clock`` (wall time the test moves: leases and TTLs expire when it says so),
+``api_sink`` (an HTTP API of the test's own on loopback, for a lock handler's ``WebhookClient``: it records each
+call, ``received()``, verifies signatures with its ``secret``, and answers as scripted, ``answer_next(Answer(status=
+503))`` or ``Answer(body={"labelId": "l-1"})``; unscripted, ``{"status": 200, "id": answer_id(<key>)}``). The
 generic contract over every registered handler is ``tests/app/test_handler_contract.py``; drawing valid
 payloads from a model is ``testkit.payloads``. moto takes one request at a time here, and no transaction of it
 ever conflicts with another: a claim about concurrency is proven on DynamoDB Local (the core's proof does), never
@@ -44,12 +47,16 @@ from testkit.lambda_sqs import REGION, sqs_record
 from testkit.messages import envelope
 from testkit.tables import create_template_tables
 from testkit.template import TEMPLATE_PATH, Template
+from testkit.webhook import Answer, WebhookSink, answer_id
 
 __all__ = [
+    "Answer",
     "Clock",
     "Consumer",
     "DeadLetter",
     "Remaining",
+    "WebhookSink",
+    "answer_id",
     "consumer_of",
     "create_template_tables",
     "drain",
@@ -268,3 +275,10 @@ def sqs(aws: None) -> Any:
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
+
+
+@pytest.fixture
+def api_sink() -> Iterator[WebhookSink]:
+    """An HTTP API of this test's own on loopback: point a URL setting at ``api_sink.url``."""
+    with WebhookSink() as sink:
+        yield sink

@@ -9,7 +9,7 @@ from consumer.config import HandlerSettings, SecretArn, Settings
 from consumer.errors import ConfigurationError, ErrorType, PoisonMessage, TransientError
 from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import ConditionCheck, Delete, Put, Update
-from consumer.webhook import SigningKey, WebhookClient
+from consumer.webhook import SigningKey, WebhookClient, WebhookResponse
 
 __all__ = [
     "ID_PATTERN",
@@ -31,4 +31,5 @@ __all__ = [
     "TransientError",
     "Update",
     "WebhookClient",
+    "WebhookResponse",
 ]

@@ -28,6 +28,9 @@ class ErrorType(StrEnum):
     UNKNOWN_EVENT_TYPE = "UnknownEventType"
     IDEMPOTENCY_KEY_REUSED = "IdempotencyKeyReused"
     WEBHOOK_REJECTED = "WebhookRejected"
+    # A 2xx answer the handler cannot read: a body past the client's bound, or not JSON where JSON was asked for.
+    # The call was made; the redrive repeats it under the same Idempotency-Key once the handler is fixed.
+    WEBHOOK_ANSWER_UNREADABLE = "WebhookAnswerUnreadable"
     BUSINESS_CONDITION_FAILED = "BusinessConditionFailed"
     BODY_TOO_LARGE = "BodyTooLarge"
     NESTING_TOO_DEEP = "NestingTooDeep"

@@ -4,9 +4,10 @@ What it promises (outcomes per status, the key's headers and their encoding, Sta
 signing, the secret's rotation, headers a caller adds) is docs/writing-a-handler.md,
 the paragraphs on ``WebhookClient``; this module keeps only why it is built as it is.
 
-The deadline covers the whole call (connect, send, status and headers), enforced by a timer
-that closes the socket: a lock-mode call must end before its lease does (past it another
-worker may be calling too), and a server that trickles bytes must not hold it longer.
+The deadline covers the whole call (connect, send, status, headers and body), enforced by a
+timer that closes the socket: a lock-mode call must end before its lease does (past it another
+worker may be calling too), and a server that trickles bytes must not hold it longer. The body
+is read up to a bound and no further, so an answer cannot cost more memory than the caller chose.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import hashlib
 import hmac
 import http.client
 import ipaddress
+import json
 import re
 import socket
 import threading
@@ -25,6 +27,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from consumer.errors import ConfigurationError, ErrorType, PoisonMessage, TransientError
@@ -39,6 +42,8 @@ def _untraced(method: str, url: str) -> AbstractContextManager[dict[str, Any]]:
 trace_call: Callable[[str, str], AbstractContextManager[dict[str, Any]]] = _untraced
 
 _RETRYABLE_4XX = frozenset({408, 425, 429})
+# The most of an answer's body a client reads by default: an API's answer (an id, a status) is far smaller.
+MAX_ANSWER_BYTES = 1024 * 1024
 _KEY_SAFE = "!#$&'()*+,-./:;<=>?@[]^_`{|}~"
 # Ours, and HTTP's framing: a caller's copy in another case would be sent beside them.
 _OWN_HEADERS = frozenset(
@@ -128,6 +133,40 @@ class SigningKey:
             ) from None
 
 
+@dataclass(frozen=True)
+class WebhookResponse:
+    """A 2xx answer to ``WebhookClient.post``: what a lock-mode handler may commit (a charge id, a label id).
+
+    Attributes
+    ----------
+    status:
+        The HTTP status, 200 to 299 (any other is raised as an error before a response is made).
+    headers:
+        The answer's headers, names in lower case (a repeated header's values joined by ", ").
+    body:
+        The body's bytes, at most the client's ``max_answer_bytes``.
+
+    Example
+    -------
+    ``label = client.post(body, context.idempotency_key, deadline_s).json()["labelId"]``
+    """
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        """The body parsed as JSON; ``PoisonMessage(WebhookAnswerUnreadable)`` when it is not JSON."""
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            # Never quoted: the body is the remote side's.
+            raise PoisonMessage(
+                ErrorType.WEBHOOK_ANSWER_UNREADABLE,
+                f"HTTP {self.status}: the answer's {len(self.body)} bytes are not JSON",
+            ) from None
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -146,10 +185,14 @@ class WebhookClient:
         clock: Callable[[], float] = time.time,
         *,
         allow_unsigned: bool = False,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         """Refuse, at start, a URL that is not http(s), http beyond loopback, and a call beyond
         loopback without a ``signing_key``: unsigned, a receiver could not tell this function's calls
-        from anyone's. ``allow_unsigned=True`` lifts the last, only for a receiver that cannot verify."""
+        from anyone's. ``allow_unsigned=True`` lifts the last, only for a receiver that cannot verify.
+        ``max_answer_bytes``: the most of a 2xx answer's body read; a longer one is an error, never cut."""
+        if max_answer_bytes < 0:
+            raise ConfigurationError(f"{setting}: max_answer_bytes must be 0 or more, got {max_answer_bytes}")
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigurationError(f"{setting} must be an https URL, got {url!r}")
@@ -169,9 +212,12 @@ class WebhookClient:
         self._path = url.split(parts.netloc, 1)[1].split("#", 1)[0] or "/"
         self._signing_key = signing_key
         self._clock = clock
+        self._max_answer_bytes = max_answer_bytes
 
-    def post(self, body: bytes, idempotency_key: str, deadline_s: float, headers: Mapping[str, str] = {}) -> int:
-        """POST ``body``; the status of a 2xx answer, or raise as the module's docstring maps it."""
+    def post(
+        self, body: bytes, idempotency_key: str, deadline_s: float, headers: Mapping[str, str] = {}
+    ) -> WebhookResponse:
+        """POST ``body``; a 2xx answer (status, headers, body), or raise as docs/writing-a-handler.md maps it."""
         _check_headers(headers)
         key = header_key(idempotency_key)
         sent = {**headers, "Content-Type": "application/json", "Idempotency-Key": key, "webhook-id": key}
@@ -195,7 +241,10 @@ class WebhookClient:
         try:
             with trace_call("POST", self._url) as answer:
                 connection.request("POST", self._path, body=body, headers=sent)
-                status = answer["status"] = connection.getresponse().status
+                response = connection.getresponse()
+                status = answer["status"] = response.status
+                # Only a 2xx answer's body is read (the others are errors that quote none of it), within the deadline.
+                read = response.read(self._max_answer_bytes + 1) if 200 <= status < 300 else b""
         except (OSError, http.client.HTTPException) as error:
             if expired.is_set():
                 raise TransientError(f"webhook call passed its {deadline_s:.1f} s deadline") from None
@@ -206,7 +255,17 @@ class WebhookClient:
             connection.close()
         if expired.is_set():
             raise TransientError(f"webhook call passed its {deadline_s:.1f} s deadline")
-        return _outcome(status)
+        _check_status(status)
+        if len(read) > self._max_answer_bytes:
+            raise PoisonMessage(
+                ErrorType.WEBHOOK_ANSWER_UNREADABLE,
+                f"HTTP {status}: the answer's body is over the client's {self._max_answer_bytes} bytes"
+                " (max_answer_bytes)",
+            )
+        names: dict[str, str] = {}
+        for name, value in response.getheaders():
+            names[name.lower()] = f"{names[name.lower()]}, {value}" if name.lower() in names else value
+        return WebhookResponse(status, names, read)
 
 
 def _check_headers(headers: Mapping[str, str]) -> None:
@@ -223,9 +282,9 @@ def _check_headers(headers: Mapping[str, str]) -> None:
             )
 
 
-def _outcome(status: int) -> int:
+def _check_status(status: int) -> None:
     if 200 <= status < 300:
-        return status
+        return
     if 300 <= status < 400:
         raise PoisonMessage(ErrorType.WEBHOOK_REJECTED, f"HTTP {status}: redirect not followed")
     if 400 <= status < 500 and status not in _RETRYABLE_4XX:

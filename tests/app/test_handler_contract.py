@@ -90,7 +90,7 @@ class GuardedCallHandler(MessageHandler[Hold]):
         return Guard((hold,), (self._held(payload, token, "REMOVE heldBy", "heldBy = :token"),))
 
     def handle(self, payload: Hold, context: MessageContext) -> Effect:
-        status = self.client.post(json.dumps(payload.model_dump()).encode(), context.idempotency_key, 2.0)
+        status = self.client.post(json.dumps(payload.model_dump()).encode(), context.idempotency_key, 2.0).status
         settle = self._held(
             payload,
             context.reservation_token,

@@ -32,8 +32,8 @@ def test_every_handler_file_is_registered_in_handlers() -> None:
 
 HANDLER_API = {
     "MessageHandler", "Mode", "Effect", "MessageContext", "Put", "Update", "Delete", "ConditionCheck", "PoisonMessage",
-    "TransientError", "ErrorType", "WebhookClient", "SigningKey", "ID_PATTERN", "HandlerSettings", "SecretArn",
-    "Settings", "ConfigurationError", "Guard",
+    "TransientError", "ErrorType", "WebhookClient", "WebhookResponse", "SigningKey", "ID_PATTERN", "HandlerSettings",
+    "SecretArn", "Settings", "ConfigurationError", "Guard",
 }  # fmt: skip
 
 

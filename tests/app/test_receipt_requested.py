@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -11,8 +10,18 @@ import pytest
 
 from consumer.api import ConfigurationError
 from service.handlers.receipt_requested import ReceiptRequestedHandler
-from testkit.webhook import WebhookSink
-from tests.kit import Clock, Consumer, consumer_of, create_template_tables, envelope, settings_for, sqs_record
+from tests.kit import (
+    Answer,
+    Clock,
+    Consumer,
+    WebhookSink,
+    answer_id,
+    consumer_of,
+    create_template_tables,
+    envelope,
+    settings_for,
+    sqs_record,
+)
 
 LEDGER = "ledger"
 
@@ -36,9 +45,8 @@ def consumer_with(dynamodb: Any, sqs: Any, clock: Clock, **settings: Any) -> Con
 
 
 @pytest.fixture
-def sink() -> Iterator[WebhookSink]:
-    with WebhookSink() as running:
-        yield running
+def sink(api_sink: WebhookSink) -> WebhookSink:
+    return api_sink
 
 
 def ledger_item(dynamodb: Any, entry: str) -> dict[str, Any] | None:
@@ -59,6 +67,32 @@ def test_a_receipt_is_posted_once_and_recorded_in_the_ledger(
     assert sink.received()[0].json()["receiptId"] == "1"
     entry = ledger_item(dynamodb, "RECEIPT#1")
     assert entry is not None and entry["webhookStatus"] == {"N": "200"}
+    # What the receipt service answered is committed with the record: its id for this delivery.
+    assert entry["deliveryId"] == {"S": answer_id("receipt-1")}
+
+
+def test_an_empty_answer_commits_no_delivery_id(dynamodb: Any, sqs: Any, clock: Clock, sink: WebhookSink) -> None:
+    sink.answer_next(Answer(status=204, body=""))
+    receipts = consumer_with(dynamodb, sqs, clock, receipt_webhook_url=f"{sink.url}/receipts")
+
+    assert receipts.failed_ids([sqs_record("r1", receipt("1"))]) == []
+
+    entry = ledger_item(dynamodb, "RECEIPT#1")
+    assert entry is not None and entry["webhookStatus"] == {"N": "204"} and "deliveryId" not in entry
+
+
+def test_an_answer_that_is_not_json_is_dead_lettered_in_its_own_words_and_nothing_recorded(
+    dynamodb: Any, sqs: Any, clock: Clock, sink: WebhookSink
+) -> None:
+    sink.answer_next(Answer(body=b"<html>maintenance</html>"))
+    receipts = consumer_with(dynamodb, sqs, clock, receipt_webhook_url=f"{sink.url}/receipts")
+
+    assert receipts.failed_ids([sqs_record("r1", receipt("1"))]) == []
+
+    (letter,) = receipts.dead_letters()
+    assert letter.error_type == "WebhookAnswerUnreadable"
+    assert letter.error_message == "HTTP 200: the answer's 24 bytes are not JSON"
+    assert ledger_item(dynamodb, "RECEIPT#1") is None
 
 
 def test_receipts_wait_in_the_queue_while_no_webhook_is_configured(dynamodb: Any, sqs: Any, clock: Clock) -> None:

@@ -138,7 +138,7 @@ class CallHandler(MessageHandler[CallRequested]):
             raise TransientError("no webhook for calls")
         deadline_s = max(0.1, min(self._timeout_ms, context.remaining_ms()) / 1000)
         body = json.dumps(payload.model_dump(mode="json")).encode("utf-8")
-        status = self._client.post(body, context.idempotency_key, deadline_s)
+        status = self._client.post(body, context.idempotency_key, deadline_s).status
         record = Put(
             table=self.table_names[CALL_TABLE],
             item={"callId": payload.callId, "status": status, "idempotencyKey": context.idempotency_key},

@@ -3,7 +3,8 @@
 The call leaves DynamoDB, so it runs under a claim, through ``WebhookClient`` (no
 redirects, one deadline within the lease, https, the key in ``Idempotency-Key``): a
 crash between the call and the commit makes the next delivery call again, and a
-downstream that honours the key turns that second call into a no-op.
+downstream that honours the key turns that second call into a no-op, answering the
+same delivery id, which the ledger entry keeps in the same commit as the record.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from consumer.api import (
     SigningKey,
     TransientError,
     WebhookClient,
+    WebhookResponse,
 )
 
 
@@ -72,15 +74,30 @@ class ReceiptRequestedHandler(MessageHandler[ReceiptRequested]):
         # Never outlive the lease: past it another worker may already be calling.
         deadline_s = max(0.1, min(self._timeout_ms, context.remaining_ms()) / 1000)
         body = json.dumps(payload.model_dump(mode="json")).encode("utf-8")
-        status = self._client.post(body, context.idempotency_key, deadline_s)
+        answer = self._client.post(body, context.idempotency_key, deadline_s)
+        delivery_id = _delivery_id(answer)
         entry = Put(
             table=self.table_names["LedgerTable"],
             item={
                 "accountId": payload.accountId,
                 "entryId": f"RECEIPT#{payload.receiptId}",
                 "paymentId": payload.paymentId,
-                "webhookStatus": status,
+                "webhookStatus": answer.status,
                 "idempotencyKey": context.idempotency_key,
+                **({"deliveryId": delivery_id} if delivery_id is not None else {}),
             },
         )
-        return Effect(result={"receiptId": payload.receiptId, "webhookStatus": status}, writes=(entry,))
+        result = {"receiptId": payload.receiptId, "webhookStatus": answer.status, "deliveryId": delivery_id}
+        return Effect(result=result, writes=(entry,))
+
+
+def _delivery_id(answer: WebhookResponse) -> str | None:
+    """The receipt service's id for this delivery: its JSON answer's ``id``, or None for an empty answer (204).
+
+    A body that is not JSON is dead-lettered (``WebhookAnswerUnreadable``): the service broke its contract, and
+    a redrive once it is fixed asks again under the same key, which it answers with the same id."""
+    if not answer.body:
+        return None
+    document = answer.json()
+    identifier = document.get("id") if isinstance(document, dict) else None
+    return identifier if isinstance(identifier, str) and 0 < len(identifier) <= 256 else None
