@@ -80,7 +80,7 @@ Local stack "{stack.resources.stack_name}" is running. Ctrl-C stops it and every
   queue               {stack.queue.url}
   dead-letter queue   {stack.dead_letter_queue.url}
   tables              {tables}
-  webhook sink        {sink.url}/<a *WebhookUrl parameter>   (GET {sink.url}/requests lists what it received)
+  webhook sink        {sink.url}/<an endpoint's parameter>   (GET {sink.url}/requests lists what it received)
   function            {stack.function.handler}, Timeout {stack.function.timeout_s}s, \
 MemorySize {stack.function.memory_mb} MB, BatchSize {stack.trigger.batch_size}, {pollers} poller(s)
   runtime             Lambda's Runtime Interface Emulator + awslambdaric on Python 3.13, \

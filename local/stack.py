@@ -15,7 +15,7 @@ from local.poller import BatchReport, Poller, PollerGroup, PollerStats
 from testkit.lambda_runtime import LambdaEnvironment, LambdaFleet
 from testkit.resources import LocalResources, QueueResource
 from testkit.servers import LocalServers
-from testkit.template import TEMPLATE_PATH, load_template, secret_parameters
+from testkit.template import TEMPLATE_PATH, load_template, secret_parameters, url_parameters
 from testkit.webhook import WebhookSink
 
 
@@ -75,9 +75,9 @@ class DeployedStack:
 
 
 def webhook_parameters(webhook: WebhookSink, template_path: Path = TEMPLATE_PATH) -> dict[str, str]:
-    """Each ``*WebhookUrl`` parameter the template has (none once its handlers are gone), at ``<sink>/<its name>``."""
-    parameters = load_template(template_path).get("Parameters", {})
-    return {name: f"{webhook.url}/{name}" for name in parameters if name.endswith("WebhookUrl")}
+    """Each endpoint's parameter the template has (``ApiUrl``'s pattern, any name; none once its handlers are gone),
+    at ``<sink>/<its name>``."""
+    return {name: f"{webhook.url}/{name}" for name in url_parameters(load_template(template_path))}
 
 
 def deploy_stack(

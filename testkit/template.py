@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from cfnlint.decode import cfn_yaml
 from samtranslator.plugins.globals.globals import Globals
 
-from consumer.config import table_parameter
+from consumer.config import URL_PATTERN, table_parameter
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_PATH = REPO_ROOT / "template.yaml"
@@ -35,6 +35,12 @@ REGION = "us-east-1"
 # Metadata read by make test and the local stack alone, for what a deployment is given: a value for each parameter
 # without a Default, and the keys of each table given by a parameter (``consumer.config.table_parameter``).
 LOCAL_PARAMETERS, LOCAL_TABLES = "LocalParameters", "LocalTables"
+
+
+def url_parameters(document: Mapping[str, Any]) -> list[str]:
+    """The parameters that take an endpoint's URL (their AllowedPattern is ``ApiUrl``'s, ``URL_PATTERN``), any name."""
+    parameters = document.get("Parameters") or {}
+    return [name for name, spec in parameters.items() if spec.get("AllowedPattern") == URL_PATTERN]
 
 
 def secret_parameters(document: Mapping[str, Any]) -> list[str]:

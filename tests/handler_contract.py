@@ -7,7 +7,7 @@ table's items, as DynamoDB returns them), never the handler's return values. The
 
 The function is wired as Lambda wires it (``consumer.app.wire``), a consumer of its own for each delivery or
 thread, with a clock the rig moves (leases run out when a rule says) and the webhook sink standing in for every
-``*WebhookUrl`` the template has.
+endpoint's parameter the template has (``ApiUrl``'s pattern, whatever its name).
 """
 
 from __future__ import annotations

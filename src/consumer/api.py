@@ -5,7 +5,7 @@ See ``MessageHandler`` for a complete handler, and docs/writing-a-handler.md.
 
 from __future__ import annotations
 
-from consumer.config import HandlerSettings, SecretArn, Settings
+from consumer.config import ApiUrl, HandlerSettings, SecretArn, Settings
 from consumer.errors import ConfigurationError, ErrorType, PoisonMessage, TransientError
 from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import ConditionCheck, Delete, Put, Update
@@ -13,6 +13,7 @@ from consumer.webhook import SigningKey, WebhookClient, WebhookResponse
 
 __all__ = [
     "ID_PATTERN",
+    "ApiUrl",
     "ConditionCheck",
     "ConfigurationError",
     "Delete",

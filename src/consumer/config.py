@@ -55,6 +55,23 @@ def is_secret_arn(model: type[BaseModel], field: str) -> bool:
     return any(isinstance(meta, _SecretArnMarker) for meta in model.model_fields[field].metadata)
 
 
+class _ApiUrlMarker:
+    """Marks a setting that names an HTTP endpoint a handler calls: locally, it is pointed at the webhook sink."""
+
+
+# The pattern of an endpoint's setting and of its template parameter (``AllowedPattern``): empty, or an http(s) URL
+# (``WebhookClient`` refuses http beyond loopback at start). The parameter is known by it, whatever its name.
+URL_PATTERN = r"^(https?://\S+)?$"
+
+# A handler setting that names an HTTP endpoint it calls: the local stack and the generic contract point its
+# parameter at their webhook sink, whatever the setting and the parameter are called.
+ApiUrl = Annotated[str, Field(pattern=URL_PATTERN), _ApiUrlMarker()]
+
+
+def is_api_url(model: type[BaseModel], field: str) -> bool:
+    return any(isinstance(meta, _ApiUrlMarker) for meta in model.model_fields[field].metadata)
+
+
 def read_settings(model: type[ModelT], env: Mapping[str, str], given: Mapping[str, object] | None = None) -> ModelT:
     """``model`` from ``env``, each field from its upper-case variable (but those ``given``); raise
     ``ConfigurationError`` naming each missing or bad variable."""

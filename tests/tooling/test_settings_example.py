@@ -36,8 +36,8 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from consumer.api import (
-    ID_PATTERN, Effect, HandlerSettings, MessageContext, MessageHandler, Mode, Put, SecretArn, Settings, SigningKey,
-    WebhookClient,
+    ID_PATTERN, ApiUrl, Effect, HandlerSettings, MessageContext, MessageHandler, Mode, Put, SecretArn, Settings,
+    SigningKey, WebhookClient,
 )
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, StrictInt
 
 from consumer.api import (
     ID_PATTERN,
+    ApiUrl,
     Effect,
     HandlerSettings,
     MessageContext,
@@ -44,7 +45,7 @@ class ReceiptRequested(BaseModel):
 
 class ReceiptSettings(HandlerSettings):
     # Where receipts are posted (RECEIPT_WEBHOOK_URL); while empty, receipts wait in the queue.
-    receipt_webhook_url: str = ""
+    receipt_webhook_url: ApiUrl = ""
     # The whole call's deadline (WEBHOOK_TIMEOUT_MS), never beyond the lease.
     webhook_timeout_ms: PositiveInt = 5_000
     # The Secrets Manager secret (whsec_<base64>) that signs the calls (WEBHOOK_SECRET_ARN): beyond
