@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from testkit.template import REPO_ROOT
+from tests.tooling.test_ownership import manifest
 
 _PATH = re.compile(r"`([\w./-]+(?:/|\.py|\.yaml|\.json|\.toml))`")
 
@@ -19,10 +20,9 @@ def _page(name: str) -> str:
 
 
 def _columns() -> tuple[list[str], list[str]]:
-    """docs/upgrading.md's table: the paths replaced whole (ours), and those never touched (yours)."""
-    (row,) = [line for line in _page("upgrading").splitlines() if line.startswith("| `")]
-    ours, yours = row.strip("|").split(" | ")
-    return _PATH.findall(ours), _PATH.findall(yours)
+    """ownership.toml's columns (docs/upgrading.md's table): the paths replaced whole (ours), and the others."""
+    columns = manifest()
+    return columns["ours"], columns["yours"] + columns["merged"]
 
 
 def edited_in_core(steps: str, ours: list[str]) -> list[str]:

@@ -1,0 +1,79 @@
+"""Every tracked file has one owner (ownership.toml): the core's, yours, or a listed merge; docs/upgrading.md agrees."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+
+import pytest
+
+from testkit.template import REPO_ROOT
+
+COLUMNS = ("ours", "yours", "merged")
+
+
+def manifest() -> dict[str, list[str]]:
+    document = tomllib.loads((REPO_ROOT / "ownership.toml").read_text(encoding="utf-8"))
+    assert set(document) == set(COLUMNS), f"ownership.toml has the columns {COLUMNS}, got {sorted(document)}"
+    return {column: list(document[column]) for column in COLUMNS}
+
+
+def owners(path: str, columns: Mapping[str, Sequence[str]]) -> list[str]:
+    """The columns whose entries hold ``path``: a folder's (ending in "/") every file under it, a file's itself."""
+    return [
+        column
+        for column, entries in columns.items()
+        if any(path.startswith(entry) if entry.endswith("/") else path == entry for entry in entries)
+    ]
+
+
+def ownership_mistakes(paths: Iterable[str], columns: Mapping[str, Sequence[str]]) -> list[str]:
+    mistakes = []
+    for path in paths:
+        found = owners(path, columns)
+        if not found:
+            mistakes.append(f"{path} is in no column of ownership.toml: add it to yours (an upgrade never touches it)")
+        elif len(found) > 1:
+            mistakes.append(f"{path} is in {' and '.join(found)} of ownership.toml: one owner each")
+    return mistakes
+
+
+def _tracked() -> list[str]:
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout: nothing is tracked to own")
+    return listed.stdout.splitlines()
+
+
+def test_every_tracked_file_has_exactly_one_owner() -> None:
+    mistakes = ownership_mistakes(_tracked(), manifest())
+    assert not mistakes, "\n".join(mistakes)
+
+
+def test_a_file_in_no_column_or_in_two_is_named_in_one_line_each() -> None:
+    columns = {"ours": ["src/consumer/", "Makefile"], "yours": ["src/service/", "src/consumer/extra.py"], "merged": []}
+
+    assert ownership_mistakes(["src/consumer/app.py", "src/service/registry.py", "Makefile"], columns) == []
+    assert ownership_mistakes(["notes.md", "src/consumer/extra.py", "Makefile.local"], columns) == [
+        "notes.md is in no column of ownership.toml: add it to yours (an upgrade never touches it)",
+        "src/consumer/extra.py is in ours and yours of ownership.toml: one owner each",
+        "Makefile.local is in no column of ownership.toml: add it to yours (an upgrade never touches it)",
+    ]
+
+
+def test_every_entry_names_something_tracked() -> None:
+    tracked = _tracked()
+    for column, entries in manifest().items():
+        for entry in entries:
+            assert any(path == entry or (entry.endswith("/") and path.startswith(entry)) for path in tracked), (
+                f"{column}: {entry} names nothing tracked"
+            )
+
+
+def test_the_upgrading_page_lists_the_manifests_columns() -> None:
+    text = (REPO_ROOT / "docs" / "upgrading.md").read_text(encoding="utf-8")
+    (row,) = [line for line in text.splitlines() if line.startswith("| `")]
+    cells = [re.findall(r"`([^`]+)`", cell) for cell in row.strip("|").split(" | ")]
+    assert cells == list(manifest().values()), "docs/upgrading.md's table and ownership.toml disagree"
