@@ -9,4 +9,4 @@ from consumer.app import LambdaHandler, lambda_handler
 __all__ = ["LambdaHandler", "__version__", "lambda_handler"]
 
 # The core's version (CHANGELOG.md): what an application takes when it upgrades the core.
-__version__ = "2.0.0"
+__version__ = "2.1.0"
