@@ -32,7 +32,22 @@ class Mode(StrEnum):
 
 @dataclass(frozen=True)
 class Effect:
-    """What a handler did or wants done: a small JSON result and the DynamoDB writes."""
+    """What a handler did or wants done, returned by ``handle`` and committed with the message's record, in one
+    ``TransactWriteItems``: all of it or none of it, once per key.
+
+    Attributes
+    ----------
+    result:
+        Anything ``json.dumps`` takes, kept in the record (a digest past ``RESULT_MAX_BYTES``): in lock mode, what
+        an API answered (a charge id) belongs here or in a write, so a repeated delivery finds it committed.
+    writes:
+        The business writes (``Put``, ``Update``, ``Delete``, ``ConditionCheck``), at most 99, on the handler's
+        declared tables; none may name the same item twice.
+
+    Example
+    -------
+    ``Effect(result={"applied": payment_id}, writes=(entry, balance))``
+    """
 
     result: object = None  # encoded with json.dumps
     writes: Sequence[Write] = field(default_factory=tuple)
@@ -55,6 +70,20 @@ class Guard:
     the redelivery that takes its claim over must pass its own guard. Name the attribute that
     carries the token with the write's ``held_by``: a failure while it carries another message's
     token is "busy" (the message comes back with the retry backoff), not a refusal.
+
+    Attributes
+    ----------
+    writes:
+        The checks and reservations, committed with the claim (at most 99 with the claim's record).
+    undo:
+        The writes that take the reservations back, committed with a release.
+
+    Example
+    -------
+    ``Guard(writes=(Update(table=t, key=k, expression="SET heldBy = :token", condition="(balance >= :amount AND
+    attribute_not_exists(heldBy)) OR heldBy = :token", values={":token": context.reservation_token, ":amount": a},
+    held_by="heldBy"),), undo=(Update(table=t, key=k, expression="REMOVE heldBy", condition="heldBy = :token",
+    values={":token": context.reservation_token}),))``
     """
 
     writes: Sequence[Write]
@@ -67,6 +96,28 @@ def _unbound_token() -> str:
 
 @dataclass(frozen=True)
 class MessageContext:
+    """What the core tells ``guard`` and ``handle`` about the delivery at hand (the payload is their first argument).
+
+    Attributes
+    ----------
+    message_id:
+        SQS's id of this delivery: for logs; a resend has another one, so never a key.
+    idempotency_key:
+        The message's key as the producer sent it: pass it downstream (``WebhookClient.post`` sends it as
+        ``Idempotency-Key``), so a repeated call is one the downstream can recognise.
+    receive_count:
+        How many times SQS has delivered it (1 the first time).
+    remaining_ms:
+        A function: the milliseconds left before the lease (lock mode) or the invocation runs out. A call's
+        deadline is at most ``remaining_ms() / 1000`` seconds.
+    reservation_token:
+        The token a guard's hold carries (see ``Guard``): the same for every delivery of this message.
+
+    Example
+    -------
+    ``client.post(body, context.idempotency_key, min(5.0, context.remaining_ms() / 1000))``
+    """
+
     message_id: str
     # The raw key (not namespaced): pass it downstream as the ``Idempotency-Key``.
     idempotency_key: str

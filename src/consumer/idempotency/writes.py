@@ -35,6 +35,38 @@ def _expression_fields(
 
 @dataclass(frozen=True)
 class Put:
+    """Write a whole item (``PutItem`` in the record's transaction).
+
+    item:
+        The whole item, its key attributes among them, as plain Python values (see ``values``).
+
+    Attributes shared by every write
+    --------------------------------
+    table:
+        The table's name: ``self.table_names["<LogicalId>"]``, never a literal (a declared table, checked).
+    condition:
+        A DynamoDB condition expression; when it fails the whole transaction lands nothing, and the message is
+        dead-lettered as ``BusinessConditionFailed`` with ``reason`` (in a guard: refused, or busy, see ``held_by``).
+    names:
+        Placeholders for attribute names, ``{"#status": "status"}``: a name DynamoDB reserves (``status``,
+        ``name``, ``count``, ``ttl``...) or one with a dot or a dash must go through one in ``expression`` and
+        ``condition``; others may be written as they are.
+    values:
+        Placeholders for values, ``{":amount": 1250}``, as plain Python values (str, int, Decimal, bool, None,
+        bytes, lists, dicts, sets): the core types them for DynamoDB (``attribute_values.py``).
+    reason:
+        What the dead letter says when ``condition`` fails, in the handler's own words.
+    held_by:
+        In a guard only: the attribute that carries a hold's reservation token (``context.reservation_token``).
+        A failed condition while it carries another message's token is "busy" (retried with backoff), not
+        "refused" (dead-lettered).
+
+    Example
+    -------
+    ``Put(table=self.table_names["LedgerTable"], item={"accountId": a, "entryId": f"PAY#{p}", "amount": 1250},
+    condition="attribute_not_exists(entryId)", reason=f"payment {p} was entered before")``
+    """
+
     table: str
     item: Mapping[str, Any]
     condition: str | None = None
@@ -59,6 +91,41 @@ class Put:
 
 @dataclass(frozen=True)
 class Update:
+    """Change an item in place (``UpdateItem`` in the record's transaction); it is created if absent, unless
+    ``condition`` requires it.
+
+    key:
+        The item's key attributes, as plain Python values.
+    expression:
+        The update expression (``SET``, ``ADD``, ``REMOVE``, ``DELETE``), with ``names`` and ``values``.
+
+    Attributes shared by every write
+    --------------------------------
+    table:
+        The table's name: ``self.table_names["<LogicalId>"]``, never a literal (a declared table, checked).
+    condition:
+        A DynamoDB condition expression; when it fails the whole transaction lands nothing, and the message is
+        dead-lettered as ``BusinessConditionFailed`` with ``reason`` (in a guard: refused, or busy, see ``held_by``).
+    names:
+        Placeholders for attribute names, ``{"#status": "status"}``: a name DynamoDB reserves (``status``,
+        ``name``, ``count``, ``ttl``...) or one with a dot or a dash must go through one in ``expression`` and
+        ``condition``; others may be written as they are.
+    values:
+        Placeholders for values, ``{":amount": 1250}``, as plain Python values (str, int, Decimal, bool, None,
+        bytes, lists, dicts, sets): the core types them for DynamoDB (``attribute_values.py``).
+    reason:
+        What the dead letter says when ``condition`` fails, in the handler's own words.
+    held_by:
+        In a guard only: the attribute that carries a hold's reservation token (``context.reservation_token``).
+        A failed condition while it carries another message's token is "busy" (retried with backoff), not
+        "refused" (dead-lettered).
+
+    Example
+    -------
+    ``Update(table=self.table_names["AccountsTable"], key={"accountId": a}, expression="SET #status = :s ADD
+    balance :amount", names={"#status": "status"}, values={":s": "ACTIVE", ":amount": 1250})``
+    """
+
     table: str
     key: Mapping[str, Any]
     expression: str
@@ -81,6 +148,38 @@ class Update:
 
 @dataclass(frozen=True)
 class Delete:
+    """Delete an item (``DeleteItem`` in the record's transaction); deleting one that is absent is no error
+    unless ``condition`` says so.
+
+    key:
+        The item's key attributes, as plain Python values.
+
+    Attributes shared by every write
+    --------------------------------
+    table:
+        The table's name: ``self.table_names["<LogicalId>"]``, never a literal (a declared table, checked).
+    condition:
+        A DynamoDB condition expression; when it fails the whole transaction lands nothing, and the message is
+        dead-lettered as ``BusinessConditionFailed`` with ``reason`` (in a guard: refused, or busy, see ``held_by``).
+    names:
+        Placeholders for attribute names, ``{"#status": "status"}``: a name DynamoDB reserves (``status``,
+        ``name``, ``count``, ``ttl``...) or one with a dot or a dash must go through one in ``expression`` and
+        ``condition``; others may be written as they are.
+    values:
+        Placeholders for values, ``{":amount": 1250}``, as plain Python values (str, int, Decimal, bool, None,
+        bytes, lists, dicts, sets): the core types them for DynamoDB (``attribute_values.py``).
+    reason:
+        What the dead letter says when ``condition`` fails, in the handler's own words.
+    held_by:
+        In a guard only: the attribute that carries a hold's reservation token (``context.reservation_token``).
+        A failed condition while it carries another message's token is "busy" (retried with backoff), not
+        "refused" (dead-lettered).
+
+    Example
+    -------
+    ``Delete(table=self.table_names["HoldsTable"], key={"holdId": h}, condition="attribute_exists(holdId)")``
+    """
+
     table: str
     key: Mapping[str, Any]
     condition: str | None = None
@@ -101,6 +200,40 @@ class Delete:
 
 @dataclass(frozen=True)
 class ConditionCheck:
+    """Require ``condition`` of an item without writing it: the transaction (and the message's effect) lands only
+    if it holds. In a guard, a check that must hold before the side effect.
+
+    key:
+        The item's key attributes, as plain Python values.
+
+    Attributes shared by every write
+    --------------------------------
+    table:
+        The table's name: ``self.table_names["<LogicalId>"]``, never a literal (a declared table, checked).
+    condition:
+        A DynamoDB condition expression; when it fails the whole transaction lands nothing, and the message is
+        dead-lettered as ``BusinessConditionFailed`` with ``reason`` (in a guard: refused, or busy, see ``held_by``).
+    names:
+        Placeholders for attribute names, ``{"#status": "status"}``: a name DynamoDB reserves (``status``,
+        ``name``, ``count``, ``ttl``...) or one with a dot or a dash must go through one in ``expression`` and
+        ``condition``; others may be written as they are.
+    values:
+        Placeholders for values, ``{":amount": 1250}``, as plain Python values (str, int, Decimal, bool, None,
+        bytes, lists, dicts, sets): the core types them for DynamoDB (``attribute_values.py``).
+    reason:
+        What the dead letter says when ``condition`` fails, in the handler's own words.
+    held_by:
+        In a guard only: the attribute that carries a hold's reservation token (``context.reservation_token``).
+        A failed condition while it carries another message's token is "busy" (retried with backoff), not
+        "refused" (dead-lettered).
+
+    Example
+    -------
+    ``ConditionCheck(table=self.table_names["ShipmentsTable"], key={"shipmentId": s}, condition="#status <>
+    :cancelled", names={"#status": "status"}, values={":cancelled": "CANCELLED"}, reason=f"shipment {s} is
+    cancelled")``
+    """
+
     table: str
     key: Mapping[str, Any]
     condition: str
