@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from consumer.config import URL_PATTERN
 from local.stack import DeployedStack
 from testkit import dead_letters, messages
 from testkit.aws import DUMMY_CREDENTIALS_ENV
@@ -105,18 +106,21 @@ def test_poison_lands_in_the_dead_letter_queue_with_its_reason(stack: DeployedSt
     assert _queue_empty(stack)
 
 
-def test_every_webhook_url_parameter_points_at_the_sink_and_the_stack_signs_with_the_sinks_secret(
+def test_every_endpoint_parameter_points_at_the_sink_whatever_its_name_and_the_stack_signs_with_the_sinks_secret(
     make_stack: Callable[..., DeployedStack], webhook_sink: WebhookSink, tmp_path: Path
 ) -> None:
     def add_a_handlers_webhook(document: dict[str, Any]) -> None:
-        document["Parameters"]["MyWebhookUrl"] = {"Type": "String", "Default": ""}
-        document["Parameters"]["OtherWebhookUrl"] = {"Type": "String", "Default": ""}
+        # Endpoints' parameters by any name, known by ApiUrl's pattern; one of another pattern is left alone.
+        endpoint = {"Type": "String", "Default": "", "AllowedPattern": URL_PATTERN}
+        document["Parameters"] |= {"CarrierApi": endpoint, "OtherWebhookUrl": endpoint}
+        document["Parameters"]["PlainWebhookUrl"] = {"Type": "String", "Default": "https://plain.example/hook"}
         # Secrets' parameters by any name, as handlers' SecretArn settings take them (the example's pattern).
         secret = {**document["Parameters"].pop("WebhookSecretArn"), "Default": ""}
         document["Parameters"] |= {"BillingSecretArn": secret, "RefundsSigningSecret": secret}
         function_properties(document)["CodeUri"] = str(REPO_ROOT / "src")
         variables = function_properties(document)["Environment"]["Variables"]
-        variables |= {"MY_WEBHOOK_URL": {"Ref": "MyWebhookUrl"}, "OTHER_WEBHOOK_URL": {"Ref": "OtherWebhookUrl"}}
+        variables |= {"CARRIER_API": {"Ref": "CarrierApi"}, "OTHER_WEBHOOK_URL": {"Ref": "OtherWebhookUrl"}}
+        variables |= {"PLAIN_WEBHOOK_URL": {"Ref": "PlainWebhookUrl"}}
         variables.pop("WEBHOOK_SECRET_ARN")
         variables |= {
             "BILLING_SECRET_ARN": {"Ref": "BillingSecretArn"},
@@ -133,8 +137,9 @@ def test_every_webhook_url_parameter_points_at_the_sink_and_the_stack_signs_with
     )
 
     environment = stack.function_environment
-    assert environment["MY_WEBHOOK_URL"] == f"{webhook_sink.url}/MyWebhookUrl"
+    assert environment["CARRIER_API"] == f"{webhook_sink.url}/CarrierApi"
     assert environment["OTHER_WEBHOOK_URL"] == "https://receiver.example/hook"  # a given value wins
+    assert environment["PLAIN_WEBHOOK_URL"] == "https://plain.example/hook"  # not an endpoint's pattern: its name alone
     for variable in ("BILLING_SECRET_ARN", "REFUNDS_SECRET"):
         secret = stack.servers.client("secretsmanager").get_secret_value(SecretId=environment[variable])
         assert secret["SecretString"] == webhook_sink.secret

@@ -75,8 +75,8 @@ def required_setting_missing(root: Path) -> None:
     """README's required setting, without its variable in the template."""
     _edit(
         root / RECEIPT,
-        '    receipt_webhook_url: str = ""\n',
-        '    receipt_webhook_url: str = ""\n    billing_url: str\n',
+        '    receipt_webhook_url: ApiUrl = ""\n',
+        '    receipt_webhook_url: ApiUrl = ""\n    billing_url: str\n',
     )
 
 
