@@ -152,6 +152,9 @@ MUTATION_EQUIVALENTS := tests/mutation-equivalents.txt
 .PHONY: mutation
 mutation: venv ## [proof] mutation testing of the store, the processor, the batch and the envelope: the score per module, each survivor named
 	@mkdir -p mutants && ln -sfn ../node_modules mutants/node_modules
+	@# Which tests reach which function is collected afresh each run: kept from an older tree, a new function has no
+	@# tests and each of its mutants "survives" unseen (found on the processor's _life and the store's run_all).
+	rm -f mutants/mutmut-stats.json
 	nice -n 19 $(VENV)/bin/mutmut run --max-children 2 $(MUTANTS) >/dev/null || true
 	@$(VENV)/bin/mutmut results --all true | awk -v equivalents=$(MUTATION_EQUIVALENTS) ' \
 		BEGIN { while ((getline line < equivalents) > 0) if (line ~ /^consumer\./) { split(line, f, " "); eq[f[1]] = f[2] } } \
