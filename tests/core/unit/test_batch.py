@@ -210,6 +210,38 @@ def test_fifo_stops_a_group_at_its_first_failure_and_runs_other_groups(consumer:
     assert total(consumer.dynamodb, "t-b") == 30
 
 
+@pytest.mark.parametrize("fails", ["before-its-apply", "at-its-apply"])
+def test_fifo_stops_an_optimistic_group_at_its_first_failure_whenever_in_its_life_it_fails(
+    consumer: Consumer, monkeypatch: pytest.MonkeyPatch, fails: str
+) -> None:
+    # Optimistic groups are interleaved on the invocation's thread: a failure ends a life either before its apply
+    # (its handler raised) or at the apply's answer (the key is in flight elsewhere); either way the group stops.
+    first = tally_body("a1", amount=1)
+    if fails == "at-its-apply":
+        assert isinstance(consumer.store.claim("TallyAdded#add-a1", _hash_of(first), 60_000), Claimed)
+    else:
+        handle = MessageProcessor._handle
+
+        def raising(self: MessageProcessor, item: Prepared, parsed: Any, remaining_ms: Callable[[], int]) -> Effect:
+            if item.message_id == "a1":
+                raise TransientError("the handler's downstream is down")
+            return handle(self, item, parsed, remaining_ms)
+
+        monkeypatch.setattr(MessageProcessor, "_handle", raising)
+    batch = [
+        sqs_record("a1", first, group_id="A", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("b1", tally_body("b1", tally_id="t-b", amount=10), group_id="B", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("a2", tally_body("a2", amount=4), group_id="A", queue_arn=FIFO_QUEUE_ARN),
+    ]
+
+    results = consumer.batch.process(batch, consumer.remaining).results
+
+    assert [result.message_id for result in results if result.outcome.is_failure] == ["a1", "a2"]
+    assert results[2].reason == "not started: earlier message a1 of group A failed"
+    assert total(consumer.dynamodb, "t-b") == 10
+    assert entries(consumer.dynamodb, "t-1") == []
+
+
 def test_fair_queue_tenants_on_a_standard_queue_stay_independent(consumer: Consumer) -> None:
     # The same batch as above, from a standard queue: MessageGroupId is a fair-queue tenant, not an order.
     busy = consumer.store.claim("CallRequested#call-a2", _hash_of(call_body("a2")), 60_000)
