@@ -143,9 +143,9 @@ class MessageProcessor:
     def step(self, lives: Sequence[Life], remaining_ms: Callable[[], int]) -> None:
         """Send the transitions ``lives`` wait on (together: the store shares what fits) and resume each with its own
         answer, until it waits on its next transition or has ended."""
-        waiting = [life for life in lives if life.waiting is not None]
-        answers = self._store.run_all([life.waiting for life in waiting if life.waiting is not None], remaining_ms)
-        for life, answer in zip(waiting, answers, strict=True):
+        waiting = [(life, life.waiting) for life in lives if life.waiting is not None]
+        answers = self._store.run_all([transition for _, transition in waiting], remaining_ms)
+        for (life, _), answer in zip(waiting, answers, strict=True):
             life.resume(answer)
 
     def execute(self, item: Prepared, remaining_ms: Callable[[], int]) -> MessageResult:

@@ -11,7 +11,7 @@ import boto3
 from samtranslator.public.parser import Parser
 from samtranslator.public.translator import Translator
 
-from consumer.config import table_parameter
+from consumer.config import URL_PATTERN, is_api_url, table_parameter
 from testkit.template import (
     ACCOUNT_ID,
     LOCAL_TABLES,
@@ -198,3 +198,25 @@ def table_mistakes(template: dict[str, Any], declared: tuple[str, ...]) -> list[
         for table in sorted(set(local_tables) - (wanted - set(tables)))
     ]
     return sorted(mistakes)
+
+
+def endpoint_mistakes(template: dict[str, Any], models: Any) -> list[str]:
+    """Each ``ApiUrl`` setting whose variable does not come from a parameter of ``ApiUrl``'s pattern: the local stack
+    and the generic contract know an endpoint's parameter by that pattern, whatever its name, and no other way."""
+    variables = properties(template, "ConsumerFunction")["Environment"]["Variables"]
+    parameters = template.get("Parameters") or {}
+    mistakes = []
+    for model in models:
+        for name in (name for name in model.model_fields if is_api_url(model, name)):
+            variable, where = name.upper(), f"{model.__name__}.{name}"
+            if variable not in variables:
+                continue  # test_environment_is_what_the_code_reads names a variable the function lacks
+            source = variables[variable]
+            parameter = source.get("Ref") if isinstance(source, dict) else None
+            if parameter not in parameters or parameters[parameter].get("AllowedPattern") != URL_PATTERN:
+                mistakes.append(
+                    f"{variable} ({where}) is an ApiUrl: give it to the function from a parameter"
+                    f" ({variable}: !Ref <its parameter>) whose AllowedPattern is {URL_PATTERN}, by which the local"
+                    " stack and the contract point it at their webhook sink, whatever its name"
+                )
+    return mistakes

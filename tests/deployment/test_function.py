@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from consumer.config import URL_PATTERN, Settings, is_api_url
+from consumer.config import Settings
 from consumer.handler import declared_settings, declared_tables
 from service.registry import HANDLERS
 from testkit.lambda_venv import LAMBDA_PYTHON_VERSION
 from testkit.template import REPO_ROOT, ResourceRef, Template
 from tests.deployment.conftest import start_error
 from tests.deployment.environment import FUNCTION, environment_mistakes, table_source
-from tests.deployment.lookups import parameter_name, properties, read
+from tests.deployment.lookups import endpoint_mistakes, parameter_name, properties, read
 
 
 def _as_environment_value(value: Any) -> str:
@@ -56,28 +56,6 @@ def test_environment_is_what_the_code_reads(
     mistakes = environment_mistakes(template_path, variables)
     if mistakes:
         pytest.fail("\n".join(mistakes), pytrace=False)
-
-
-def endpoint_mistakes(template: dict[str, Any], models: Any) -> list[str]:
-    """Each ``ApiUrl`` setting whose variable does not come from a parameter of ``ApiUrl``'s pattern: the local stack
-    and the generic contract know an endpoint's parameter by that pattern, whatever its name, and no other way."""
-    variables = properties(template, FUNCTION)["Environment"]["Variables"]
-    parameters = template.get("Parameters") or {}
-    mistakes = []
-    for model in models:
-        for name in (name for name in model.model_fields if is_api_url(model, name)):
-            variable, where = name.upper(), f"{model.__name__}.{name}"
-            if variable not in variables:
-                continue  # test_environment_is_what_the_code_reads names a variable the function lacks
-            source = variables[variable]
-            parameter = source.get("Ref") if isinstance(source, dict) else None
-            if parameter not in parameters or parameters[parameter].get("AllowedPattern") != URL_PATTERN:
-                mistakes.append(
-                    f"{variable} ({where}) is an ApiUrl: give it to the function from a parameter"
-                    f" ({variable}: !Ref <its parameter>) whose AllowedPattern is {URL_PATTERN}, by which the local"
-                    " stack and the contract point it at their webhook sink, whatever its name"
-                )
-    return mistakes
 
 
 def test_each_endpoint_setting_comes_from_a_parameter_the_local_stack_can_point_at_its_sink(

@@ -13,7 +13,7 @@ from consumer.config import URL_PATTERN, ApiUrl, HandlerSettings, is_api_url
 from local.stack import webhook_parameters
 from testkit.template import url_parameters
 from testkit.webhook import WebhookSink
-from tests.deployment.test_function import endpoint_mistakes
+from tests.deployment.lookups import endpoint_mistakes
 
 
 class CarrierSettings(HandlerSettings):

@@ -9,37 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from consumer.idempotency.attribute_values import attribute_map
 
 # TransactWriteItems takes at most 100 items; one of them is the idempotency record.
 MAX_BUSINESS_WRITES = 99
 
-
-def _expression_fields(
-    condition: str | None, names: Mapping[str, str], values: Mapping[str, Any], held_by: str | None = None
-) -> dict[str, Any]:
-    fields: dict[str, Any] = {}
-    if condition:
-        fields["ConditionExpression"] = condition
-    if held_by:
-        # The item as it was when the condition failed: whose hold it carried tells busy from refused.
-        fields["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
-    if names:
-        fields["ExpressionAttributeNames"] = dict(names)
-    if values:
-        fields["ExpressionAttributeValues"] = attribute_map(values)
-    return fields
+_W = TypeVar("_W")
 
 
-@dataclass(frozen=True)
-class Put:
-    """Write a whole item (``PutItem`` in the record's transaction).
-
-    item:
-        The whole item, its key attributes among them, as plain Python values (see ``values``).
-
+# The attributes every write has, said once and added to each write's docstring (``help(Put)`` shows them).
+_SHARED_FIELDS = """
     Attributes shared by every write
     --------------------------------
     table:
@@ -60,6 +41,37 @@ class Put:
         In a guard only: the attribute that carries a hold's reservation token (``context.reservation_token``).
         A failed condition while it carries another message's token is "busy" (retried with backoff), not
         "refused" (dead-lettered).
+"""
+
+
+def _documented(kind: type[_W]) -> type[_W]:
+    kind.__doc__ = (kind.__doc__ or "") + _SHARED_FIELDS
+    return kind
+
+
+def _expression_fields(
+    condition: str | None, names: Mapping[str, str], values: Mapping[str, Any], held_by: str | None = None
+) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if condition:
+        fields["ConditionExpression"] = condition
+    if held_by:
+        # The item as it was when the condition failed: whose hold it carried tells busy from refused.
+        fields["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+    if names:
+        fields["ExpressionAttributeNames"] = dict(names)
+    if values:
+        fields["ExpressionAttributeValues"] = attribute_map(values)
+    return fields
+
+
+@_documented
+@dataclass(frozen=True)
+class Put:
+    """Write a whole item (``PutItem`` in the record's transaction).
+
+    item:
+        The whole item, its key attributes among them, as plain Python values (see ``values``).
 
     Example
     -------
@@ -89,6 +101,7 @@ class Put:
         }
 
 
+@_documented
 @dataclass(frozen=True)
 class Update:
     """Change an item in place (``UpdateItem`` in the record's transaction); it is created if absent, unless
@@ -98,27 +111,6 @@ class Update:
         The item's key attributes, as plain Python values.
     expression:
         The update expression (``SET``, ``ADD``, ``REMOVE``, ``DELETE``), with ``names`` and ``values``.
-
-    Attributes shared by every write
-    --------------------------------
-    table:
-        The table's name: ``self.table_names["<LogicalId>"]``, never a literal (a declared table, checked).
-    condition:
-        A DynamoDB condition expression; when it fails the whole transaction lands nothing, and the message is
-        dead-lettered as ``BusinessConditionFailed`` with ``reason`` (in a guard: refused, or busy, see ``held_by``).
-    names:
-        Placeholders for attribute names, ``{"#status": "status"}``: a name DynamoDB reserves (``status``,
-        ``name``, ``count``, ``ttl``...) or one with a dot or a dash must go through one in ``expression`` and
-        ``condition``; others may be written as they are.
-    values:
-        Placeholders for values, ``{":amount": 1250}``, as plain Python values (str, int, Decimal, bool, None,
-        bytes, lists, dicts, sets): the core types them for DynamoDB (``attribute_values.py``).
-    reason:
-        What the dead letter says when ``condition`` fails, in the handler's own words.
-    held_by:
-        In a guard only: the attribute that carries a hold's reservation token (``context.reservation_token``).
-        A failed condition while it carries another message's token is "busy" (retried with backoff), not
-        "refused" (dead-lettered).
 
     Example
     -------
@@ -146,6 +138,7 @@ class Update:
         }
 
 
+@_documented
 @dataclass(frozen=True)
 class Delete:
     """Delete an item (``DeleteItem`` in the record's transaction); deleting one that is absent is no error
@@ -153,27 +146,6 @@ class Delete:
 
     key:
         The item's key attributes, as plain Python values.
-
-    Attributes shared by every write
-    --------------------------------
-    table:
-        The table's name: ``self.table_names["<LogicalId>"]``, never a literal (a declared table, checked).
-    condition:
-        A DynamoDB condition expression; when it fails the whole transaction lands nothing, and the message is
-        dead-lettered as ``BusinessConditionFailed`` with ``reason`` (in a guard: refused, or busy, see ``held_by``).
-    names:
-        Placeholders for attribute names, ``{"#status": "status"}``: a name DynamoDB reserves (``status``,
-        ``name``, ``count``, ``ttl``...) or one with a dot or a dash must go through one in ``expression`` and
-        ``condition``; others may be written as they are.
-    values:
-        Placeholders for values, ``{":amount": 1250}``, as plain Python values (str, int, Decimal, bool, None,
-        bytes, lists, dicts, sets): the core types them for DynamoDB (``attribute_values.py``).
-    reason:
-        What the dead letter says when ``condition`` fails, in the handler's own words.
-    held_by:
-        In a guard only: the attribute that carries a hold's reservation token (``context.reservation_token``).
-        A failed condition while it carries another message's token is "busy" (retried with backoff), not
-        "refused" (dead-lettered).
 
     Example
     -------
@@ -198,6 +170,7 @@ class Delete:
         }
 
 
+@_documented
 @dataclass(frozen=True)
 class ConditionCheck:
     """Require ``condition`` of an item without writing it: the transaction (and the message's effect) lands only
@@ -205,27 +178,6 @@ class ConditionCheck:
 
     key:
         The item's key attributes, as plain Python values.
-
-    Attributes shared by every write
-    --------------------------------
-    table:
-        The table's name: ``self.table_names["<LogicalId>"]``, never a literal (a declared table, checked).
-    condition:
-        A DynamoDB condition expression; when it fails the whole transaction lands nothing, and the message is
-        dead-lettered as ``BusinessConditionFailed`` with ``reason`` (in a guard: refused, or busy, see ``held_by``).
-    names:
-        Placeholders for attribute names, ``{"#status": "status"}``: a name DynamoDB reserves (``status``,
-        ``name``, ``count``, ``ttl``...) or one with a dot or a dash must go through one in ``expression`` and
-        ``condition``; others may be written as they are.
-    values:
-        Placeholders for values, ``{":amount": 1250}``, as plain Python values (str, int, Decimal, bool, None,
-        bytes, lists, dicts, sets): the core types them for DynamoDB (``attribute_values.py``).
-    reason:
-        What the dead letter says when ``condition`` fails, in the handler's own words.
-    held_by:
-        In a guard only: the attribute that carries a hold's reservation token (``context.reservation_token``).
-        A failed condition while it carries another message's token is "busy" (retried with backoff), not
-        "refused" (dead-lettered).
 
     Example
     -------
