@@ -212,7 +212,8 @@ def _parse_body(message: SqsMessage) -> dict[str, Any]:
         raise PoisonMessage(
             ErrorType.NESTING_TOO_DEEP, f"body nests deeper than the limit of {MAX_NESTING_DEPTH}"
         ) from None
-    if _nesting_depth(parsed) > MAX_NESTING_DEPTH:
+    # Each array or object opens with a bracket: a body with no more of them than the limit cannot nest past it.
+    if body.count("{") + body.count("[") > MAX_NESTING_DEPTH and _nesting_depth(parsed) > MAX_NESTING_DEPTH:
         raise PoisonMessage(ErrorType.NESTING_TOO_DEEP, f"body nests deeper than the limit of {MAX_NESTING_DEPTH}")
     if not isinstance(parsed, dict):
         raise PoisonMessage(ErrorType.SCHEMA_VIOLATION, f"body must be a JSON object, got {type(parsed).__name__}")

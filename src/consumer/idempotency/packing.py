@@ -48,11 +48,25 @@ def item_key(transact_item: Mapping[str, Any]) -> tuple[str, object]:
     """The item a transaction's action names: its table and key (a put's whole item, whose key the schema alone
     tells; DynamoDB refuses a transaction whose puts meet on one item, and their messages then go alone)."""
     action = next(iter(transact_item.values()))
-    key = action.get("Key")
-    if key is not None:
-        # A key's values are scalars (S, N or B), so its attributes, in order, name it without encoding it.
-        return action["TableName"], tuple(sorted((name, *value.items()) for name, value in key.items()))
-    return action["TableName"], json.dumps(action.get("Item"), sort_keys=True)
+    named = action["Key"] if "Key" in action else action["Item"]
+    # Scalar attributes (a key's always, a put's mostly), in order, name the item without encoding it.
+    attributes = tuple(sorted((name, *value.items()) for name, value in named.items()))
+    try:
+        hash(attributes)
+    except TypeError:  # a put's list, set or map: its JSON names it
+        return action["TableName"], json.dumps(named, sort_keys=True)
+    return action["TableName"], attributes
+
+
+# The size a transaction's items are packed by: their compact JSON, an estimate of DynamoDB's own measure (names and
+# values, without the type tags). An update's item may be larger than its request: a shared transaction DynamoDB
+# refuses for its size goes alone, as any error naming no item does.
+_encode = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
+
+
+def size_of(items: Sequence[Mapping[str, Any]]) -> int:
+    """The bytes ``items`` count for in a shared transaction's 4 MB."""
+    return len(_encode(items))
 
 
 class _Pack:
@@ -85,7 +99,7 @@ def send_shared(table: Table, transitions: Sequence[Transition[Any]]) -> list[Sh
         try:
             items = transition.items(table, now_ms)
             keys = {item_key(item) for item in items}
-            size = len(json.dumps(items))
+            size = size_of(items)
         except Exception:  # a value DynamoDB has no type for: the message's own error, which its own write raises
             outcomes[index] = Own(FallBack.UNBUILT)
             continue

@@ -30,7 +30,7 @@ from consumer.idempotency.claim import Claim
 from consumer.idempotency.commit import Commit
 from consumer.idempotency.group_commit import GroupCommit
 from consumer.idempotency.observer import FallBack, Tally
-from consumer.idempotency.packing import MAX_TRANSACTION_BYTES, Own, Settled, Shared, send_shared
+from consumer.idempotency.packing import MAX_TRANSACTION_BYTES, Own, Settled, Shared, send_shared, size_of
 from consumer.idempotency.record import IdempotencyRecord, Status
 from consumer.idempotency.release import Release
 from consumer.idempotency.transition import Transition
@@ -824,7 +824,7 @@ def test_a_shared_transaction_takes_up_to_four_megabytes_exactly(clock: Clock, o
     now_ms = int(clock.now * 1000)
 
     def size(blobs: Sequence[int]) -> int:
-        return sum(len(json.dumps(Apply(request(n, blobs), str(uuid.uuid4())).items(table, now_ms))) for n in (1, 2))
+        return sum(size_of(Apply(request(n, blobs), str(uuid.uuid4())).items(table, now_ms)) for n in (1, 2))
 
     room = MAX_TRANSACTION_BYTES + over - size([0] * 12)
     blobs = [room // 24] * 12
@@ -910,14 +910,15 @@ def test_what_cannot_go_in_a_shared_transaction_is_left_to_its_own_write_and_the
     assert seen == [6]
 
 
+@pytest.mark.parametrize("by", ["batch", ["batch", {"at": 1}]], ids=["scalars", "a-list-of-maps"])
 def test_puts_of_one_item_never_share_a_transaction_whatever_the_order_of_their_attributes(
-    dynamodb: Any, clock: Clock
+    dynamodb: Any, clock: Clock, by: object
 ) -> None:
-    def marker(n: int, item: dict[str, str]) -> Apply:
+    def marker(n: int, item: dict[str, object]) -> Apply:
         return Apply(ApplyRequest(f"TallyAdded#k-{n}", f"hash-{n}", None, (Put(TALLIES, item),)), f"t-{n}")
 
-    item = {"tallyId": "t-1", "entryId": "MARK", "by": "batch"}
-    same_item = {"by": "batch", "entryId": "MARK", "tallyId": "t-1"}
+    item = {"tallyId": "t-1", "entryId": "MARK", "by": by}
+    same_item = {"by": by, "entryId": "MARK", "tallyId": "t-1"}
     seen = _sizes(dynamodb)
 
     outcomes = send_shared(
