@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from cfnlint.decode import cfn_yaml
 from samtranslator.plugins.globals.globals import Globals
 
-from consumer.config import URL_PATTERN, table_parameter
+from consumer.config import URL_PATTERN, parameter_table, table_parameter
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_PATH = REPO_ROOT / "template.yaml"
@@ -194,8 +194,10 @@ class Template:
             elif name in local:
                 value = local[name]
             else:
-                table, value = name.removesuffix("Name"), f'"{name}: <value>" under {LOCAL_PARAMETERS}:'
-                where = f"{table}'s keys under {LOCAL_TABLES}:" if name.endswith("TableName") else value
+                table = parameter_table(name)
+                where = (
+                    f"{table}'s keys under {LOCAL_TABLES}:" if table else f'"{name}: <value>" under {LOCAL_PARAMETERS}:'
+                )
                 raise TemplateError(
                     f"parameter {name} has no Default: for make test and the local stack, add {where} in the template's"
                     f" Metadata (a deployment is given its own: samconfig.toml's parameter_overrides, or PARAMETERS=)"

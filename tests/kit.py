@@ -40,7 +40,7 @@ from moto.core.botocore_stubber import BotocoreStubber
 from consumer.batch import BatchRunner
 from consumer.config import Settings
 from consumer.handler import MessageHandler, declared_settings, declared_tables
-from consumer.outcome import Log
+from consumer.outcome import Log, Outcome
 from consumer.wiring import wire
 from testkit.dead_letters import DeadLetter, reasons, receive
 from testkit.lambda_sqs import REGION, sqs_record
@@ -53,7 +53,9 @@ __all__ = [
     "Answer",
     "Clock",
     "Consumer",
+    "Crash",
     "DeadLetter",
+    "Outcome",
     "Remaining",
     "WebhookSink",
     "answer_id",
@@ -82,6 +84,12 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class Crash(BaseException):
+    """A worker that dies where a test raises this (in a handler, or in a call it makes): nothing of the consumer
+    catches it, so, as when a process dies mid-message, its claim and what its guard reserved stay behind for the
+    lease to run out. ``Consumer.process`` raises it once the batch's other messages have ended."""
 
 
 class Remaining:
@@ -167,6 +175,11 @@ class Consumer:
 
     def process(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         return self.batch.process(records, self.remaining).response()
+
+    def outcomes(self, records: list[dict[str, Any]]) -> list[Outcome]:
+        """How each record ended, in order: ``APPLIED``, ``DUPLICATE``, ``POISON`` (dead-lettered), or one SQS delivers
+        again (``RETRIED``, ``IN_FLIGHT`` under another delivery's lease, ``CONFLICT``)."""
+        return [result.outcome for result in self.batch.process(records, self.remaining).results]
 
     def failed_ids(self, records: list[dict[str, Any]]) -> list[str]:
         return [failure["itemIdentifier"] for failure in self.process(records)["batchItemFailures"]]

@@ -1,9 +1,9 @@
-"""A lock-mode handler's deliveries, one at a time or side by side, on DynamoDB Local: for the guard's tests.
+"""A lock-mode handler's deliveries, one at a time or side by side, on DynamoDB Local: for the core's guard tests
+(tests/core/integration/test_guards.py); a handler's own tests use the kit (tests/kit.py).
 
 The processor runs as the function runs it (the real store with group commit, conflict retries,
 dead letters), with a clock the test moves (so leases run out when the test says) and a
-dead-letter queue that keeps what it is sent. A worker's death is ``Crash``: nothing in the
-consumer catches it, so, as when a process dies, nothing is released.
+dead-letter queue that keeps what it is sent. A worker's death is the kit's ``Crash``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from consumer.prepared import Prepared
 from consumer.processor import MessageProcessor
 from testkit.dynamodb_local import DynamoDBLocal
 from testkit.lambda_sqs import sqs_record
+from tests.kit import Crash
 
 if TYPE_CHECKING:
     from types_boto3_sqs import SQSClient
@@ -40,10 +41,6 @@ RECORD_TTL_S = 3600
 # How long a shared transaction waits for the transitions of the threads taking part: far longer than they take to
 # arrive, so the claims of deliveries made together are shared by construction, not by the scheduler's grace.
 GROUP_COMMIT_WAIT_MS = 2_000
-
-
-class Crash(BaseException):
-    """The worker dies here: no ``except Exception`` stops it, so nothing is released."""
 
 
 # Which of the store's transactions a request is, by its first item (the record's).

@@ -28,9 +28,21 @@ def table_variable(logical_id: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", logical_id).upper() + "_NAME"
 
 
+# How a template parameter that names an existing table starts. Outputs are named after what they give
+# (``<LogicalId><Attribute>``, e.g. the table's ``OrdersTableName``), and CloudFormation wants each logical id unique
+# within a template: the parameter must never be named as the output of its table is.
+_EXISTING = "Existing"
+
+
 def table_parameter(logical_id: str) -> str:
-    """The template parameter that names an existing table instead of a resource: OrdersTable -> OrdersTableName."""
-    return f"{logical_id}Name"
+    """The template parameter that names an existing table instead of a resource: OrdersTable -> ExistingOrdersTable."""
+    return f"{_EXISTING}{logical_id}"
+
+
+def parameter_table(parameter: str) -> str | None:
+    """The table a parameter names by ``table_parameter``'s rule (ExistingOrdersTable -> OrdersTable), or None."""
+    table = parameter.removeprefix(_EXISTING)
+    return table if table and table != parameter else None
 
 
 class HandlerSettings(BaseModel):

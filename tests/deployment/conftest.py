@@ -12,6 +12,7 @@ from consumer.handler import declared_tables
 from service.registry import HANDLERS
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.template import REPO_ROOT, TEMPLATE_PATH, Template, TemplateError, load_template
+from tests.deployment.core_lines import lag
 from tests.deployment.environment import FUNCTION, environment_mistakes, unregistered_handlers
 from tests.deployment.lookups import properties, read, table_mistakes, transform
 
@@ -38,6 +39,9 @@ def source_template(template_path: Path) -> dict[str, Any]:
     # Every check reads the template with its parameters' values: one missing is test_outputs_and_config's one failure.
     if parameter_mistake(template_path):
         pytest.skip("a parameter has no value: test_every_parameter_has_a_value_for_the_checks names it")
+    # A template that lags its core would fail many checks, each its own way: test_core_lines names what to merge.
+    if lag(template_path):
+        pytest.skip("the template lags its core: test_the_template_carries_every_line_its_core_needs names the lines")
     return load_template(template_path)
 
 

@@ -20,19 +20,13 @@ from consumer.config import Settings, is_secret_arn, table_parameter, table_vari
 from consumer.handler import MessageHandler, declared_settings, declared_tables
 from service.registry import HANDLERS
 from testkit.template import load_template
+from tests.deployment.core_lines import core_variables
 from tests.deployment.source_scan import package_modules
 
 FUNCTION = "ConsumerFunction"
 _VARIABLE_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
-# The variables the function is documented to take from its stack, beside each declared table's and the handlers'.
-STACK_PROVIDED_VARIABLES = {
-    "IDEMPOTENCY_TABLE_NAME",
-    "DEAD_LETTER_QUEUE_URL",
-    "IDEMPOTENCY_TTL_SECONDS",
-    "POWERTOOLS_SERVICE_NAME",
-    "POWERTOOLS_METRICS_NAMESPACE",
-    "POWERTOOLS_LOG_LEVEL",
-}
+# The variables the core takes from its stack (core-lines.yaml), beside each declared table's and the handlers'.
+STACK_PROVIDED_VARIABLES = set(core_variables())
 
 
 def handler_classes() -> list[type[MessageHandler[Any]]]:

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from testkit.template import load_template
+from tests.deployment.core_lines import CORE_LINES
 from tests.deployment.lookups import EVENT_SOURCE_POLLING, grants_by_statement, policy_statements
 from tests.deployment.source_scan import (
     PACKAGE_ROOT,
@@ -39,7 +40,6 @@ DEAD_LETTER = "consumer/dead_letter.py"
 COLD_START_CHECKS = "consumer/sdk.py"
 HANDLERS = "service/handlers/"
 LOGGING = {"ConsumerLogGroup": {"logs:CreateLogStream", "logs:PutLogEvents"}}
-CORE_ROLE = Path(__file__).parent / "fixtures" / "core-role.yaml"
 
 
 def required_grants(root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
@@ -111,11 +111,12 @@ def _statement(template: dict[str, Any], sid: str) -> dict[str, Any]:
 
 @pytest.fixture
 def the_core_alone(tmp_path: Path) -> tuple[dict[str, Any], Path]:
-    """The core's role (a fixed copy) and a copy of the core's code without the application: what the self-checks
-    below run on, so that they test this check, never the template or the handlers under it."""
+    """The core's lines of the template (core-lines.yaml, its role among them) and a copy of the core's code without
+    the application: what the self-checks below run on, so that they test this check, never the template or the
+    handlers under it."""
     copy = tmp_path / "src"
     shutil.copytree(PACKAGE_ROOT / "consumer", copy / "consumer", ignore=shutil.ignore_patterns("__pycache__"))
-    return load_template(CORE_ROLE), copy
+    return load_template(CORE_LINES), copy
 
 
 def test_a_grant_taken_away_or_added_is_named_with_its_statement_and_table(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -38,6 +39,20 @@ def test_every_parameter_has_a_value_for_the_checks(template_path: Path) -> None
         pytest.fail(f"{template_path}: {mistake}", pytrace=False)
 
 
+def test_a_parameter_without_a_value_is_told_where_to_give_one_a_tables_by_its_keys(tmp_path: Path) -> None:
+    template = tmp_path / "template.yaml"
+    parameters = {"ExistingOrdersTable": {"Type": "String"}, "BillingUrl": {"Type": "String"}}
+    for name, where in [
+        ("ExistingOrdersTable", "OrdersTable's keys under LocalTables:"),
+        ("BillingUrl", "LocalParameters"),
+    ]:
+        template.write_text(json.dumps({"Parameters": {name: parameters[name]}, "Resources": {}}), encoding="utf-8")
+        assert f"parameter {name} has no Default: for make test and the local stack, add" in str(
+            parameter_mistake(template)
+        )
+        assert where in str(parameter_mistake(template))
+
+
 def _samconfig() -> dict[str, Any]:
     return tomllib.loads(SAMCONFIG_PATH.read_text(encoding="utf-8"))
 
@@ -50,6 +65,35 @@ def _deploy_setting(name: str) -> Any:
 def test_outputs_name_the_stack_resources(transformed_template: dict[str, Any], resolver: Template) -> None:
     outputs = {name: resolver.resolve(output["Value"]) for name, output in transformed_template["Outputs"].items()}
     assert {name: outputs.get(name) for name in REQUIRED_OUTPUTS} == REQUIRED_OUTPUTS
+
+
+def shared_names(document: dict[str, Any]) -> list[str]:
+    """Each name two of the template's sections give (a parameter and an output named alike, e.g. a table's
+    ``<LogicalId>Name`` output beside a parameter of that name): CloudFormation wants each logical id unique within a
+    template, and cfn-lint does not say so."""
+    sections = ("Parameters", "Resources", "Outputs")
+    names = {section: set(document.get(section) or {}) for section in sections}
+    return [
+        f"{name} is both one of the {first} and one of the {second}: rename one of them"
+        for index, first in enumerate(sections)
+        for second in sections[index + 1 :]
+        for name in sorted(names[first] & names[second])
+    ]
+
+
+def test_no_two_sections_share_a_name(source_template: dict[str, Any]) -> None:
+    assert shared_names(source_template) == []
+
+
+def test_a_parameter_named_as_an_output_is_named() -> None:
+    document: dict[str, Any] = {
+        "Parameters": {"OrdersTableName": {}},
+        "Resources": {},
+        "Outputs": {"OrdersTableName": {}},
+    }
+    assert shared_names(document) == [
+        "OrdersTableName is both one of the Parameters and one of the Outputs: rename one of them"
+    ]
 
 
 def test_samconfig_acknowledges_the_capabilities_the_template_needs(transformed_template: dict[str, Any]) -> None:

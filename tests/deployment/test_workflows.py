@@ -242,7 +242,7 @@ def _run_deploy_step(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[
 
 
 def test_a_stage_passes_its_environments_own_parameters_and_names_none_of_a_handlers(tmp_path: Path) -> None:
-    given = "OrdersTableName=orders-dev BillingUrl=https://billing.example/v1?x=1"
+    given = "ExistingOrdersTable=orders-dev BillingUrl=https://billing.example/v1?x=1"
     ran = _run_deploy_step(tmp_path, STAGE="dev", ALARM_TOPIC_ARN="arn:aws:sns:eu-west-1:1:t", STACK_PARAMETERS=given)
     assert ran.returncode == 0, ran.stderr
     assert f"PARAMETERS=AlarmTopicArn=arn:aws:sns:eu-west-1:1:t {given}" in ran.stdout.splitlines()

@@ -146,7 +146,7 @@ MISTAKES: dict[Callable[[Path], None], tuple[str, str]] = {
     table_not_in_the_template: (
         "test_each_table_a_handler_declares_is_a_template_table_or_given_by_its_parameter",
         "a handler declares OrdersTable: add an AWS::DynamoDB::Table of that name to template.yaml, or a parameter"
-        " OrdersTableName naming an existing table",
+        " ExistingOrdersTable naming an existing table",
     ),
 }
 

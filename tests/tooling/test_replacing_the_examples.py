@@ -40,15 +40,23 @@ def _delete_with_indented(path: Path, block: str) -> None:
     path.write_text("".join(lines))
 
 
+def _shipped_handlers(project: Path) -> list[str]:
+    """The handler classes the project ships, registered (src/service/handlers/) or not (examples/)."""
+    modules = [*(project / "src/service/handlers").glob("*.py"), *(project / "examples").glob("*.py")]
+    return sorted(
+        name for path in modules for name in re.findall(r"^class (\w+)\(MessageHandler\[", path.read_text(), re.M)
+    )
+
+
 def _replace_the_examples(project: Path) -> None:
     """docs/replacing-the-examples.md on ``project``: every example's files deleted, its registration
     removed, its lines of template.yaml deleted with the lines indented under them."""
     section = (project / "docs" / "replacing-the-examples.md").read_text()
+    removed = tuple(re.findall(r"^- Registration: `(\w+)`", section, re.MULTILINE))
+    assert sorted(removed) == _shipped_handlers(project), "the page names every shipped example's registration"
     for listed in re.findall(r"^- Files: ((?:.|\n  )*)", section, re.MULTILINE):
         for name in re.findall(r"`([^`]+)`", listed):
             (project / name).unlink()
-    removed = tuple(re.findall(r"^- Registration: `(\w+)`", section, re.MULTILINE))
-    assert len(removed) == 3, "the page names each example's registration: update this test if that changed"
     registry = project / "src/service/registry.py"
     # A registered example's module goes with its registration (the refund's copy, when a user made one).
     for module, name in re.findall(r"^from service\.handlers\.(\w+) import (\w+)$", registry.read_text(), re.MULTILINE):
@@ -79,12 +87,22 @@ _LINT = (
 def test_replacing_the_examples_as_the_docs_say_leaves_a_project_that_passes_lint_and_tests(
     tmp_path: Path,
 ) -> None:
-    """Both examples removed and the inventory example added, each as the docs say, on a copy: lint and the
+    """Every example removed and the inventory handler added, each as the docs say, on a copy: lint and the
     static and unit tests pass there. The whole suite on a copy (the local stack, chaos) is too slow for
     one test; it is what a clone runs after this."""
     project_copy(tmp_path, environments=False)
+    # The handler added afterwards is the inventory example as it ships: the page removes it with the others.
+    handler = (tmp_path / "examples/inventory_reserved.py").read_text()
     _replace_the_examples(tmp_path)
+
+    # Every example gone: what is left is the core's, the application's frame and the generic tests.
+    assert [path.name for path in (tmp_path / "examples").iterdir()] == ["__init__.py"]
+    assert sorted(path.name for path in (tmp_path / "src/service/handlers").iterdir()) == ["__init__.py"]
+    left = sorted(path.name for path in (tmp_path / "tests/app").iterdir())
+    assert left == ["README.md", "__init__.py", "conftest.py", "test_handler_contract.py", "test_handler_registry.py"]
+    (tmp_path / "examples/inventory_reserved.py").write_text(handler)
     _follow(tmp_path)
+    (tmp_path / "examples/inventory_reserved.py").unlink()
 
     assert sorted(_routed(tmp_path)) == ["InventoryReserved"]
     template = (tmp_path / "template.yaml").read_text()

@@ -34,7 +34,8 @@ from consumer.outcome import Outcome
 from consumer.processor import ABANDONED_RELEASED, BUSY
 from testkit.dynamodb_local import DynamoDBLocal
 from tests.conftest import TableFactory
-from tests.lock_rig import REMAINING_MS, Crash, LockRig, Refusals, claim, commit, release
+from tests.kit import Crash
+from tests.lock_rig import REMAINING_MS, LockRig, Refusals, claim, commit, release
 from tests.utils import settings_for_tests, together
 
 LEASE_MS = 30_000
