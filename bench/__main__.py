@@ -177,7 +177,9 @@ class _Run:
                 time_batches(ours, functools.partial(draws.bodies, size), TARGET_LATENCY_MS, self.arguments)
                 for size in (TARGET_BATCH, 1)
             )
-            self.results.floors[handler_name(handler)] = (batch[report.CONSUMER], single[report.CONSUMER])
+            self.results.floors[handler_name(handler)] = report.Floor(
+                batch[report.CONSUMER], single[report.CONSUMER], targeted=handler.mode is Mode.OPTIMISTIC
+            )
             if handler.mode is Mode.LOCK:
                 # Three lock messages whose handlers end together (the webhook answers each alike): their calls.
                 trio = time_batches(ours, functools.partial(draws.bodies, 3), TARGET_LATENCY_MS, self.arguments)
