@@ -118,7 +118,7 @@ class BatchRunner:
         deadline_margin_ms: int,
         backoff: VisibilityBackoff | None = None,
         clock: Callable[[], float] = time.time,
-        tally: Tally | None = None,
+        tally: Tally,
     ) -> None:
         self._processor = processor
         self._tally = tally
@@ -131,8 +131,7 @@ class BatchRunner:
 
     def process(self, event_records: object, remaining_ms: Callable[[], int]) -> BatchResult:
         messages = sqs_messages(event_records)
-        if self._tally is not None:
-            self._tally.take()  # what an earlier invocation left untaken is not this one's
+        self._tally.take()  # what an earlier invocation left untaken is not this one's
         items = [self._processor.prepare(message) for message in messages]
         fifo = any(item.group for item in items)
         results: list[MessageResult | None] = [None] * len(messages)
@@ -178,7 +177,7 @@ class BatchRunner:
         assert len(done) == len(messages), "every message ends with exactly one result"
         if self._backoff is not None:
             self._backoff.schedule(messages, done)
-        return BatchResult(done, self._tally.take() if self._tally is not None else Grouping())
+        return BatchResult(done, self._tally.take())
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:

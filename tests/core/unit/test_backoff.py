@@ -14,6 +14,7 @@ from consumer.backoff import VisibilityBackoff, queue_url_from_arn
 from consumer.batch import BatchRunner
 from consumer.envelope import payload_hash
 from consumer.idempotency import Claimed
+from consumer.idempotency.observer import Tally
 from consumer.outcome import MessageResult, Outcome
 from testkit.lambda_sqs import record_from_message
 from tests.core.handlers import CALL_EVENT, call_body, tally_body
@@ -80,7 +81,10 @@ def visible(sqs: Any, url: str) -> set[str]:
 
 
 def with_backoff(consumer: Consumer, backoff: VisibilityBackoff) -> BatchRunner:
-    return BatchRunner(consumer.batch._processor, max_workers=1, deadline_margin_ms=3_000, backoff=backoff)
+    # The store reports its grouping to the consumer's own tally: this runner's reads nothing of it.
+    return BatchRunner(
+        consumer.batch._processor, max_workers=1, deadline_margin_ms=3_000, backoff=backoff, tally=Tally()
+    )
 
 
 def test_unstarted_records_are_made_visible_again_at_once(

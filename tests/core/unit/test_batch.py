@@ -242,6 +242,34 @@ def test_fifo_stops_an_optimistic_group_at_its_first_failure_whenever_in_its_lif
     assert entries(consumer.dynamodb, "t-1") == []
 
 
+def test_fifo_stops_a_lock_group_at_a_copy_whose_settling_fails(
+    calls: Consumer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lock group runs on a thread of its own; a copy of an applied message is settled without a run of its own, and
+    # when settling it fails (here the reuse of the first copy's outcome raises), the group stops there as at any
+    # failure.
+    def failing(self: MessageProcessor, item: Prepared, first: MessageResult) -> MessageResult:
+        raise RuntimeError("the copy's outcome could not be told")
+
+    monkeypatch.setattr(MessageProcessor, "reuse", failing)
+    body = call_body("a1")
+    batch = [
+        sqs_record("a1", body, group_id="A", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("a1-again", body, group_id="A", queue_arn=FIFO_QUEUE_ARN),
+        sqs_record("a2", tally_body("a2", amount=4), group_id="A", queue_arn=FIFO_QUEUE_ARN),
+    ]
+
+    results = calls.batch.process(batch, calls.remaining).results
+
+    assert [(result.message_id, result.outcome) for result in results] == [
+        ("a1", Outcome.APPLIED),
+        ("a1-again", Outcome.RETRIED),
+        ("a2", Outcome.RETRIED),
+    ]
+    assert results[2].reason == "not started: earlier message a1-again of group A failed"
+    assert entries(calls.dynamodb, "t-1") == []
+
+
 def test_fair_queue_tenants_on_a_standard_queue_stay_independent(consumer: Consumer) -> None:
     # The same batch as above, from a standard queue: MessageGroupId is a fair-queue tenant, not an order.
     busy = consumer.store.claim("CallRequested#call-a2", _hash_of(call_body("a2")), 60_000)
