@@ -66,16 +66,24 @@ def _delete_with_indented(path: Path, block: str) -> None:
     path.write_text("".join(lines))
 
 
+def _shipped_handlers(project: Path) -> list[str]:
+    """The handler classes the project ships, registered (src/service/handlers/) or not (examples/)."""
+    modules = [*(project / "src/service/handlers").glob("*.py"), *(project / "examples").glob("*.py")]
+    return sorted(
+        name for path in modules for name in re.findall(r"^class (\w+)\(MessageHandler\[", path.read_text(), re.M)
+    )
+
+
 def replace_the_examples(project: Path, *, template_only: bool = False) -> None:
     """The page on ``project``: every example's files deleted, its registration removed (a registered example's
     module too), its lines of template.yaml deleted with the lines indented under them."""
     section = (project / "docs" / "replacing-the-examples.md").read_text()
     if not template_only:
+        removed = tuple(re.findall(r"^- Registration: `(\w+)`", section, re.MULTILINE))
+        assert sorted(removed) == _shipped_handlers(project), "the page names every shipped example's registration"
         for listed in re.findall(r"^- Files: ((?:.|\n  )*)", section, re.MULTILINE):
             for name in re.findall(r"`([^`]+)`", listed):
                 (project / name).unlink()
-        removed = tuple(re.findall(r"^- Registration: `(\w+)`", section, re.MULTILINE))
-        assert len(removed) == 3, "the page names each example's registration: update this module if that changed"
         registry = project / "src/service/registry.py"
         # The refund example's copy, when a user registered it, goes with its registration.
         for module, name in re.findall(r"^from service\.handlers\.(\w+) import (\w+)$", registry.read_text(), re.M):
