@@ -277,3 +277,21 @@ rehearse: venv $(SAM_VENV)/.installed $(MINISTACK_VENV)/.installed-$(FUNCTION_PY
 deploy: build ## [product] sam deploy to STAGE=dev or STAGE=prod (samconfig.toml; PARAMETERS="Name=value ..." adds parameters)
 	SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) \
 		$(if $(PARAMETERS),--parameter-overrides $(CONFIGURED_PARAMETERS) $(PARAMETERS)) $(ARGS)
+
+# This checkout as a copier template (copier.yml): a new project from it, and a project taken to a newer version of it
+# (docs/upgrading.md). A project made before the template existed runs a newer checkout's Makefile in its own folder,
+# `make -f <that checkout>/Makefile upgrade`: the newer checkout is then the template it is adopted by (-P: its
+# local.upgrade, never the project's older local package from the current folder).
+TEMPLATE_DIR := $(dir $(abspath $(firstword $(MAKEFILE_LIST))))
+UPGRADE := PYTHONPATH=$(TEMPLATE_DIR) $(PY) -P -m local.upgrade --template $(TEMPLATE_DIR) $(if $(VERSION),--version $(VERSION))
+
+.PHONY: new
+new: venv ## a new project from this checkout as checked out (or VERSION=vX.Y.Z) in DEST=<dir>, committed (EXAMPLES=false: without the examples)
+	@test -n "$(DEST)" || { echo "make new needs DEST=<dir>, e.g. make new DEST=../my-consumer" >&2; exit 2; }
+	@$(UPGRADE) new --dest $(DEST) $(if $(filter false,$(EXAMPLES)),--no-examples)
+
+# copier comes with requirements-dev.txt; a venv made before it did (v2.1.0) gets it here, pinned as this checkout pins it.
+.PHONY: upgrade
+upgrade: venv ## take this project to the template's newest tag (or VERSION=vX.Y.Z) three-way; stops on a conflict, saying what to do
+	@test -x $(VENV)/bin/copier || $(UV) pip install --quiet --python $(PY) "$$(grep '^copier==' $(TEMPLATE_DIR)requirements-dev.txt)"
+	@$(UPGRADE) upgrade

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumer.config import table_variable
-from consumer.handler import declared_tables
+from consumer.handler import Handlers, declared_tables
 from local.demo import Check, show_checks
 from local.state import STATE_DIR
 from service.registry import HANDLERS
@@ -51,8 +51,11 @@ class Target:
     fifo: bool = False
 
 
-def target_from_stack(cloudformation: Any, lambda_: Any, sqs: Any, dynamodb: Any, stack_name: str) -> Target:
-    """The target named by a deployed stack's outputs, and its tables by the function's variables."""
+def target_from_stack(
+    cloudformation: Any, lambda_: Any, sqs: Any, dynamodb: Any, stack_name: str, handlers: Handlers = HANDLERS
+) -> Target:
+    """The target named by a deployed stack's outputs, and the tables ``handlers`` declare by the function's
+    variables."""
     from botocore.exceptions import ClientError  # noqa: PLC0415 (only the deployed form needs it)
 
     try:
@@ -65,11 +68,11 @@ def target_from_stack(cloudformation: Any, lambda_: Any, sqs: Any, dynamodb: Any
         raise SmokeError(f"stack {stack_name!r} has no output {', '.join(missing)} (is it this project's template?)")
     function = lambda_.get_function_configuration(FunctionName=outputs["ConsumerFunctionName"])
     variables = (function.get("Environment") or {}).get("Variables") or {}
-    unset = [table_variable(table) for table in declared_tables(HANDLERS) if table_variable(table) not in variables]
+    unset = [table_variable(table) for table in declared_tables(handlers) if table_variable(table) not in variables]
     if unset:
         raise SmokeError(f"the function of stack {stack_name!r} has no variable {', '.join(unset)}")
     values = {role: outputs[name] for role, name in OUTPUTS.items()}
-    tables = {table: variables[table_variable(table)] for table in declared_tables(HANDLERS)}
+    tables = {table: variables[table_variable(table)] for table in declared_tables(handlers)}
     return Target(sqs=sqs, dynamodb=dynamodb, tables=tables, fifo=values["queue_url"].endswith(".fifo"), **values)
 
 

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
+import os
 import shutil
 import subprocess
+import sys
+import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from local.upgrade import render
 from testkit.template import REPO_ROOT, load_template
 
 Document = dict[str, Any]
@@ -47,20 +54,74 @@ def probe_function(directory: Path, source: str) -> tuple[str, Path]:
 
 
 # What a checkout has beside its files: the environments the make targets build, shared with a copy as they are.
-_ENVIRONMENTS = (".venv", ".venv-sam", "node_modules", ".lambda-runtime")
+ENVIRONMENTS = (".venv", ".venv-sam", "node_modules", ".lambda-runtime")
 
 
-def project_copy(target: Path, *, environments: bool = True) -> Path:
-    """Every file git tracks or would track (a handler not yet committed too) copied to ``target``, as a clone has
-    them; with ``environments``, the checkout's built environments linked, so that a make target runs there as here.
-    A project a test can follow README on, or plant a mistake in."""
-    command = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
-    listed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, check=True).stdout
-    for name in filter(None, listed.decode().split("\0")):
-        if (REPO_ROOT / name).is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO_ROOT / name, target / name)
-    for name in _ENVIRONMENTS if environments else ():
+def link_environments(target: Path, environments: bool | Sequence[str]) -> None:
+    for name in ENVIRONMENTS if environments is True else environments or ():
         if (REPO_ROOT / name).exists():
             (target / name).symlink_to(REPO_ROOT / name)
+
+
+@functools.cache
+def _pristine() -> Path:
+    """One render of the template per process (copier takes seconds; a copy of its files, a fraction of one)."""
+    directory = Path(tempfile.mkdtemp(prefix="template-project-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return render(REPO_ROOT, directory / "project")
+
+
+def template_project(target: Path, *, environments: bool | Sequence[str] = True) -> Path:
+    """The core's own application: a project made by copier from the template this checkout records (its source at
+    its version; in the template's own repository, HEAD with its uncommitted changes), with the examples, whatever
+    this project replaced them with; the checkout's built environments linked (all, or those named). What a test of
+    the core follows the docs on, or plants a mistake in, so that the user's application never decides it."""
+    shutil.copytree(_pristine(), target, symlinks=True, dirs_exist_ok=True)
+    link_environments(target, environments)
     return target
+
+
+def run_in(
+    project: Path, command: list[str], timeout: int = 240, environment: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``command`` in ``project``, its code first on the path (the checkout's venv puts the checkout's there too)."""
+    return subprocess.run(
+        command,
+        cwd=project,
+        env={
+            **os.environ,
+            **(environment or {}),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONPATH": f"{project / 'src'}{os.pathsep}{project}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def pytest_in(
+    project: Path, tests: list[str], *options: str, timeout: int = 240, environment: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *options, *tests]
+    return run_in(project, command, timeout=timeout, environment=environment)
+
+
+# Set for a test run again in the core's own project, where it goes on as written.
+_ON_THE_CORES_OWN = "ON_THE_CORES_OWN_APPLICATION"
+
+
+def on_the_cores_own_application(request: pytest.FixtureRequest, tmp_path: Path) -> bool:
+    """For a test of the tooling that runs the registered application on the local stack: in a checkout, the test is
+    run again in ``template_project`` (every environment linked) and must pass there, and this returns False; there,
+    it returns True and the test goes on. What it checks then holds for the core's application, whichever handlers
+    the user has registered."""
+    if os.environ.get(_ON_THE_CORES_OWN):
+        return True
+    project = template_project(tmp_path)
+    done = pytest_in(
+        project, [request.node.nodeid], "-p", "no:xdist", timeout=500, environment={_ON_THE_CORES_OWN: "1"}
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    return False

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from local.replace_examples import register
 from testkit.template import Template, load_template
-from tests.tooling.template_copies import project_copy
-from tests.tooling.test_making_it_theirs import REPO_ROOT, _insert, _pytest, _register
+from tests.tooling.template_copies import pytest_in, template_project
+from tests.tooling.test_making_it_theirs import _insert
 from tests.utils import page_blocks, tables_checklist
 
 _PARAMETER, _KEYS, _VARIABLE, _GRANT, _OUTPUT, _DASHBOARD = range(6)
@@ -36,7 +37,7 @@ def _follow(project: Path, skip: int | None = None, replace: tuple[int, str, str
         steps[index] = steps[index].replace(old, new)
     application = project / "src" / "service"
     shutil.copy(project / "examples" / "inventory_reserved.py", application / "handlers" / "inventory_reserved.py")
-    _register(application / "registry.py", tables_checklist()[0])
+    register(application / "registry.py", tables_checklist()[0])
     places = [PARAMETERS, METADATA, VARIABLES, ("              - Sid: ParkPoisonMessages\n", False), OUTPUTS, DASHBOARD]
     into_template(project / "template.yaml", steps, places, skip)
 
@@ -57,11 +58,8 @@ def into_template(template: Path, blocks: list[str], places: list[tuple[str, boo
 
 
 def _copy(project: Path) -> None:
-    """A copy of the project, with the checkout's SAM CLI, DynamoDB Local and function runtime (none is copied)."""
-    project_copy(project, environments=False)
-    for prepared in (".venv-sam", "node_modules", ".lambda-runtime"):
-        if (REPO_ROOT / prepared).exists():
-            (project / prepared).symlink_to(REPO_ROOT / prepared)
+    """The core's own project, with the checkout's SAM CLI, DynamoDB Local and function runtime (none is copied)."""
+    template_project(project, environments=(".venv-sam", "node_modules", ".lambda-runtime"))
 
 
 def _failures(stdout: str) -> list[str]:
@@ -76,7 +74,7 @@ def test_an_existing_table_given_as_the_readme_says_passes_the_checks_and_the_co
     template = (tmp_path / "template.yaml").read_text()
     assert "InventoryTable:\n    Type: AWS::DynamoDB::Table" not in template
 
-    done = _pytest(tmp_path, _STATIC, "-p", "no:xdist", *_ON_THE_STACK, timeout=300)
+    done = pytest_in(tmp_path, _STATIC, "-p", "no:xdist", *_ON_THE_STACK, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     # The stack outputs the table's name and charts it, as it does its own tables: the name the parameter gives.
     document, reading = load_template(tmp_path / "template.yaml"), Template.from_file(tmp_path / "template.yaml")
@@ -94,7 +92,7 @@ def test_an_existing_table_given_as_the_readme_says_passes_the_checks_and_the_co
 
     # The handler's own tests (moto, the table made from its LocalTables keys) and the contract on the local stack.
     contract = ["tests/app/test_inventory_reserved.py", "tests/app/test_handler_contract.py", "-k", "InventoryReserved"]
-    done = _pytest(tmp_path, contract, "-p", "no:xdist", timeout=400)
+    done = pytest_in(tmp_path, contract, "-p", "no:xdist", timeout=400)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout
 
@@ -140,7 +138,7 @@ def test_each_step_left_out_or_written_for_a_stack_table_fails_the_check_readme_
     _copy(tmp_path)
     _follow(tmp_path, skip=skip, replace=replace)
 
-    done = _pytest(tmp_path, [f"tests/deployment/{caught_by}"], "-p", "no:xdist", "-rfE", timeout=300)
+    done = pytest_in(tmp_path, [f"tests/deployment/{caught_by}"], "-p", "no:xdist", "-rfE", timeout=300)
 
     assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
     assert said in done.stdout, done.stdout[-4000:]
@@ -151,7 +149,7 @@ def test_a_table_parameter_with_a_default_needs_its_keys_all_the_same(tmp_path: 
     _copy(tmp_path)
     _follow(tmp_path, skip=_KEYS, replace=(_PARAMETER, "Type: String\n", "Type: String\n    Default: inventory\n"))
 
-    done = _pytest(tmp_path, ["tests/deployment/test_tables.py"], "-p", "no:xdist", "-rfE", timeout=300)
+    done = pytest_in(tmp_path, ["tests/deployment/test_tables.py"], "-p", "no:xdist", "-rfE", timeout=300)
 
     assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
     assert (

@@ -11,15 +11,14 @@ that go with each example) is read from the pages themselves.
 from __future__ import annotations
 
 import ast
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.tooling.template_copies import project_copy
+from local.replace_examples import register
+from tests.tooling.template_copies import pytest_in, run_in, template_project
 from tests.utils import tables_checklist
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -42,41 +41,6 @@ def _insert(path: Path, anchor: str, text: str, *, after: bool) -> None:
     path.write_text(content.replace(anchor, anchor + text if after else text + anchor))
 
 
-def _handlers_statement(source: str) -> tuple[ast.AnnAssign, list[ast.expr]]:
-    """The ``HANDLERS: ... = (...)`` statement of ``source`` and the entries of its tuple."""
-    statements = ast.parse(source).body
-    (node,) = [
-        node for node in statements if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "HANDLERS"
-    ]
-    assert isinstance(node.value, ast.Tuple), "HANDLERS is no longer a tuple: update docs/tables.md's step 2 and this"
-    return node, node.value.elts
-
-
-def _register(registry: Path, block: str = "", remove: tuple[str, ...] = ()) -> None:
-    """The page's registration ``block`` (an import, then ``HANDLERS`` with ``...`` for the handlers already
-    there) applied to ``registry``: the import among the handler imports, its names at the end of
-    ``HANDLERS``, every registration kept but those of ``remove`` (their imports go too)."""
-    import_line, statement = block.strip().split("\n", 1) if block else ("", "HANDLERS: T = ()")
-    added = [element.id for element in _handlers_statement(statement)[1] if isinstance(element, ast.Name)]
-    source = registry.read_text()
-    node, elements = _handlers_statement(source)
-    kept = [ast.get_source_segment(source, element) or "" for element in elements]
-    names = [name for name in [*kept, *added] if name not in remove]
-    lines = source.splitlines(keepends=True)
-    # As ruff formats it: one entry on one line, more one per line; none is "(\n)", valid until the next is added.
-    tuple_text = (
-        f"({', '.join(names)},)" if len(names) == 1 else "(" + "".join(f"\n    {name}," for name in names) + "\n)"
-    )
-    lines[node.lineno - 1 : node.end_lineno] = [f"HANDLERS: {ast.unparse(node.annotation)} = {tuple_text}\n"]
-    lines = [line for line in lines if not (line.startswith("from service.handlers.") and line.split()[-1] in remove)]
-    if import_line:
-        imports = [i for i, line in enumerate(lines) if line.startswith("from service.handlers.")]
-        # With no handler left, the new import goes after the core's imports.
-        after = imports or [i for i, line in enumerate(lines) if line.startswith("from consumer.")]
-        lines.insert(next((i for i in imports if lines[i] > import_line), after[-1] + 1), import_line + "\n")
-    registry.write_text("".join(lines))
-
-
 def _follow(project: Path, skip: int | None = None, typo: tuple[str, str] | None = None) -> None:
     """The page's steps on ``project``, but ``skip`` (a step's block), and ``typo`` replaced in the variable."""
     steps = tables_checklist()
@@ -85,7 +49,7 @@ def _follow(project: Path, skip: int | None = None, typo: tuple[str, str] | None
     application = project / "src" / "service"
     shutil.copy(project / "examples" / "inventory_reserved.py", application / "handlers" / "inventory_reserved.py")
     if skip != _REGISTRATION:
-        _register(application / "registry.py", steps[_REGISTRATION])
+        register(application / "registry.py", steps[_REGISTRATION])
     template = project / "template.yaml"
     if skip != _TABLE:
         _insert(template, "\nResources:\n", steps[_TABLE] + "\n", after=True)
@@ -95,30 +59,13 @@ def _follow(project: Path, skip: int | None = None, typo: tuple[str, str] | None
         _insert(template, "              - Sid: ParkPoisonMessages\n", steps[_GRANT], after=False)
 
 
-def _run(project: Path, command: list[str], timeout: int = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        command,
-        cwd=project,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": f"{project / 'src'}{os.pathsep}{project}"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def _pytest(project: Path, tests: list[str], *options: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *options, *tests]
-    return _run(project, command, timeout=timeout)
-
-
 def _routed(project: Path) -> dict[str, dict[str, str]]:
     """The copy's registry, built with the tests' settings: each event type and the tables it is given."""
     code = (
         "from consumer.handler import build_handlers; from service.registry import HANDLERS; import tests.utils as u;"
         " print({t: h.table_names for t, h in build_handlers(HANDLERS, u.settings_for_tests()).items()})"
     )
-    done = _run(project, [sys.executable, "-c", code], timeout=60)
+    done = run_in(project, [sys.executable, "-c", code], timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     routed: dict[str, dict[str, str]] = ast.literal_eval(done.stdout.strip())
     return routed
@@ -126,10 +73,10 @@ def _routed(project: Path) -> dict[str, dict[str, str]]:
 
 @pytest.mark.long(25)
 def test_a_handler_with_its_own_table_added_as_the_docs_say_passes_and_is_routed(tmp_path: Path) -> None:
-    project_copy(tmp_path, environments=False)
+    template_project(tmp_path, environments=())
     _follow(tmp_path)
 
-    done = _pytest(tmp_path, _SUITE, "-x")
+    done = pytest_in(tmp_path, _SUITE, "-x")
 
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     # The copy's registry routes the new type, with the table the tests name for it.
@@ -140,17 +87,17 @@ def test_a_handler_with_its_own_table_added_as_the_docs_say_passes_and_is_routed
 def test_the_documented_steps_keep_a_handler_the_user_registered_already(tmp_path: Path) -> None:
     """A user's handler beside the shipped ones (the refund example, registered as "Writing your own
     handler" says, not yet committed): adding the next one keeps it, and the tests still pass."""
-    project_copy(tmp_path, environments=False)
+    template_project(tmp_path, environments=())
     shutil.copy(tmp_path / "examples" / "refund_issued.py", tmp_path / "src" / "service" / "handlers")
     step = tables_checklist()[_REGISTRATION]
-    _register(
+    register(
         tmp_path / "src/service/registry.py",
         step.replace("inventory_reserved", "refund_issued").replace("InventoryReserved", "RefundIssued"),
     )
     before = _routed(tmp_path)
     _follow(tmp_path)
 
-    done = _pytest(tmp_path, _SUITE, "-x")
+    done = pytest_in(tmp_path, _SUITE, "-x")
 
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "RefundIssued" in before
@@ -171,10 +118,10 @@ def test_the_documented_steps_keep_a_handler_the_user_registered_already(tmp_pat
 def test_each_step_left_out_fails_the_test_the_page_names(
     tmp_path: Path, skip: int | None, typo: tuple[str, str] | None, caught_by: str, said: str
 ) -> None:
-    project_copy(tmp_path, environments=False)
+    template_project(tmp_path, environments=())
     _follow(tmp_path, skip=skip, typo=typo)
 
-    done = _pytest(tmp_path, [caught_by], "-x")
+    done = pytest_in(tmp_path, [caught_by], "-x")
 
     assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
     assert said in done.stdout, done.stdout[-4000:]

@@ -7,9 +7,7 @@ make test runs the static stage once, on the user's own project."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -18,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from testkit.template import TEMPLATE_PATH
-from tests.tooling.template_copies import project_copy
+from tests.tooling.template_copies import run_in, template_project
 
 _LIMIT_S = 600
 # Generous: the servers start, the function is checked, and the command stops (seconds on an idle machine).
@@ -151,23 +149,15 @@ MISTAKES: dict[Callable[[Path], None], tuple[str, str]] = {
 }
 
 
-def _run_in(root: Path, command: list[str]) -> subprocess.CompletedProcess[str]:
-    """``command`` in the copy at ``root``, the copy's code first on the path."""
-    environment = {**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"}
-    return subprocess.run(
-        command, cwd=root, env=environment, capture_output=True, text=True, timeout=_LIMIT_S, check=False
-    )
-
-
 @pytest.mark.long(40)
 @pytest.mark.parametrize("plant", MISTAKES, ids=lambda plant: plant.__name__)
 def test_a_planted_mistake_stops_the_static_stage_with_one_failure_in_its_own_words(
     tmp_path: Path, plant: Callable[[Path], None]
 ) -> None:
-    root = project_copy(tmp_path)
+    root = template_project(tmp_path)
     plant(root)
     # As make test runs it (the venv taken as built: this very test runs in it).
-    done = _run_in(root, ["make", "--no-print-directory", "-o", ".venv/.installed", "static"])
+    done = run_in(root, ["make", "--no-print-directory", "-o", ".venv/.installed", "static"])
     output = done.stdout + done.stderr
     assert done.returncode != 0, output[-4000:]
     failed = re.findall(r"^(?:FAILED|ERROR) \S+::(\w+)", output, re.MULTILINE)
@@ -183,10 +173,10 @@ def test_a_local_stack_whose_function_cannot_start_stops_at_once_with_the_start_
 ) -> None:
     # The start is checked before any poller starts, so no command waits on a function that cannot start (make demo
     # used to wait at "0 of 18 done" while the cause was only in its function log).
-    root = project_copy(tmp_path)
+    root = template_project(tmp_path)
     guard_on_an_optimistic_handler(root)
     started = time.monotonic()
-    done = _run_in(root, [sys.executable, "-m", "local", command])
+    done = run_in(root, [sys.executable, "-m", "local", command])
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     said = (
         "error: the function cannot start: consumer.errors.ConfigurationError: handler of PaymentReceived defines a"

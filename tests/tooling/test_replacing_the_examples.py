@@ -6,71 +6,19 @@ longest test, beside the other steps' tests rather than after them.
 
 from __future__ import annotations
 
-import re
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.tooling.template_copies import project_copy
+from local.replace_examples import replace_the_examples
+from tests.tooling.template_copies import pytest_in, run_in, template_project
 from tests.tooling.test_making_it_theirs import (
     REPO_ROOT,
     _follow,
-    _pytest,
-    _register,
     _routed,
-    _run,
 )
-
-
-def _delete_with_indented(path: Path, block: str) -> None:
-    """Each line of ``block`` deleted from ``path`` (where it must appear exactly once) with the lines
-    indented under it, as docs/replacing-the-examples.md asks."""
-    lines = path.read_text().splitlines(keepends=True)
-    for wanted in filter(str.strip, block.splitlines()):
-        found = [i for i, line in enumerate(lines) if line.rstrip("\n") == wanted]
-        assert len(found) == 1, f"{wanted!r} is {len(found)} times in {path.name}: update the page's list"
-        start = end = found[0]
-        depth = len(wanted) - len(wanted.lstrip())
-        end += 1
-        while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > depth):
-            end += 1
-        del lines[start:end]
-    path.write_text("".join(lines))
-
-
-def _shipped_handlers(project: Path) -> list[str]:
-    """The handler classes the project ships, registered (src/service/handlers/) or not (examples/)."""
-    modules = [*(project / "src/service/handlers").glob("*.py"), *(project / "examples").glob("*.py")]
-    return sorted(
-        name for path in modules for name in re.findall(r"^class (\w+)\(MessageHandler\[", path.read_text(), re.M)
-    )
-
-
-def _replace_the_examples(project: Path) -> None:
-    """docs/replacing-the-examples.md on ``project``: every example's files deleted, its registration
-    removed, its lines of template.yaml deleted with the lines indented under them."""
-    section = (project / "docs" / "replacing-the-examples.md").read_text()
-    removed = tuple(re.findall(r"^- Registration: `(\w+)`", section, re.MULTILINE))
-    assert sorted(removed) == _shipped_handlers(project), "the page names every shipped example's registration"
-    for listed in re.findall(r"^- Files: ((?:.|\n  )*)", section, re.MULTILINE):
-        for name in re.findall(r"`([^`]+)`", listed):
-            (project / name).unlink()
-    registry = project / "src/service/registry.py"
-    # A registered example's module goes with its registration (the refund's copy, when a user made one).
-    for module, name in re.findall(r"^from service\.handlers\.(\w+) import (\w+)$", registry.read_text(), re.MULTILINE):
-        if name in removed:
-            (registry.parent / "handlers" / f"{module}.py").unlink(missing_ok=True)
-    _register(registry, remove=removed)
-    template = project / "template.yaml"
-    for name in re.findall(r"each line marked\s+`# example: (\w+)`", section):
-        marked = [line for line in template.read_text().splitlines() if line.endswith(f"  # example: {name}")]
-        assert marked, f"no line of template.yaml is marked '# example: {name}': update the page or the template"
-        _delete_with_indented(template, "\n".join(marked))
-    for block in re.findall(r"^```yaml\n(.*?)^```", section, re.MULTILINE | re.DOTALL):
-        _delete_with_indented(template, block)
-
 
 _LINT = (
     ["ruff", "check", "."],
@@ -82,7 +30,7 @@ _LINT = (
 
 @pytest.mark.long(150)
 # Lint and the unit tests of a whole copy, beside the other workers' tests on two cores: about five minutes, more
-# than the suite's bound for one test; its own commands keep their bounds (_run), so a hang still stops it.
+# than the suite's bound for one test; its own commands keep their bounds (run_in), so a hang still stops it.
 @pytest.mark.timeout(600)
 def test_replacing_the_examples_as_the_docs_say_leaves_a_project_that_passes_lint_and_tests(
     tmp_path: Path,
@@ -90,10 +38,10 @@ def test_replacing_the_examples_as_the_docs_say_leaves_a_project_that_passes_lin
     """Every example removed and the inventory handler added, each as the docs say, on a copy: lint and the
     static and unit tests pass there. The whole suite on a copy (the local stack, chaos) is too slow for
     one test; it is what a clone runs after this."""
-    project_copy(tmp_path, environments=False)
+    template_project(tmp_path, environments=())
     # The handler added afterwards is the inventory example as it ships: the page removes it with the others.
     handler = (tmp_path / "examples/inventory_reserved.py").read_text()
-    _replace_the_examples(tmp_path)
+    replace_the_examples(tmp_path)
 
     # Every example gone: what is left is the core's, the application's frame and the generic tests.
     assert [path.name for path in (tmp_path / "examples").iterdir()] == ["__init__.py"]
@@ -111,12 +59,12 @@ def test_replacing_the_examples_as_the_docs_say_leaves_a_project_that_passes_lin
     if (REPO_ROOT / ".mypy_cache").is_dir():
         shutil.copytree(REPO_ROOT / ".mypy_cache", tmp_path / ".mypy_cache")
     for command in _LINT:
-        done = _run(tmp_path, [str(Path(sys.executable).parent / command[0]), *command[1:]])
+        done = run_in(tmp_path, [str(Path(sys.executable).parent / command[0]), *command[1:]])
         assert done.returncode == 0, (command, done.stdout[-4000:] + done.stderr[-2000:])
     # The static and unit tests in one process, beside the other workers: over 240 s once here (run 16).
     # What needs no server (the copy has no DynamoDB Local): the static checks, the application's, the core's unit.
     tests = ["tests/deployment", "tests/app", "tests/core/unit"]
     # test_sam_event_shape.py reads SAM CLI's own event, and the copy installs no SAM CLI.
     skip = ["--ignore=tests/deployment/test_sam_event_shape.py"]
-    done = _pytest(tmp_path, tests, "-p", "no:xdist", "-m", "not integration", *skip, timeout=480)
+    done = pytest_in(tmp_path, tests, "-p", "no:xdist", "-m", "not integration", *skip, timeout=480)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

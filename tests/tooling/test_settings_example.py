@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from local.replace_examples import register
+from tests.tooling.template_copies import pytest_in
 from tests.tooling.test_existing_table import (
     _ON_THE_STACK,
     _STATIC,
@@ -24,7 +26,6 @@ from tests.tooling.test_existing_table import (
     _failures,
     into_template,
 )
-from tests.tooling.test_making_it_theirs import _pytest, _register
 from tests.utils import page_blocks
 
 _HANDLER_HEAD = '''"""docs/settings.md's settings example around a handler of this test's."""
@@ -68,7 +69,7 @@ def _follow(project: Path, skip: int | None = None) -> None:
     assert len(blocks) == 6, "docs/settings.md's settings example changed shape: update this test"
     code = blocks[_CODE].replace("    ...\n", _HANDLER_BODY, 1)
     (project / "src/service/handlers/renewal_due.py").write_text(_HANDLER_HEAD + code)
-    _register(project / "src/service/registry.py", "from service.handlers.renewal_due import RenewalHandler\n"
+    register(project / "src/service/registry.py", "from service.handlers.renewal_due import RenewalHandler\n"
               "HANDLERS: T = (..., RenewalHandler)")  # fmt: skip
     places = [PARAMETERS, METADATA, VARIABLES, ("\nConditions:\n", True), ("  ConsumerFunction:\n", False)]
     into_template(project / "template.yaml", blocks[1:], places, None if skip is None else skip - 1)
@@ -80,10 +81,12 @@ def test_the_settings_example_copied_as_shown_passes_the_static_stage_and_the_co
     _copy(tmp_path)
     _follow(tmp_path)
 
-    done = _pytest(tmp_path, _STATIC, "-p", "no:xdist", *_ON_THE_STACK, timeout=300)
+    done = pytest_in(tmp_path, _STATIC, "-p", "no:xdist", *_ON_THE_STACK, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
-    done = _pytest(tmp_path, ["tests/app/test_handler_contract.py", "-k", "RenewalDue"], "-p", "no:xdist", timeout=400)
+    done = pytest_in(
+        tmp_path, ["tests/app/test_handler_contract.py", "-k", "RenewalDue"], "-p", "no:xdist", timeout=400
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert re.search(r"\b\d+ passed", done.stdout), done.stdout[-2000:]
 
@@ -93,7 +96,7 @@ def test_the_url_without_its_local_value_is_one_failure_saying_where_to_put_it(t
     _copy(tmp_path)
     _follow(tmp_path, skip=_LOCAL_VALUES)
 
-    done = _pytest(tmp_path, _STATIC, "-p", "no:xdist", *_ON_THE_STACK, timeout=300)
+    done = pytest_in(tmp_path, _STATIC, "-p", "no:xdist", *_ON_THE_STACK, timeout=300)
 
     assert _failures(done.stdout) == [
         "tests/deployment/test_outputs_and_config.py::test_every_parameter_has_a_value_for_the_checks"

@@ -1,10 +1,11 @@
-"""``make smoke``: the local form end to end, what the clean-up leaves, failed checks, a stack that does not fit."""
+"""``make smoke``: the local form end to end, what the clean-up leaves, failed checks, a stack that does not fit.
+
+Each runs on the core's own application (the template's examples), never on the handlers this project registers: the
+stack's tests in a project made from the template, the deployed form's with the core's test handlers."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,11 @@ from botocore.exceptions import ClientError
 from consumer.config import table_variable
 from consumer.handler import declared_tables
 from local import smoke
+from local.replace_examples import handlers_statement
 from local.stack import DeployedStack
-from service.registry import HANDLERS
 from testkit import dead_letters, payloads
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.core.handlers import CallHandler, TallyHandler
+from tests.tooling.template_copies import on_the_cores_own_application, run_in, template_project
 
 
 def _target(stack: DeployedStack) -> smoke.Target:
@@ -28,7 +29,7 @@ def _target(stack: DeployedStack) -> smoke.Target:
         queue_url=stack.queue.url,
         dead_letter_queue_url=stack.dead_letter_queue.url,
         idempotency_table=stack.table_name("IdempotencyTable"),
-        tables={table: stack.table_name(table) for table in declared_tables(HANDLERS)},
+        tables={table: stack.table_name(table) for table in declared_tables(payloads.registered())},
     )
 
 
@@ -39,25 +40,22 @@ def _scan(stack: DeployedStack, logical_id: str) -> list[dict[str, Any]]:
 
 @pytest.mark.integration
 @pytest.mark.long(35)
-def test_the_local_form_starts_the_stack_passes_and_stops() -> None:
-    answer = subprocess.run(
-        [sys.executable, "-m", "local", "smoke", "--timeout", "30"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
+def test_the_local_form_starts_the_stack_passes_and_stops(tmp_path: Path) -> None:
+    project = template_project(tmp_path)
+    answer = run_in(project, [sys.executable, "-m", "local", "smoke", "--timeout", "30"], timeout=90)
     assert answer.returncode == 0, answer.stdout + answer.stderr
     lines = answer.stdout.splitlines()
+    registered = handlers_statement((project / "src/service/registry.py").read_text())[1]
     # One per registered handler, then the drain, the resends, the poison and its reason.
-    assert sum(line.startswith("ok ") for line in lines) == len(payloads.registered()) + 4, answer.stdout
+    assert sum(line.startswith("ok ") for line in lines) == len(registered) + 4, answer.stdout
     assert not any(line.startswith("FAIL") for line in lines)
     assert lines[-1] == "smoke test passed"
 
 
-def test_a_run_removes_its_own_writes_and_nothing_else(make_stack: Callable[..., DeployedStack]) -> None:
-    stack = make_stack()
+def test_a_run_removes_its_own_writes_and_nothing_else(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    if not on_the_cores_own_application(request, tmp_path):
+        return
+    stack = request.getfixturevalue("make_stack")()
     target = _target(stack)
     # Someone else's dead letter and an item in each declared table, already there: the clean-up must leave them.
     target.sqs.send_message(QueueUrl=target.dead_letter_queue_url, MessageBody="not the smoke test's")
@@ -84,10 +82,12 @@ def _someone_elses(stack: DeployedStack, table: str) -> dict[str, Any]:
 
 
 def test_each_failed_check_is_one_line_and_the_exit_status_is_1(
-    make_stack: Callable[..., DeployedStack], capsys: pytest.CaptureFixture[str]
+    request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    if not on_the_cores_own_application(request, tmp_path):
+        return
     # No pollers: nothing consumes the queue, so nothing the smoke test waits for happens.
-    checks = smoke.run_smoke(_target(make_stack()), run_id="nobody-home", timeout_s=1)
+    checks = smoke.run_smoke(_target(request.getfixturevalue("make_stack")()), run_id="nobody-home", timeout_s=1)
 
     assert smoke.report(checks, print) == 1
     failed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL")]
@@ -120,6 +120,8 @@ class _Lambda:
         return {"Environment": {"Variables": self.variables}}
 
 
+# The core's test handlers, each with a table of its own: the deployed form read as for any registry.
+HANDLERS = (TallyHandler, CallHandler)
 TABLE_VARIABLES = {table_variable(table): f"deployed-{table}" for table in declared_tables(HANDLERS)}
 ALL_OUTPUTS = {
     "ConsumerQueueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q.fifo",
@@ -130,7 +132,9 @@ ALL_OUTPUTS = {
 
 
 def test_the_target_comes_from_the_stack_outputs() -> None:
-    target = smoke.target_from_stack(_CloudFormation(ALL_OUTPUTS), _Lambda(TABLE_VARIABLES), "sqs", "dynamodb", "prod")
+    target = smoke.target_from_stack(
+        _CloudFormation(ALL_OUTPUTS), _Lambda(TABLE_VARIABLES), "sqs", "dynamodb", "prod", HANDLERS
+    )
 
     assert (target.queue_url, target.dead_letter_queue_url) == (
         ALL_OUTPUTS["ConsumerQueueUrl"],
@@ -145,7 +149,7 @@ def test_a_function_without_a_table_variable_is_named_with_what_it_lacks() -> No
     variables = {name: value for name, value in TABLE_VARIABLES.items() if name != first}
 
     with pytest.raises(smoke.SmokeError, match=f"the function of stack 'prod' has no variable {first}"):
-        smoke.target_from_stack(_CloudFormation(ALL_OUTPUTS), _Lambda(variables), "sqs", "dynamodb", "prod")
+        smoke.target_from_stack(_CloudFormation(ALL_OUTPUTS), _Lambda(variables), "sqs", "dynamodb", "prod", HANDLERS)
 
 
 def test_a_stack_without_the_outputs_is_named_with_what_it_lacks() -> None:

@@ -1,0 +1,188 @@
+"""``make upgrade`` (local/upgrade.py over copier): a project on the previous release, v2.1.0, made before the template
+existed, its examples replaced as that release's docs say and a handler of its own added, is adopted and upgraded to
+this tree, and passes the core's checks.
+
+This tree is tagged in the trial's own clone of the repository (its uncommitted changes committed there, as copier does
+for a local HEAD), as the release after the last: the repository itself is never tagged.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import consumer
+from local.replace_examples import register
+from local.upgrade import ANSWERS, adopt
+from testkit.template import REPO_ROOT
+from tests.tooling.template_copies import ENVIRONMENTS, link_environments, pytest_in, run_in
+from tests.tooling.test_making_it_theirs import _insert
+from tests.tooling.test_replacing_the_examples import _LINT
+from tests.utils import tables_checklist
+
+PREVIOUS = "v2.1.0"
+# The tree under test, as the release after the last (a post-release: copier takes no pre-release as the newest tag).
+CURRENT = f"v{consumer.__version__}.post1"
+# Commits in the trial's repositories, whoever runs it.
+_IDENTITY = {
+    f"GIT_{role}_{field}": value
+    for role in ("AUTHOR", "COMMITTER")
+    for field, value in (("NAME", "upgrade trial"), ("EMAIL", "trial@example.com"))
+}
+
+
+def _git(directory: Path, *arguments: str, **environment: str) -> str:
+    done = subprocess.run(
+        ["git", *arguments],
+        cwd=directory,
+        env={**os.environ, **_IDENTITY, **environment},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
+def _template(directory: Path) -> Path:
+    """A clone of this repository with this tree (uncommitted changes too) committed and tagged CURRENT."""
+    _git(REPO_ROOT, "clone", "--quiet", str(REPO_ROOT), str(directory))
+    _git(directory, "--git-dir=.git", "add", "--all", GIT_WORK_TREE=str(REPO_ROOT))
+    _git(directory, "commit", "--quiet", "--allow-empty", "--message", "the tree under test")
+    _git(directory, "reset", "--quiet", "--hard")
+    _git(directory, "tag", CURRENT)
+    return directory
+
+
+def _project_on_the_previous_release(directory: Path) -> Path:
+    """A project as v2.1.0 made one (a clone's files, committed), its examples replaced by that release's own code of
+    its docs, then a handler it has never seen (ParcelReserved, a table of its own) added as docs/tables.md says."""
+    archive = subprocess.run(["git", "archive", PREVIOUS], cwd=REPO_ROOT, capture_output=True, check=True).stdout
+    directory.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
+    replace = (
+        "from pathlib import Path; from tests.tooling.test_replacing_the_examples import _replace_the_examples as r;"
+        " r(Path('.'))"
+    )
+    done = run_in(directory, [sys.executable, "-c", replace])
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    def renamed(text: str) -> str:
+        return text.replace("Inventory", "Parcel").replace("inventory", "parcel").replace("INVENTORY", "PARCEL")
+
+    handler = renamed((directory / "examples/inventory_reserved.py").read_text())
+    (directory / "src/service/handlers/parcel_reserved.py").write_text(handler)
+    registration, table, variable, grant = map(renamed, tables_checklist())
+    register(directory / "src/service/registry.py", registration)
+    template = directory / "template.yaml"
+    _insert(template, "\nResources:\n", table + "\n", after=True)
+    _insert(template, "          IDEMPOTENCY_TABLE_NAME: !Ref IdempotencyTable\n", variable, after=True)
+    _insert(template, "              - Sid: ParkPoisonMessages\n", grant, after=False)
+    _git(directory, "init", "--quiet")
+    _git(directory, "add", "--all")
+    _git(directory, "commit", "--quiet", "--message", "a project on v2.1.0, its examples replaced")
+    return directory
+
+
+def _make_upgrade(project: Path, template: Path) -> subprocess.CompletedProcess[str]:
+    """``make upgrade`` as a project made before it existed runs it: the newer checkout's Makefile in its own folder
+    (the checkout's environments linked, its venv taken as built)."""
+    link_environments(project, environments=True)
+    # v2.1.0's .gitignore names the folders, not links to them: untracked, they would leave the project unclean.
+    with (project / ".git/info/exclude").open("a") as exclude:
+        exclude.write("".join(f"{name}\n" for name in ENVIRONMENTS))
+    command = ["make", "--no-print-directory", "-f", str(template / "Makefile"), "-o", ".venv/.installed", "upgrade"]
+    return run_in(project, command, timeout=300, environment=_IDENTITY)
+
+
+@pytest.fixture
+def trial(tmp_path: Path) -> tuple[Path, Path]:
+    """The template (this tree, tagged) and a project on the previous release, examples replaced, a handler added."""
+    return _template(tmp_path / "template"), _project_on_the_previous_release(tmp_path / "project")
+
+
+@pytest.mark.long(300)
+@pytest.mark.timeout(900)
+def test_a_project_on_the_previous_release_with_a_handler_of_its_own_upgrades_and_passes_the_cores_checks(
+    trial: tuple[Path, Path],
+) -> None:
+    template, project = trial
+
+    done = _make_upgrade(project, template)
+
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    answers = yaml.safe_load((project / ANSWERS).read_text())
+    assert (answers["_commit"], answers["_src_path"]) == (CURRENT, str(template))
+    # The tooling tests v2.1.0's docs had deleted come back (the core's, replaced whole); the examples do not.
+    assert "restored tests/tooling/test_making_it_theirs.py" in done.stdout
+    assert not (project / "src/service/handlers/payment_received.py").exists()
+    assert not (project / "tests/app/test_payment_received.py").exists()
+    assert (project / "copier.yml").read_text() == (REPO_ROOT / "copier.yml").read_text()
+    registry = (project / "src/service/registry.py").read_text()
+    assert "ParcelReservedHandler" in registry and "PaymentReceivedHandler" not in registry
+    assert "ParcelTable" in (project / "template.yaml").read_text()
+
+    for command in _LINT:
+        done = run_in(project, [str(Path(sys.executable).parent / command[0]), *command[1:]])
+        assert done.returncode == 0, (command, done.stdout[-4000:] + done.stderr[-2000:])
+    # make test's checks that need no server, and core tooling tests on the project's own fixture project: made from
+    # the template and version it now records, with the examples it no longer has.
+    tests = ["tests/deployment", "tests/app", "tests/core/unit", "tests/tooling/test_ownership.py"]
+    # A mistake planted in the payment example, which this project no longer has, stops the fixture's static stage.
+    proof = [
+        "tests/tooling/test_making_it_theirs.py::test_each_step_left_out_fails_the_test_the_page_names",
+        "tests/tooling/test_one_mistake_one_failure.py::test_a_planted_mistake_stops_the_static_stage_with_one_failure"
+        "_in_its_own_words[table_not_in_the_template]",
+    ]
+    skip = ["--ignore=tests/deployment/test_sam_event_shape.py"]
+    done = pytest_in(project, [*tests, *proof], "-p", "no:xdist", "-m", "not integration", *skip, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@pytest.mark.long(40)
+def test_a_change_of_the_projects_own_to_a_core_file_the_upgrade_changes_too_stops_it_naming_the_file(
+    trial: tuple[Path, Path],
+) -> None:
+    template, project = trial
+    page = project / "docs/upgrading.md"
+    page.write_text("A project's own first lines\n" + page.read_text().split("\n", 3)[3])
+    _git(project, "commit", "--quiet", "--all", "--message", "a change of its own to the core's page")
+
+    done = _make_upgrade(project, template)
+
+    assert done.returncode != 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "The upgrade stopped on conflicts, your lines against the core's new ones, in: docs/upgrading.md." in (
+        done.stderr
+    ), done.stderr[-4000:]
+    assert "<<<<<<< before updating" in page.read_text()
+
+
+def test_adoption_records_the_version_the_core_says_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in _IDENTITY.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "src/consumer").mkdir(parents=True)
+    (tmp_path / "src/consumer/__init__.py").write_text('__version__ = "2.1.0"\n')
+    _git(tmp_path, "init", "--quiet")
+
+    adopt(tmp_path, tmp_path / "template")
+
+    assert yaml.safe_load((tmp_path / ANSWERS).read_text()) == {
+        "_commit": "v2.1.0",
+        "_src_path": str((tmp_path / "template").resolve()),
+        "examples": True,
+    }
+    recorded = _git(tmp_path, "log", "--format=%s", "--", ANSWERS)
+    assert recorded == "Record the core's version, v2.1.0, for make upgrade\n"
+
+
+def test_a_core_that_names_no_version_is_not_adopted(tmp_path: Path) -> None:
+    (tmp_path / "src/consumer").mkdir(parents=True)
+    (tmp_path / "src/consumer/__init__.py").write_text('"""No version here."""\n')
+
+    with pytest.raises(AssertionError, match="names no __version__"):
+        adopt(tmp_path, tmp_path / "template")
+    assert not (tmp_path / ANSWERS).exists()
