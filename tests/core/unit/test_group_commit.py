@@ -28,7 +28,7 @@ from consumer.idempotency.apply import Apply
 from consumer.idempotency.calls import Table
 from consumer.idempotency.claim import Claim
 from consumer.idempotency.commit import Commit
-from consumer.idempotency.group_commit import GroupCommit
+from consumer.idempotency.group_commit import GroupCommit, _Waiting
 from consumer.idempotency.observer import FallBack, Tally
 from consumer.idempotency.packing import MAX_TRANSACTION_BYTES, Own, Settled, Shared, send_shared, size_of
 from consumer.idempotency.record import IdempotencyRecord, Status
@@ -463,6 +463,56 @@ def test_a_thread_with_nothing_to_submit_waits_for_nothing() -> None:
     group.join(2)
     assert group.submit([]) == []
     assert sends.sent == []
+
+
+def test_a_thread_that_leaves_without_submitting_is_no_longer_waited_for() -> None:
+    # Three threads take part and one leaves at once (its lanes ended before any transition): the other two are sent
+    # together as soon as both wait, not at the bound, and not one by one.
+    sends = _Sends()
+    group = GroupCommit(sends, wait_ms=10_000)
+    group.join(3)
+    group.leave()
+    started = time.monotonic()
+    answers = _submit_on_threads(group, ["a", "b"])
+    assert [sorted(sent) for sent in sends.sent] == [["a", "b"]]
+    assert answers == dict.fromkeys("ab", Settled(1))
+    assert time.monotonic() - started < 5
+
+
+def test_a_bound_of_nothing_sends_at_once_though_the_clock_stands_still() -> None:
+    # The bound is reached when the time left is nothing, not only below it: with a clock that does not move, a send
+    # that waited for the time left to go negative would never go.
+    sends = _Sends()
+    group = GroupCommit(sends, wait_ms=0, clock=lambda: 100.0)
+    group.join(2)  # the other thread never submits
+    sent = threading.Event()
+
+    def submit() -> None:
+        group.submit([_Named("a")])
+        sent.set()
+
+    threading.Thread(target=submit, daemon=True).start()
+    assert sent.wait(5)
+    assert sends.sent == [["a"]]
+
+
+def test_a_waiting_thread_takes_each_wake_once() -> None:
+    # A wake releases its sleeper once until the sleeper has slept through it: a second wake before the sleep is the
+    # same wake, a sleep with no wake pending lasts its timeout, and a wake after a sleep ends the next sleep at once.
+    lock = threading.Lock()
+    waiting = _Waiting([], since=0.0)
+    waiting.wake()
+    waiting.wake()
+    started = time.monotonic()
+    waiting.sleep(lock, timeout=5)
+    assert time.monotonic() - started < 1
+    started = time.monotonic()
+    waiting.sleep(lock, timeout=0.2)
+    assert time.monotonic() - started >= 0.2
+    waiting.wake()
+    started = time.monotonic()
+    waiting.sleep(lock, timeout=5)
+    assert time.monotonic() - started < 1
 
 
 def test_a_transition_waits_for_a_thread_busy_elsewhere_no_longer_than_the_bound() -> None:
