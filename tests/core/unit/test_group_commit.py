@@ -612,6 +612,16 @@ def test_the_store_tells_its_observer_each_transaction_and_each_fall_back(dynamo
     assert tally.take().transactions == 0
 
 
+def test_with_group_commit_off_each_transition_goes_alone_and_no_fall_back_is_told(dynamodb: Any, clock: Clock) -> None:
+    # Alone is how every transition goes without group commit, not a fall-back: the observer hears of no reason.
+    tally = Tally()
+    store = IdempotencyStore(dynamodb, IDEMPOTENCY_TABLE, ttl_seconds=3600, clock=clock, observer=tally)
+    answers = _applied(store, [_tally_request(n) for n in range(1, 3)])
+    assert [type(answer) for answer in answers] == [Applied, Applied]
+    grouping = tally.take()
+    assert (grouping.transactions, grouping.fell_back) == (2, {})
+
+
 # -- each transition's part of a shared transaction: what it reads, what is sent again, what goes alone ----------
 
 

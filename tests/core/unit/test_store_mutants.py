@@ -511,3 +511,29 @@ def test_another_rejection_of_a_transaction_is_raised_as_it_is(stubbed: tuple[Id
         store.apply_once("Ev#k-1", "hash", writes=_WRITE)
     assert not isinstance(raised.value, PoisonMessage)
     assert raised.value.response["Error"]["Code"] == "ValidationException"
+
+
+@pytest.mark.parametrize("transition", ["apply_once", "commit", "release"])
+def test_each_of_the_stores_transitions_runs_within_the_deadline_it_is_given(
+    store: IdempotencyStore, monkeypatch: pytest.MonkeyPatch, transition: str
+) -> None:
+    # The deadline bounds how long a transition absorbs conflicts: each way in hands it to the one path, run_all.
+    def deadline() -> int:
+        return 1_000
+
+    given: list[object] = []
+    run_all = IdempotencyStore.run_all
+
+    def spy(self: IdempotencyStore, transitions: Any, remaining_ms: Any = None) -> list[object]:
+        given.append(remaining_ms)
+        return run_all(self, transitions, remaining_ms)
+
+    monkeypatch.setattr(IdempotencyStore, "run_all", spy)
+    if transition == "apply_once":
+        store.apply_once("TallyAdded#k-1", "hash", remaining_ms=deadline)
+    else:
+        claim = store.claim("TallyAdded#k-1", "hash", 60_000)
+        assert isinstance(claim, Claimed)
+        given.clear()
+        getattr(store, transition)(claim, remaining_ms=deadline)
+    assert given == [deadline]
