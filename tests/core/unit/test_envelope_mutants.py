@@ -167,11 +167,13 @@ def test_a_key_is_refused_blank_or_past_its_length_and_kept_at_it(key: str, refu
         assert (raised.value.error_type, raised.value.message) == (ErrorType.SCHEMA_VIOLATION, said)
 
 
-def test_a_body_too_deep_is_refused_whatever_sits_beside_the_deep_part() -> None:
-    # The scalar is read first: the walk must go on past it to the deep part.
+@pytest.mark.parametrize("container", ["arrays", "objects"])
+def test_a_body_too_deep_is_refused_whatever_sits_beside_the_deep_part(container: str) -> None:
+    # The scalar is read first: the walk must go on past it to the deep part. Arrays or objects alone: each kind of
+    # bracket counts toward the depth the body may reach.
     deep: Any = 1
     for _ in range(MAX_NESTING_DEPTH + 1):
-        deep = [deep]
+        deep = [deep] if container == "arrays" else {"d": deep}
     body = json.dumps({"eventType": "Anything", "payload": {"deep": deep}, "z": 1})
 
     with pytest.raises(PoisonMessage) as raised:

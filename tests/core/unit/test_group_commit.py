@@ -970,6 +970,18 @@ def test_what_cannot_go_in_a_shared_transaction_is_left_to_its_own_write_and_the
     assert seen == [6]
 
 
+def test_puts_of_two_items_with_lists_share_a_transaction(dynamodb: Any, clock: Clock) -> None:
+    # A put with a list is named by its JSON: two items that differ are two names, so they share.
+    def marker(n: int) -> Apply:
+        item = {"tallyId": "t-1", "entryId": f"MARK-{n}", "by": ["batch", {"at": n}]}
+        return Apply(ApplyRequest(f"TallyAdded#k-{n}", f"hash-{n}", None, (Put(TALLIES, item),)), f"t-{n}")
+
+    seen = _sizes(dynamodb)
+    outcomes = send_shared(Table(dynamodb, IDEMPOTENCY_TABLE, 3600, clock=clock), [marker(1), marker(2)])
+    assert _answers(outcomes) == [Applied, Applied]
+    assert seen == [4]
+
+
 @pytest.mark.parametrize("by", ["batch", ["batch", {"at": 1}]], ids=["scalars", "a-list-of-maps"])
 def test_puts_of_one_item_never_share_a_transaction_whatever_the_order_of_their_attributes(
     dynamodb: Any, clock: Clock, by: object
