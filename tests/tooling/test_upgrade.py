@@ -26,6 +26,9 @@ from tests.tooling.test_replacing_the_examples import _LINT
 from tests.utils import tables_checklist
 
 PREVIOUS = "v2.1.0"
+# The commit v2.1.0 tags. A clone of the branch alone brings no tags, so the trial tags its own clone of the template
+# and reads the project's files from this commit, which every clone of main has.
+PREVIOUS_COMMIT = "a6b049ff1d96ccb1fead4b4903f0577d4aab6c8e"
 # The tree under test, as the release after the last (a post-release: copier takes no pre-release as the newest tag).
 CURRENT = f"v{consumer.__version__}.post1"
 # Commits in the trial's repositories, whoever runs it.
@@ -55,15 +58,16 @@ def _template(directory: Path) -> Path:
     _git(directory, "commit", "--quiet", "--allow-empty", "--message", "the tree under test")
     _git(directory, "reset", "--quiet", "--hard")
     _git(directory, "tag", CURRENT)
+    _git(directory, "tag", "--force", PREVIOUS, PREVIOUS_COMMIT)
     return directory
 
 
 def _project_on_the_previous_release(directory: Path) -> Path:
     """A project as v2.1.0 made one (a clone's files, committed), its examples replaced by that release's own code of
     its docs, then a handler it has never seen (ParcelReserved, a table of its own) added as docs/tables.md says."""
-    archive = subprocess.run(["git", "archive", PREVIOUS], cwd=REPO_ROOT, capture_output=True, check=False)
-    # The release is read from this checkout's history: a clone made without its tags has none to start from.
-    assert archive.returncode == 0, f"no release {PREVIOUS} in this checkout (git fetch --tags): {archive.stderr!r}"
+    archive = subprocess.run(["git", "archive", PREVIOUS_COMMIT], cwd=REPO_ROOT, capture_output=True, check=False)
+    # The release is read from this checkout's history: a shallow clone has none to start from.
+    assert archive.returncode == 0, f"no commit of {PREVIOUS} in this checkout (a shallow clone?): {archive.stderr!r}"
     directory.mkdir()
     subprocess.run(["tar", "-x", "-C", str(directory)], input=archive.stdout, check=True)
     replace = (
