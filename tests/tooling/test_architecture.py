@@ -1,7 +1,9 @@
-"""The seam, as `make lint` checks it: the core never imports the application, the examples or the tooling."""
+"""The seam, as `make lint` checks it: the core never imports the application, the examples or the tooling. And the
+shipped examples' tests need nothing of the core's own rigs: the test kit has what a handler's tests need."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -11,6 +13,7 @@ import tomllib
 from pathlib import Path
 
 from testkit.template import REPO_ROOT
+from tests.tooling.template_copies import template_project
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CONTRACT = "The core never imports the application, the examples or the tooling"
@@ -48,3 +51,26 @@ def test_the_contracts_hold_when_lint_imports_is_run_bare_in_the_checkout() -> N
     assert done.returncode == 0, _ANSI.sub("", done.stdout + done.stderr)[-2000:]
     contracts = len(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"])
     assert f"Contracts: {contracts} kept, 0 broken." in _ANSI.sub("", done.stdout)
+
+
+def _lock_rig_imports(folder: Path) -> list[str]:
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            found += [f"{path.name}:{node.lineno} imports {name}" for name in names if name == "tests.lock_rig"]
+    return found
+
+
+def test_the_shipped_handlers_tests_use_the_test_kit_and_never_the_cores_lock_rig(tmp_path: Path) -> None:
+    # Read in the core's own application: a project's own tests may use what they like, an upgrade never forbids it.
+    project = template_project(tmp_path / "project", environments=False)
+    assert sorted((project / "tests/app").glob("test_*.py")), "the core's application ships handler tests"
+    assert _lock_rig_imports(project / "tests/app") == []
+
+    planted = project / "tests/app/test_planted.py"
+    planted.write_text("from tests.lock_rig import something\n")
+
+    assert _lock_rig_imports(project / "tests/app") == ["test_planted.py:1 imports tests.lock_rig"]
