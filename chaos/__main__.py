@@ -68,6 +68,8 @@ def parse(argv: Sequence[str]) -> ChaosConfig:
     )
     parser.add_argument("--handler", type=_consumer, action="append", default=[], help="module:Class, repeatable")
     arguments = parser.parse_args(argv)
+    if not arguments.registered and not arguments.handler:
+        parser.error("--no-registered runs the --handler classes alone: give one at least")
     scale = 0.0 if arguments.no_faults else arguments.fault_scale
     rates = {kind: min(1.0, rate * scale) for kind, rate in DEFAULT_RATES.items()}
     rates.update(dict(arguments.rate))

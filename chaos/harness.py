@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import pkgutil
 import random
 import tempfile
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 from chaos.faults import DEFAULT_RATES, FaultKind
 from chaos.invariants import Checker, EndState, History, Verdict, scan
-from chaos.runtime_handler import PLAN_VARIABLE, WEBHOOK_VARIABLE, Plan
+from chaos.runtime_handler import PLAN_VARIABLE, WEBHOOK_VARIABLE, Plan, handler_classes
 from consumer.config import Settings, table_variable
 from consumer.errors import ErrorType
 from consumer.handler import declared_settings, declared_tables
@@ -41,12 +40,13 @@ from testkit.tables import IDEMPOTENCY_TABLE, create_table
 from testkit.template import REPO_ROOT, Template
 from testkit.webhook import Answer, WebhookSink
 
-# The runtime's task root stands for the deployment package: links to the core, the application, and what
-# the fault plan needs (``tests`` for the negative controls' consumers).
+# The runtime's task root stands for the deployment package: links to the core, the application when its handlers
+# take part, and what the fault plan needs (``tests`` for the core's handlers and the negative controls' consumers).
 _PACKAGES = {
-    **{name: REPO_ROOT / "src" / name for name in ("consumer", "service")},
+    "consumer": REPO_ROOT / "src" / "consumer",
     **{name: REPO_ROOT / name for name in ("chaos", "local", "testkit", "tests")},
 }
+_APPLICATION = {"service": REPO_ROOT / "src" / "service"}
 _HANDLER = "chaos.runtime_handler.handler"
 # The consumer's settings that the run sets, under the same names as in ``ChaosConfig``.
 _SETTINGS_OF_THE_RUN = (
@@ -76,6 +76,12 @@ class ChaosConfig:
     consumer: str = "consumer.app:wire"  # module:callable(settings, session, *, clock) building the consumer
     # module:Class of handlers added to the registered ones (their tables, if not the template's, made by the run).
     handlers: tuple[str, ...] = ()
+    # Whether the application's registered handlers take part; without them, ``handlers`` alone and nothing of the
+    # application is read (the core's proof, which must hold whatever a user registers).
+    registered: bool = True
+    # A table the run makes, by logical id: its properties as a template gives them (keys, billing). Any other it makes
+    # is shaped as the idempotency table (key ``id``).
+    table_properties: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     forced_on: str | None = None  # the event type whose records take the forced crashes and zombies (None: any)
     visibility_timeout_s: int = 2
     max_receive_count: int = 30
@@ -106,7 +112,7 @@ class ChaosReport:
 
 
 def chaos_handlers(config: ChaosConfig) -> tuple[payloads.Handler, ...]:
-    return (*payloads.registered(), *(pkgutil.resolve_name(name) for name in config.handlers))
+    return handler_classes(config.registered, config.handlers)
 
 
 def build_workload(
@@ -173,26 +179,15 @@ def _settings(
     )
 
 
-def _environments(
-    servers: LocalServers, function: FunctionSpec, config: ChaosConfig, run_dir: Path, seeds: list[int]
-) -> list[LambdaEnvironment]:
-    """One execution environment per poller, chaos's handler in place of the function's. Each has a seed
-    and a journal of its own, so that its n-th cold start draws the same faults whatever the others do."""
-    task_root = run_dir / "task"
-    task_root.mkdir()
-    for name, source in _PACKAGES.items():
-        (task_root / name).symlink_to(source, target_is_directory=True)
-    packaged = replace(function, handler=_HANDLER, code_dir=task_root)
-    # The function's environment puts the consumer's clients on the local endpoints (AWS_ENDPOINT_URL_*).
-    shared = {**servers.function_environment(function), "PYTHONPATH": str(task_root)}
-    python = venv_python()
-    check_handler(packaged, shared, python)
-    settings = _settings(function.environment, config, chaos_handlers(config)).model_dump_json()
+def _plans(
+    config: ChaosConfig, function_environment: Mapping[str, str], run_dir: Path, seeds: Sequence[int]
+) -> list[Plan]:
+    """What each execution environment's runtime reads at its cold starts, one per seed."""
+    settings = _settings(function_environment, config, chaos_handlers(config)).model_dump_json()
     # Until a key held past its lease comes back to another runtime and is claimed there.
     taken_over_s = config.visibility_timeout_s + (config.lease_max_ms + 2 * config.max_skew_ms) / 1000
-    environments = []
-    for index, seed in enumerate(seeds):
-        plan = Plan(
+    return [
+        Plan(
             run_dir=str(run_dir),
             journal=f"env-{index}.jsonl",
             seed=seed,
@@ -208,7 +203,28 @@ def _environments(
             forced={kind.value: count for kind, count in config.forced.items()},
             forced_on=config.forced_on,
             handlers=list(config.handlers),
+            registered=config.registered,
         )
+        for index, seed in enumerate(seeds)
+    ]
+
+
+def _environments(
+    servers: LocalServers, function: FunctionSpec, config: ChaosConfig, run_dir: Path, seeds: list[int]
+) -> list[LambdaEnvironment]:
+    """One execution environment per poller, chaos's handler in place of the function's. Each has a seed
+    and a journal of its own, so that its n-th cold start draws the same faults whatever the others do."""
+    task_root = run_dir / "task"
+    task_root.mkdir()
+    for name, source in (_PACKAGES | (_APPLICATION if config.registered else {})).items():
+        (task_root / name).symlink_to(source, target_is_directory=True)
+    packaged = replace(function, handler=_HANDLER, code_dir=task_root)
+    # The function's environment puts the consumer's clients on the local endpoints (AWS_ENDPOINT_URL_*).
+    shared = {**servers.function_environment(function), "PYTHONPATH": str(task_root)}
+    python = venv_python()
+    check_handler(packaged, shared, python)
+    environments = []
+    for index, plan in enumerate(_plans(config, function.environment, run_dir, seeds)):
         variables = {**shared, PLAN_VARIABLE: json.dumps(asdict(plan))}
         environments.append(LambdaEnvironment(packaged, variables, python=python, name=f"chaos-{index}"))
     return environments
@@ -233,14 +249,18 @@ def _emulated_conflicts(servers: LocalServers) -> int:
 
 
 def _handler_tables(
-    dynamodb: Any, resources: LocalResources, handlers: Sequence[payloads.Handler], prefix: str
+    dynamodb: Any,
+    resources: LocalResources,
+    handlers: Sequence[payloads.Handler],
+    prefix: str,
+    properties: Mapping[str, Mapping[str, Any]],
 ) -> dict[str, str]:
     """Every handler's tables by logical id: the stack's, and for a table the template lacks (a core test's
-    handler), one made here in the idempotency table's shape (key ``id``)."""
+    handler), one made here in its shape from ``properties``, else in the idempotency table's (key ``id``)."""
     tables = declared_tables(handlers)
     ours = {table: f"{prefix}-{table}" for table in tables if table not in resources.tables}
-    for name in ours.values():
-        create_table(dynamodb, name, Template.from_file().properties(IDEMPOTENCY_TABLE))
+    for table, name in ours.items():
+        create_table(dynamodb, name, properties.get(table) or Template.from_file().properties(IDEMPOTENCY_TABLE))
     return {table: ours.get(table) or resources.tables[table].name for table in tables}
 
 
@@ -267,7 +287,8 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
                 "LogLevel": "CRITICAL",
             },
         )
-        tables = _handler_tables(dynamodb, resources, handlers, f"chaos-{run_id}-{uuid.uuid4().hex[:6]}")
+        prefix = f"chaos-{run_id}-{uuid.uuid4().hex[:6]}"
+        tables = _handler_tables(dynamodb, resources, handlers, prefix, config.table_properties)
         payloads.put_seeds(dynamodb, tables, seeds_items)
         function = resources.function()
         # The tables of the handlers the run adds reach them as the template's reach the registered ones.
@@ -303,7 +324,8 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
             drained=drained,
         )
         checker = Checker(sent, end, history)
-        own = example_checks(dynamodb, tables.__getitem__, checker.applied_payloads)
+        # The examples' own checks are the application's: run only with its handlers.
+        own = example_checks(dynamodb, tables.__getitem__, checker.applied_payloads) if config.registered else []
         verdicts = [*checker.all(), *(Verdict(check.text, int(not check.passed), []) for check in own)]
     history.faults.update(kind for kind, _ in webhook_plan[: len(end.webhook_calls)] if kind is not None)
     return ChaosReport(

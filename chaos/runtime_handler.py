@@ -11,7 +11,7 @@ import pkgutil
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -23,9 +23,8 @@ from chaos.faults import FaultKind, FaultPolicy, Zombies
 from chaos.journal import Journal
 from chaos.transport_faults import install_faults
 from consumer.config import Settings
-from consumer.handler import Mode, build_handlers
+from consumer.handler import MessageHandler, Mode, build_handlers
 from consumer.idempotency.record import Attr
-from service.registry import HANDLERS
 
 PLAN_VARIABLE = "CHAOS_PLAN"
 # The run's webhook sink, for a handler the run adds that calls out (its URL: any path under it).
@@ -53,6 +52,18 @@ class Plan:
     forced_on: str | None  # the event type whose records take the forced crashes and zombies (None: any)
     # module:Class of handlers the run adds to the registered ones (a core test's own, its tables made by the run).
     handlers: list[str]
+    registered: bool  # whether the application's registered handlers take part
+
+
+def handler_classes(registered: bool, added: Sequence[str]) -> tuple[type[MessageHandler[Any]], ...]:
+    """The application's registered handlers if ``registered``, then those ``added`` (``module:Class``)."""
+    classes = tuple(pkgutil.resolve_name(name) for name in added)
+    if not registered:
+        return classes
+    # Only here: a run on added handlers alone (the core's proof) never reads the application, which a user replaces.
+    from service.registry import HANDLERS  # noqa: PLC0415
+
+    return (*HANDLERS, *classes)
 
 
 class Environment:
@@ -82,9 +93,8 @@ class Environment:
         self._deadline_margin_ms = plan.deadline_margin_ms
         session = boto3.session.Session()
         install_faults(session, self.faults, services=("dynamodb", "sqs"))
-        # The application's handlers and those the plan adds, built as the function builds them.
-        classes = (*HANDLERS, *(pkgutil.resolve_name(name) for name in plan.handlers))
-        handlers = build_handlers(classes, settings)
+        # Built as the function builds them.
+        handlers = build_handlers(handler_classes(plan.registered, plan.handlers), settings)
         for built in handlers.values():
             if built.mode is Mode.LOCK:
                 built.handle = self.faults.slowed(built.handle, built.event_type, plan.slow_handler_s)  # type: ignore[method-assign,assignment]

@@ -22,7 +22,6 @@ from local.function_output import command_output, outcome_counts
 from local.session import running_stack
 from local.stack import DeployedStack
 from local.state import STATE_DIR
-from service.registry import HANDLERS
 from testkit import dead_letters, messages, payloads
 from testkit.webhook import WebhookSink
 
@@ -82,7 +81,7 @@ def _workload(
     args: argparse.Namespace, stack: DeployedStack
 ) -> tuple[list[messages.Outgoing], list[messages.Outgoing]]:
     rng, run = random.Random(args.seed), f"{args.seed}"
-    tables = {table: stack.table_name(table) for table in declared_tables(HANDLERS)}
+    tables = {table: stack.table_name(table) for table in declared_tables(payloads.registered())}
     dynamodb = stack.servers.client("dynamodb")
     valid: list[messages.Outgoing] = []
     late: list[messages.Outgoing] = []

@@ -1,4 +1,7 @@
-"""What the core's chaos test adds to the registered handlers, and consumers that get it wrong on purpose.
+"""What the core's chaos test runs on beside the core's test handlers, and consumers that get it wrong on purpose.
+
+``CallOnTheSink``: the core's ``CallHandler`` built from the settings alone, as a chaos runtime builds a handler: its
+calls go to the run's webhook sink, within the run's webhook deadline.
 
 ``GuardedPeriod``: a lock-mode handler with a guard, whatever the examples are. Its rule, a paid-up period that
 only moves forward, is checked with the claim, before its outside call (to the run's webhook sink): the guard
@@ -23,6 +26,7 @@ from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageH
 from consumer.idempotency import calls as store_module
 from consumer.idempotency.writes import Update
 from consumer.webhook import WebhookClient
+from tests.core.handlers import CallHandler
 
 WEBHOOK_VARIABLE = "CHAOS_WEBHOOK_URL"
 
@@ -37,6 +41,13 @@ class Period(BaseModel):
 class CallTimeout(HandlerSettings):
     # The run's webhook deadline (WEBHOOK_TIMEOUT_MS, set by the harness from ChaosConfig.webhook_timeout_ms).
     webhook_timeout_ms: PositiveInt = 5_000
+
+
+class CallOnTheSink(CallHandler):
+    settings_model: ClassVar[type[HandlerSettings]] = CallTimeout
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, os.environ[WEBHOOK_VARIABLE], settings.of(CallTimeout).webhook_timeout_ms)
 
 
 class GuardedPeriod(MessageHandler[Period]):

@@ -15,6 +15,9 @@ tests' own, with tables of their own (created by the tests, not in ``template.ya
   the final state, refused if the hold was cancelled meanwhile, and a release takes it back. Not in
   ``handlers_for_tests``: the processor's tests pass it as an extra handler, with a hook (``during``)
   that fails ``handle`` or plays another worker inside it.
+
+The chaos run builds them in Lambda's runtime too (``tests/core/chaos_handlers.py``), whose venv is the function's:
+what needs the tests' own tools (pytest, the template's reader) is imported in the functions that use it.
 """
 
 from __future__ import annotations
@@ -33,8 +36,6 @@ from consumer.outcome import Outcome
 from consumer.webhook import WebhookClient
 from testkit.lambda_sqs import sqs_record
 from testkit.messages import envelope
-from testkit.tables import create_table, create_template_tables
-from tests.kit import sort_keys
 
 TALLY_EVENT = "TallyAdded"
 CALL_EVENT = "CallRequested"
@@ -211,6 +212,8 @@ def handlers_for_tests(
 def create_test_tables(dynamodb: Any, names: Mapping[str, str]) -> None:
     """Create the tables named in ``names`` (logical id -> table name): the test handlers' own, and
     any of the template's (the idempotency table) as the template defines it."""
+    from testkit.tables import create_table, create_template_tables  # noqa: PLC0415 (see the module's docstring)
+
     create_template_tables(dynamodb, {table: name for table, name in names.items() if table not in TABLE_PROPERTIES})
     for logical_id, name in names.items():
         if logical_id in TABLE_PROPERTIES:
@@ -252,6 +255,8 @@ def tally_total(dynamodb: Any, table: str, tally_id: str) -> int:
 
 def tally_entries(dynamodb: Any, table: str, tally_id: str) -> list[str]:
     """A tally's items, sorted: ``TOTAL`` and one ``ENTRY#<entryId>`` per applied message."""
+    from tests.kit import sort_keys  # noqa: PLC0415 (see the module's docstring)
+
     return sort_keys(dynamodb, table, "tallyId", tally_id)
 
 

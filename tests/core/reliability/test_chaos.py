@@ -1,11 +1,19 @@
-"""The fault-injection harness, short, on the registered handlers and the core's guarded lock-mode handler. With
-every fault on, the real consumer keeps every invariant, its transitions grouped or each alone; pointed at consumers
-that get it wrong, the same harness reports violations (a harness that cannot fail proves nothing)."""
+"""The fault-injection harness, short, on the core's own handlers alone (an optimistic one, a lock-mode one calling
+out, a guarded lock-mode one), never the application's: the proof holds whatever a user registers. With every fault
+on, the real consumer keeps every invariant, its transitions grouped or each alone; pointed at consumers that get it
+wrong, the same harness reports violations (a harness that cannot fail proves nothing)."""
 
 from __future__ import annotations
 
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,13 +21,24 @@ import pytest
 from chaos import harness
 from chaos.faults import FaultKind
 from chaos.harness import ChaosConfig, ChaosReport, run
-from chaos.invariants import scan
+from chaos.invariants import Checker, scan
 from chaos.report import render
+from chaos.runtime_handler import WEBHOOK_VARIABLE, Environment
+from consumer.config import table_variable
+from consumer.handler import MessageHandler, declared_tables
+from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.servers import LocalServers
+from testkit.tables import IDEMPOTENCY_TABLE
 from tests.conftest import SHOWN
-from tests.core.chaos_handlers import GuardedPeriod
+from tests.core.chaos_handlers import CallOnTheSink, GuardedPeriod
+from tests.core.handlers import TABLE_PROPERTIES, TALLY_EVENT, TALLY_TABLE, TallyHandler, tally_total
 
-GUARDED = f"{GuardedPeriod.__module__}:{GuardedPeriod.__name__}"
+
+def _named(handler: type[MessageHandler[Any]]) -> str:
+    return f"{handler.__module__}:{handler.__name__}"
+
+
+GUARDED = _named(GuardedPeriod)
 # Short, at the default rates, and every kind of fault forced once in each execution environment (at its first
 # opportunity, whatever the draws): whether the run meets every kind never depends on luck. The crashes, zombies and
 # slow handlers land on the guarded handler's messages: before its call (after the claim) and after it, the forced
@@ -29,7 +48,9 @@ SHORT = ChaosConfig(
     messages=160,
     pollers=3,
     forced=dict.fromkeys(FaultKind, 1),
-    handlers=(GUARDED,),
+    registered=False,
+    handlers=(_named(TallyHandler), _named(CallOnTheSink), GUARDED),
+    table_properties=TABLE_PROPERTIES,
     forced_on=GuardedPeriod.event_type,
     # Generous: under a loaded CI machine (two test workers) draining takes longer, and a timeout proves nothing.
     drain_timeout_s=180,
@@ -96,6 +117,41 @@ def test_every_fault_on_and_every_invariant_holds(
     held = [item for item in periods if "pendingToken" in item]
     record_property(SHOWN, f"guarded items after the drain: {len(periods)}, still held: {len(held)}")
     assert periods and not held, f"holds left after the drain: {held[:3]}\n{table}"
+    # The optimistic handler's writes land with its record, once: each tally's total is the sum of its distinct
+    # entries applied, however often each was sent, cut off or taken over.
+    applied = Checker(report.sent, report.end, report.history).applied_payloads(TALLY_EVENT)
+    expected: Counter[str] = Counter()
+    for entry in {payload["entryId"]: payload for payload in applied}.values():
+        expected[entry["tallyId"]] += entry["amount"]
+    dynamodb = local_servers.client("dynamodb")
+    found = Counter({tally: tally_total(dynamodb, tables[TALLY_TABLE], tally) for tally in expected})
+    assert expected and found == expected, f"tallies off their applied entries\n{table}"
+
+
+def _built_without_the_application(run_dir: str) -> None:
+    """The proof's run as far as it goes without servers, in an interpreter where the application cannot be
+    imported: its handlers, its workload, and each runtime's consumer built from its plan as a cold start builds it."""
+    handlers = harness.chaos_handlers(SHORT)
+    harness.build_workload(SHORT, random.Random(SHORT.seed), "run", handlers)
+    tables = {table_variable(name): name for name in (IDEMPOTENCY_TABLE, *declared_tables(handlers))}
+    function = {**tables, "DEAD_LETTER_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/dlq"}
+    for plan in harness._plans(SHORT, function, Path(run_dir), range(SHORT.pollers)):
+        Environment(plan)
+    print(json.dumps(sorted(handler.event_type for handler in handlers)))
+
+
+def test_the_proofs_run_never_reads_the_application(tmp_path: Path) -> None:
+    # None in sys.modules: importing ``service`` or any module of it raises, as in a project whose examples are gone.
+    script = (
+        "import sys; sys.modules['service'] = None;"
+        " from tests.core.reliability.test_chaos import _built_without_the_application as built;"
+        f" built({str(tmp_path)!r})"
+    )
+    variables = {**os.environ, **DUMMY_CREDENTIALS_ENV, WEBHOOK_VARIABLE: "http://127.0.0.1:9"}
+    answer = subprocess.run([sys.executable, "-c", script], env=variables, capture_output=True, text=True, check=False)
+    assert answer.returncode == 0, answer.stderr[-3000:]
+    built = json.loads(answer.stdout.strip().splitlines()[-1])
+    assert built == sorted(handler.event_type for handler in (TallyHandler, CallOnTheSink, GuardedPeriod))
 
 
 @pytest.mark.long(30)
