@@ -7,6 +7,7 @@ integration"`` runs without Java or the npm install.
 from __future__ import annotations
 
 import functools
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from testkit.dynamodb_local import DynamoDBLocal
 from testkit.servers import LocalServers
 from testkit.tables import IDEMPOTENCY_TABLE, create_template_tables
 from testkit.webhook import WebhookSink
+from tests.tooling import ON_THE_CORES_OWN
 
 # The test kit for handlers (tests/kit.py): its fixtures serve every test, a user's too.
 pytest_plugins = ["tests.kit"]
@@ -60,10 +62,20 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                 terminalreporter.write_line(f"{report.nodeid}: {value}")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if _INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+    # A tooling module that runs the registered application runs on the core's own, by one test of the checkout's.
+    there = bool(os.environ.get(ON_THE_CORES_OWN))
+    elsewhere = []
+    for item in items:
+        run = item.get_closest_marker("cores_own_application_run") is not None
+        if (run and there) or (not run and not there and item.get_closest_marker("cores_own_application")):
+            elsewhere.append(item)
+    if elsewhere:
+        config.hook.pytest_deselected(items=elsewhere)
+        items[:] = [item for item in items if item not in elsewhere]
     # Longest first: make test and make proof deal whole files to the workers in this order (--dist loadfile), so the
     # files with the long tests start first, each on the next free worker, and the short files fill in behind them.
     items.sort(key=_expected_seconds, reverse=True)

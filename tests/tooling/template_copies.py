@@ -19,6 +19,7 @@ import yaml
 
 from local.upgrade import render
 from testkit.template import REPO_ROOT, load_template
+from tests.tooling import ON_THE_CORES_OWN
 
 Document = dict[str, Any]
 
@@ -108,20 +109,25 @@ def pytest_in(
     return run_in(project, command, timeout=timeout, environment=environment)
 
 
-# Set for a test run again in the core's own project, where it goes on as written.
-_ON_THE_CORES_OWN = "ON_THE_CORES_OWN_APPLICATION"
+def on_the_cores_own_application(module: str, seconds: int) -> Callable[[Path], None]:
+    """The test a checkout runs for the tests of a tooling module that run the registered application (the local
+    stack, the runtime emulator, the CLI): those tests, marked ``cores_own_application``, run in ``template_project``
+    (every environment linked) and must pass there; tests/conftest.py deselects them in a checkout. What they check
+    then holds for the core's application, whichever handlers the user has registered, and a project's own handlers
+    never decide the core's proof (make test's generic contract checks those).
 
+    In the module: the mark on those tests (or ``pytestmark`` for all) and
+    ``test_on_the_cores_own_application = on_the_cores_own_application(__name__, seconds=...)``.
+    """
 
-def on_the_cores_own_application(request: pytest.FixtureRequest, tmp_path: Path) -> bool:
-    """For a test of the tooling that runs the registered application on the local stack: in a checkout, the test is
-    run again in ``template_project`` (every environment linked) and must pass there, and this returns False; there,
-    it returns True and the test goes on. What it checks then holds for the core's application, whichever handlers
-    the user has registered."""
-    if os.environ.get(_ON_THE_CORES_OWN):
-        return True
-    project = template_project(tmp_path)
-    done = pytest_in(
-        project, [request.node.nodeid], "-p", "no:xdist", timeout=500, environment={_ON_THE_CORES_OWN: "1"}
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    return False
+    @pytest.mark.long(seconds)
+    @pytest.mark.timeout(seconds * 4 + 120)
+    @pytest.mark.cores_own_application_run
+    def test_every_test_here_passes_on_the_cores_own_application(tmp_path: Path) -> None:
+        project = template_project(tmp_path / "project")
+        path = module.replace(".", "/") + ".py"
+        options = ("-p", "no:xdist", "-rfE", "-m", "cores_own_application")
+        done = pytest_in(project, [path], *options, timeout=seconds * 4 + 60, environment={ON_THE_CORES_OWN: "1"})
+        assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+
+    return test_every_test_here_passes_on_the_cores_own_application

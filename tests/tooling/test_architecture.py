@@ -57,9 +57,12 @@ def _lock_rig_imports(folder: Path) -> list[str]:
     found = []
     for path in sorted(folder.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
-            if isinstance(node, ast.ImportFrom) and node.module:
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
             found += [f"{path.name}:{node.lineno} imports {name}" for name in names if name == "tests.lock_rig"]
     return found
 

@@ -19,11 +19,13 @@ from testkit import payloads
 from testkit.processes import alive
 from testkit.servers import LocalServers
 from tests.kit import drain
+from tests.tooling.template_copies import on_the_cores_own_application
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # As the Makefile runs the commands: the local stack's message builders use the consumer's names.
 _COMMAND_PATH = {"PYTHONPATH": str(REPO_ROOT / "src")}
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cores_own_application]
+test_on_the_cores_own_application = on_the_cores_own_application(__name__, seconds=150)
 
 
 def _local(state_dir: Path, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:

@@ -21,7 +21,10 @@ from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.template import REPO_ROOT
 from testkit.webhook import WebhookSink
 from tests.tooling import generic
-from tests.tooling.template_copies import function_properties, template_copy
+from tests.tooling.template_copies import function_properties, on_the_cores_own_application, template_copy
+
+pytestmark = pytest.mark.cores_own_application
+test_on_the_cores_own_application = on_the_cores_own_application(__name__, seconds=60)
 
 AWS_CLI = Path(sys.executable).parent / "aws"
 

@@ -23,6 +23,10 @@ from testkit.invocation import Invocation, Invoker
 from testkit.lambda_sqs import record_from_message
 from testkit.webhook import WebhookSink
 from tests.tooling import generic
+from tests.tooling.template_copies import on_the_cores_own_application
+
+pytestmark = pytest.mark.cores_own_application
+test_on_the_cores_own_application = on_the_cores_own_application(__name__, seconds=60)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIFO = {"QueueType": "fifo"}

@@ -34,6 +34,10 @@ from testkit.resources import FunctionSpec
 from testkit.servers import LocalServers
 from testkit.webhook import WebhookSink
 from tests.tooling import generic
+from tests.tooling.template_copies import on_the_cores_own_application
+
+pytestmark = pytest.mark.cores_own_application
+test_on_the_cores_own_application = on_the_cores_own_application(__name__, seconds=90)
 
 FAULTY = """
 import time

@@ -16,6 +16,9 @@ from consumer.handler import Effect, MessageContext, MessageHandler, Mode
 from testkit import payloads
 from testkit.payloads import GeneratorError
 from tests.handler_contract import sample_bodies
+from tests.tooling.template_copies import on_the_cores_own_application
+
+test_on_the_cores_own_application = on_the_cores_own_application(__name__, seconds=15)
 
 
 class ParcelShipped(BaseModel):
@@ -143,6 +146,7 @@ def test_seed_items_for_an_undeclared_table_or_two_seeds_files_are_refused(tmp_p
         payloads.seeds_file("ParcelShipped", tmp_path)
 
 
+@pytest.mark.cores_own_application
 def test_every_registered_handler_draws_valid_and_invalid_payloads() -> None:
     # Whatever is registered: the generator's own checks raise on a draw its model would not take.
     for handler in payloads.registered():

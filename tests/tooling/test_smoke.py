@@ -6,6 +6,7 @@ stack's tests in a project made from the template, the deployed form's with the 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from local.stack import DeployedStack
 from testkit import dead_letters, payloads
 from tests.core.handlers import CallHandler, TallyHandler
 from tests.tooling.template_copies import on_the_cores_own_application, run_in, template_project
+
+test_on_the_cores_own_application = on_the_cores_own_application(__name__, seconds=40)
 
 
 def _target(stack: DeployedStack) -> smoke.Target:
@@ -52,10 +55,9 @@ def test_the_local_form_starts_the_stack_passes_and_stops(tmp_path: Path) -> Non
     assert lines[-1] == "smoke test passed"
 
 
-def test_a_run_removes_its_own_writes_and_nothing_else(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    if not on_the_cores_own_application(request, tmp_path):
-        return
-    stack = request.getfixturevalue("make_stack")()
+@pytest.mark.cores_own_application
+def test_a_run_removes_its_own_writes_and_nothing_else(make_stack: Callable[..., DeployedStack]) -> None:
+    stack = make_stack()
     target = _target(stack)
     # Someone else's dead letter and an item in each declared table, already there: the clean-up must leave them.
     target.sqs.send_message(QueueUrl=target.dead_letter_queue_url, MessageBody="not the smoke test's")
@@ -81,13 +83,12 @@ def _someone_elses(stack: DeployedStack, table: str) -> dict[str, Any]:
     return item
 
 
+@pytest.mark.cores_own_application
 def test_each_failed_check_is_one_line_and_the_exit_status_is_1(
-    request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    make_stack: Callable[..., DeployedStack], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if not on_the_cores_own_application(request, tmp_path):
-        return
     # No pollers: nothing consumes the queue, so nothing the smoke test waits for happens.
-    checks = smoke.run_smoke(_target(request.getfixturevalue("make_stack")()), run_id="nobody-home", timeout_s=1)
+    checks = smoke.run_smoke(_target(make_stack()), run_id="nobody-home", timeout_s=1)
 
     assert smoke.report(checks, print) == 1
     failed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL")]
