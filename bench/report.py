@@ -280,11 +280,14 @@ def floor_targets(results: BenchResults) -> list[str]:
     for name, floor in results.floors.items():
         batch, single = floor.batch, floor.single.botocore_cpu_s
         floor_s = statistics.median(single)
-        verdict, clause = _against(batch.cpu_per_record_s / floor_s, FLOOR_TARGET)
-        if not floor.targeted:
-            verdict, clause = "measured", "no target: its webhook's call is in it, not in the floor"
+        ratio = batch.cpu_per_record_s / floor_s
+        verdict, clause = (
+            _against(ratio, FLOOR_TARGET)
+            if floor.targeted
+            else ("measured", "no target: its webhook's call is in it, not in the floor")
+        )
         verdicts.append(
-            f"- {verdict}: {name}: CPU per message {batch.cpu_per_record_s / floor_s:.2f}{TIMES} botocore's own in "
+            f"- {verdict}: {name}: CPU per message {ratio:.2f}{TIMES} botocore's own in "
             f"one message's calls ({_interval(batch.cpu_per_record_s, median_ci(batch.record_cpu_s))} ms, "
             f"n={len(batch.wall_s)}, against {_interval(floor_s, median_ci(single))} ms; {clause})."
         )
@@ -296,7 +299,7 @@ def floor_targets(results: BenchResults) -> list[str]:
             f"median of {len(trio.calls)} batches [{min(trio.calls)}-{max(trio.calls)}] (target ≤ "
             f"{LOCK_TRIO_CALLS_TARGET}: the claims in one transaction, the commits in one)."
         )
-    return verdicts  # a lock handler's floor: its claim's and its commit's calls, its webhook's not in it
+    return verdicts
 
 
 def hot_item_targets(results: BenchResults) -> list[str]:

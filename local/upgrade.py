@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
@@ -41,10 +42,10 @@ def recorded(project: Path) -> tuple[str, str]:
     return str(answers["_src_path"]), str(answers["_commit"])
 
 
-def render(project: Path, target: Path, *, examples: bool = True) -> Path:
+def render(project: Path, target: Path) -> Path:
     """The template ``project`` records, at its recorded version, made into ``target``: the project as it was made,
     before any change of its own (the core's proof runs on it, with the examples, whatever the project replaced)."""
-    _copy(*recorded(project), target, examples=examples)
+    _copy(*recorded(project), target, examples=True)
     return target
 
 
@@ -85,6 +86,12 @@ def _ownership(project: Path) -> dict[str, list[str]]:
     return columns
 
 
+def holds(entries: Iterable[str], path: str) -> bool:
+    """Whether ownership.toml's ``entries`` (a column) hold ``path``: a folder's (ending in "/") every file under it, a
+    file's itself."""
+    return any(path.startswith(entry) if entry.endswith("/") else path == entry for entry in entries)
+
+
 def restore_ours(project: Path) -> list[str]:
     """The core's files the project deleted, back as its recorded version has them (the update then takes them to the
     new one): the core's column is replaced whole."""
@@ -94,8 +101,7 @@ def restore_ours(project: Path) -> list[str]:
         old = render(project, Path(directory) / "old")
         for path in sorted(p for p in old.rglob("*") if p.is_file()):
             name = path.relative_to(old).as_posix()
-            owned = any(name.startswith(e) if e.endswith("/") else name == e for e in ours)
-            if owned and not (project / name).exists():
+            if holds(ours, name) and not (project / name).exists():
                 (project / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, project / name)
                 restored.append(name)

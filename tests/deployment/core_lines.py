@@ -61,15 +61,23 @@ def missing_lines(core: Any, template: Any, path: str = "") -> list[str]:
     return [] if core == template else [_line(path, core)]
 
 
+def misspelt_as(name: str, names: list[str]) -> str | None:
+    """The one of ``names`` that ``name``, absent, is taken to be misspelt as: the environment check names it as the
+    line to rename, and a lagging template's lines leave it to that check, so both go by this one rule."""
+    near = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+    return near[0] if near else None
+
+
 def lag(template_path: Path) -> str | None:
     """Why the template at ``template_path`` lags its core: every line of the core's it lacks, in one message."""
     core, template = load_template(CORE_LINES), load_template(template_path)
     # A variable of the core's set under a name close to it is misspelt, not missing: test_function names the line
-    # to rename. Left to it.
+    # to rename. Left to it: ``wanted`` is ``core``'s own mapping, so a name deleted from it is left out of
+    # missing_lines below.
     wanted, given = core_variables(core), core_variables(template)
     others = [name for name in given if name not in wanted]
     for name in [name for name in wanted if name not in given]:
-        if difflib.get_close_matches(name, others, n=1, cutoff=0.8):
+        if misspelt_as(name, others):
             del wanted[name]
     missing = missing_lines(core, template)
     if not missing:

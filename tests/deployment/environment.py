@@ -4,7 +4,6 @@ variable, the template's file:line, and the line to write there."""
 from __future__ import annotations
 
 import ast
-import difflib
 import importlib
 import inspect
 import pkgutil
@@ -20,7 +19,7 @@ from consumer.config import Settings, is_secret_arn, table_parameter, table_vari
 from consumer.handler import MessageHandler, declared_settings, declared_tables
 from service.registry import HANDLERS
 from testkit.template import load_template
-from tests.deployment.core_lines import core_variables
+from tests.deployment.core_lines import core_variables, misspelt_as
 from tests.deployment.source_scan import package_modules
 
 FUNCTION = "ConsumerFunction"
@@ -111,11 +110,11 @@ def environment_mistakes(template_path: Path, variables: Mapping[str, Any]) -> l
         line = f'"{name}: !Ref {table}"' if table else f'"{name}: <value>"'
         where = f"{template_path}:{lines.get(name, variables_line)}"
         if name not in variables:
-            near = difflib.get_close_matches(name, unread, n=1, cutoff=0.8)
+            near = misspelt_as(name, unread)
             if near:
-                unread.remove(near[0])
-                where = f"{template_path}:{lines[near[0]]}"
-                mistakes.append(f"{where}: {FUNCTION} sets {near[0]}, which no code reads: rename it to {line}")
+                unread.remove(near)
+                where = f"{template_path}:{lines[near]}"
+                mistakes.append(f"{where}: {FUNCTION} sets {near}, which no code reads: rename it to {line}")
             else:
                 mistakes.append(f"{where}: {FUNCTION}'s Environment.Variables lacks {name}: add {line} under it")
         elif table and variables[name] != {"Ref": table}:

@@ -47,10 +47,9 @@ def test_a_parameter_without_a_value_is_told_where_to_give_one_a_tables_by_its_k
         ("BillingUrl", "LocalParameters"),
     ]:
         template.write_text(json.dumps({"Parameters": {name: parameters[name]}, "Resources": {}}), encoding="utf-8")
-        assert f"parameter {name} has no Default: for make test and the local stack, add" in str(
-            parameter_mistake(template)
-        )
-        assert where in str(parameter_mistake(template))
+        said = str(parameter_mistake(template))
+        assert f"parameter {name} has no Default: for make test and the local stack, add" in said
+        assert where in said
 
 
 def _samconfig() -> dict[str, Any]:

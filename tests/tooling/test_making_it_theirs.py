@@ -21,7 +21,6 @@ from local.replace_examples import register
 from tests.tooling.template_copies import pytest_in, run_in, template_project
 from tests.utils import tables_checklist
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # What a handler with its own table touches: routing, settings, the function's start, the template's
 # tables, environment and grants, and the examples (which build the page's table).
 _SUITE = [

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import pytest
 import yaml
 
-from local.upgrade import ANSWERS
+from local.upgrade import ANSWERS, holds
 from testkit.template import REPO_ROOT
 
 COLUMNS = ("ours", "yours", "merged")
@@ -23,12 +23,8 @@ def manifest() -> dict[str, list[str]]:
 
 
 def owners(path: str, columns: Mapping[str, Sequence[str]]) -> list[str]:
-    """The columns whose entries hold ``path``: a folder's (ending in "/") every file under it, a file's itself."""
-    return [
-        column
-        for column, entries in columns.items()
-        if any(path.startswith(entry) if entry.endswith("/") else path == entry for entry in entries)
-    ]
+    """The columns whose entries hold ``path`` (by the rule make upgrade restores the core's files by)."""
+    return [column for column, entries in columns.items() if holds(entries, path)]
 
 
 def ownership_mistakes(paths: Iterable[str], columns: Mapping[str, Sequence[str]]) -> list[str]:

@@ -13,12 +13,9 @@ from pathlib import Path
 import pytest
 
 from local.replace_examples import replace_the_examples
+from testkit.template import REPO_ROOT
 from tests.tooling.template_copies import pytest_in, run_in, template_project
-from tests.tooling.test_making_it_theirs import (
-    REPO_ROOT,
-    _follow,
-    _routed,
-)
+from tests.tooling.test_making_it_theirs import _follow, _routed
 
 _LINT = (
     ["ruff", "check", "."],
