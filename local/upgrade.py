@@ -126,8 +126,11 @@ def upgrade(project: Path, template: Path, version: str | None) -> int:
             print(f"restored {name} (the core's, deleted here)")
         _copier("update", "--trust", "--defaults", "--conflict", "inline", *reference, *excluded, cwd=project)
     except subprocess.CalledProcessError as error:
-        # copier has said why; a version recorded from a template's uncommitted changes cannot be made again.
-        print(f"make upgrade stopped: copier {error.cmd[3]} failed (above)", file=sys.stderr)
+        # copier has said why, above (a version recorded from a template's uncommitted changes cannot be made again);
+        # git's answer was captured, so it is told here.
+        step = f"copier {error.cmd[3]}" if error.cmd[0] == sys.executable else " ".join(error.cmd[:2])
+        why = f": {error.stderr.strip()}" if error.stderr else " (above)"
+        print(f"make upgrade stopped: {step} failed{why}", file=sys.stderr)
         return error.returncode
     conflicts = _git(project, "diff", "--name-only", "--diff-filter=U").split()
     if conflicts:

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 import consumer
+import local.upgrade as upgrade_module
 from local.replace_examples import register
 from local.upgrade import ANSWERS, adopt, recorded
 from testkit.template import REPO_ROOT
@@ -204,3 +205,33 @@ def test_a_core_that_names_no_version_is_not_adopted(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="names no __version__"):
         adopt(tmp_path, tmp_path / "template")
     assert not (tmp_path / ANSWERS).exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "stderr", "told"),
+    [
+        (["git", "add", "--", "docs/upgrading.md"], "fatal: Unable to create '.git/index.lock': File exists.\n",
+         "make upgrade stopped: git add failed: fatal: Unable to create '.git/index.lock': File exists."),
+        ([sys.executable, "-m", "copier", "update"], None, "make upgrade stopped: copier update failed (above)"),
+    ],
+    ids=["git", "copier"],
+)  # fmt: skip
+def test_a_failed_step_of_the_upgrade_is_named_with_what_it_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: list[str],
+    stderr: str | None, told: str,
+) -> None:  # fmt: skip
+    for name, value in _IDENTITY.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / ANSWERS).write_text("_commit: v2.1.0\n_src_path: /nowhere\n")
+    (tmp_path / "ownership.toml").write_text("ours = []\nyours = []\nmerged = []\n")
+    _git(tmp_path, "init", "--quiet")
+    _git(tmp_path, "add", "--all")
+    _git(tmp_path, "commit", "--quiet", "--message", "a project")
+
+    def fails(project: Path) -> list[str]:
+        raise subprocess.CalledProcessError(128, command, stderr=stderr)
+
+    monkeypatch.setattr(upgrade_module, "restore_ours", fails)
+
+    assert upgrade_module.upgrade(tmp_path, tmp_path / "template", None) == 128
+    assert capsys.readouterr().err.strip() == told
