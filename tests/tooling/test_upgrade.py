@@ -144,10 +144,11 @@ def test_a_project_on_the_previous_release_with_a_handler_of_its_own_upgrades_an
     assert "ParcelReservedHandler" in registry and "PaymentReceivedHandler" not in registry
     assert "ParcelTable" in (project / "template.yaml").read_text()
 
-    # make test, the user's loop, as written: the venv is the checkout's, linked, and taken as built (a project's
-    # requirements newer than its stamp would install into it); its tests in one process, beside make proof's workers
-    # (with three more workers and their DynamoDB Locals on two cores, its DynamoDB tests errored at setup once here).
-    for requirements in ("requirements-dev.txt", "src/requirements.in"):
+    # make test, the user's loop, as written. The environments are the checkout's, linked, and taken as built: the
+    # upgrade's newer requirements would have make install into them, and npm ci empties the checkout's node_modules
+    # under every test that runs DynamoDB Local. Its tests run in one process, beside make proof's workers (with three
+    # more workers and their DynamoDB Locals on two cores, its DynamoDB tests errored at setup once here).
+    for requirements in ("requirements-dev.txt", "src/requirements.in", "package.json", "package-lock.json"):
         os.utime(project / requirements, (0, 0))
     done = run_in(project, ["make", "--no-print-directory", "test", "PYTEST_WORKERS=-p no:xdist"], timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
