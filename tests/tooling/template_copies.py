@@ -58,10 +58,25 @@ def probe_function(directory: Path, source: str) -> tuple[str, Path]:
 ENVIRONMENTS = (".venv", ".venv-sam", "node_modules", ".lambda-runtime")
 
 
+# What make installs the environments from: older than their stamps, a project's linked environments are taken as built.
+_INSTALLED_FROM = ("requirements-dev.txt", "src/requirements.in", "package.json", "package-lock.json")
+
+
 def link_environments(target: Path, environments: bool | Sequence[str]) -> None:
+    """The checkout's built environments (all, or those named) linked into ``target``, taken there as built."""
     for name in ENVIRONMENTS if environments is True else environments or ():
         if (REPO_ROOT / name).exists():
             (target / name).symlink_to(REPO_ROOT / name)
+    taken_as_built(target)
+
+
+def taken_as_built(target: Path) -> None:
+    """What ``target``'s environments are installed from made older than their stamps: a project's newer requirements
+    would have a make target there install into the checkout's linked ones (npm ci empties the checkout's
+    node_modules under every test running DynamoDB Local; uv points its venv's path at the project)."""
+    for name in _INSTALLED_FROM:
+        if (target / name).exists():
+            os.utime(target / name, (0, 0))
 
 
 @functools.cache

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.tooling import ON_THE_CORES_OWN, template_copies
-from tests.tooling.template_copies import pytest_in, template_project
+from tests.tooling.template_copies import pytest_in, run_in, template_project
 
 _PLANTED = """
 import pytest
@@ -62,3 +62,16 @@ def test_the_checkouts_test_fails_when_a_marked_test_fails_on_the_cores_own_appl
     with pytest.raises(AssertionError, match="the marked test fails on purpose") as failed:
         run(tmp_path)
     assert "an unmarked test is not run there" not in str(failed.value)
+
+
+def test_a_project_made_for_the_proof_takes_the_checkouts_linked_environments_as_built(tmp_path: Path) -> None:
+    # Its make targets must never install into the checkout's environments: npm ci there empties node_modules under
+    # every test running DynamoDB Local at the time.
+    project = template_project(tmp_path / "project")
+    stamps = [".venv/.installed", "node_modules/.installed"]
+    question = ["make", "--question", *stamps]
+
+    assert run_in(project, question).returncode == 0, "a make target there would install into the checkout's"
+
+    (project / "package.json").touch()
+    assert run_in(project, question).returncode == 1, "the control: a newer package.json is installed from"

@@ -21,7 +21,7 @@ import local.upgrade as upgrade_module
 from local.replace_examples import register
 from local.upgrade import ANSWERS, adopt, recorded
 from testkit.template import REPO_ROOT
-from tests.tooling.template_copies import ENVIRONMENTS, link_environments, pytest_in, run_in
+from tests.tooling.template_copies import ENVIRONMENTS, link_environments, pytest_in, run_in, taken_as_built
 from tests.tooling.test_making_it_theirs import _insert
 from tests.utils import tables_checklist
 
@@ -144,12 +144,10 @@ def test_a_project_on_the_previous_release_with_a_handler_of_its_own_upgrades_an
     assert "ParcelReservedHandler" in registry and "PaymentReceivedHandler" not in registry
     assert "ParcelTable" in (project / "template.yaml").read_text()
 
-    # make test, the user's loop, as written. The environments are the checkout's, linked, and taken as built: the
-    # upgrade's newer requirements would have make install into them, and npm ci empties the checkout's node_modules
-    # under every test that runs DynamoDB Local. Its tests run in one process, beside make proof's workers (with three
-    # more workers and their DynamoDB Locals on two cores, its DynamoDB tests errored at setup once here).
-    for requirements in ("requirements-dev.txt", "src/requirements.in", "package.json", "package-lock.json"):
-        os.utime(project / requirements, (0, 0))
+    # make test, the user's loop, as written, on the checkout's environments (the upgrade rewrote what they are
+    # installed from). Its tests run in one process, beside make proof's workers (with three more workers
+    # and their DynamoDB Locals on two cores, its DynamoDB tests errored at setup once here).
+    taken_as_built(project)
     done = run_in(project, ["make", "--no-print-directory", "test", "PYTEST_WORKERS=-p no:xdist"], timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     # Two of the core's proof on the project's fixture project, made from the template and version it now records,
