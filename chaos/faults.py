@@ -172,9 +172,9 @@ class FaultPolicy:
     """The transport policy of one runtime process: one decision per state-machine step, then per request.
 
     ``forced``: per kind, the faults this environment still owes whatever the draws, each taken at the kind's
-    next opportunity (a first attempt), so that a short run injects every kind by construction. A forced crash
-    waits for a moment when another lock-mode handler runs, a forced slow handler for one started beside it: both
-    land inside a lock wave."""
+    next opportunity (a first attempt), so that a short run injects every kind by construction. A forced crash at a
+    commit waits for a moment when another lock-mode handler runs, a forced slow handler for one started beside it:
+    both land inside a lock wave. A forced crash after a claim is taken at the first claim."""
 
     rates: Mapping[FaultKind, float]
     rng: random.Random
@@ -262,7 +262,10 @@ class FaultPolicy:
         if attempt > 1:
             return None  # one decision per call; its retries go through untouched
         for kind, when in _CRASH_POINTS.get(call.step, ()):
-            if self.roll(kind, forcible=self._beside(call.record_id) > 0, record_id=call.record_id):
+            # A wave's claims go out before its handlers start, so a forced crash after the claim waits for nobody:
+            # one that waited for a lock handler beside it was owed, and never met, in some short runs.
+            forcible = kind is FaultKind.CRASH_AFTER_CLAIM or self._beside(call.record_id) > 0
+            if self.roll(kind, forcible=forcible, record_id=call.record_id):
                 crash = self._crash(kind, call.record_id)
                 return TransportPlan(before=crash) if when == "before" else TransportPlan(after=crash)
         if call.step is Step.COMMIT and self.roll(FaultKind.ZOMBIE, record_id=call.record_id):

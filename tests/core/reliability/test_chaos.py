@@ -42,7 +42,7 @@ GUARDED = _named(GuardedPeriod)
 # Short, at the default rates, and every kind of fault forced once in each execution environment (at its first
 # opportunity, whatever the draws): whether the run meets every kind never depends on luck. The crashes, zombies and
 # slow handlers land on the guarded handler's messages: before its call (after the claim) and after it, the forced
-# crashes while other lock handlers run, the forced slow handler beside quick ones.
+# crashes at the commit while other lock handlers run, the forced slow handler beside quick ones.
 SHORT = ChaosConfig(
     seed=20240917,
     messages=160,

@@ -1,0 +1,42 @@
+"""The chaos run's forced faults land by construction: each kind owed to an environment is taken at its next
+opportunity, whatever the draws (chaos/faults.py)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from chaos.faults import FaultKind, FaultPolicy, Zombies
+from chaos.journal import Journal
+from chaos.store_calls import Step, StoreCall
+
+
+def _owing(tmp_path: Path, kind: FaultKind) -> FaultPolicy:
+    zombies = Zombies(tmp_path, max_paused=1, max_pause_s=1.0, owner_of=lambda record: None)
+    rates = dict.fromkeys(FaultKind, 0.0)  # nothing drawn: what lands is what was forced
+    return FaultPolicy(
+        rates, random.Random(1), Journal(tmp_path / "journal"), "idempotency", zombies, Counter({kind: 1})
+    )
+
+
+def test_a_forced_crash_after_a_claim_is_taken_at_the_first_claim_with_no_handler_beside_it(tmp_path: Path) -> None:
+    # A wave's claims go out before any of its handlers runs: waiting for one beside it, the crash was never met.
+    policy = _owing(tmp_path, FaultKind.CRASH_AFTER_CLAIM)
+
+    plan = policy._state_machine_fault(StoreCall(Step.CLAIM, "Held#1", "token"), attempt=1)
+
+    assert plan is not None and plan.after is not None and plan.before is None
+
+
+@pytest.mark.parametrize("kind", [FaultKind.CRASH_BEFORE_COMMIT, FaultKind.CRASH_AFTER_COMMIT])
+def test_a_forced_crash_at_a_commit_waits_for_a_lock_handler_running_beside_it(tmp_path: Path, kind: FaultKind) -> None:
+    policy = _owing(tmp_path, kind)
+
+    assert policy._state_machine_fault(StoreCall(Step.COMMIT, "Held#1", "token"), attempt=1) is None
+
+    policy._handlers["Other#2"] = True  # another lock handler of this invocation, running
+    plan = policy._state_machine_fault(StoreCall(Step.COMMIT, "Held#1", "token"), attempt=1)
+    assert plan is not None and (plan.before or plan.after) is not None
