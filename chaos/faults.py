@@ -173,8 +173,8 @@ class FaultPolicy:
 
     ``forced``: per kind, the faults this environment still owes whatever the draws, each taken at the kind's
     next opportunity (a first attempt), so that a short run injects every kind by construction. A forced crash at a
-    commit waits for a moment when another lock-mode handler runs, a forced slow handler for one started beside it:
-    both land inside a lock wave. A forced crash after a claim is taken at the first claim."""
+    commit waits for a moment when another lock-mode handler runs, a forced slow handler too: both land inside a
+    lock wave. A forced crash after a claim is taken at the first claim."""
 
     rates: Mapping[FaultKind, float]
     rng: random.Random
@@ -210,10 +210,16 @@ class FaultPolicy:
                 self._handlers[record] = True
             try:
                 effect = handle(payload, context)
-                beside = self._beside(record, running=False)
+                # Beside a handler still running: one that had ended may have committed already, and a lock group
+                # that commits after its slowest handler (the negative control) then repeats nothing.
+                beside = self._beside(record)
                 if self.roll(FaultKind.SLOW_HANDLER, forcible=beside > 0, record_id=record):
-                    self.inject(FaultKind.SLOW_HANDLER, record)
-                    time.sleep(hold_s)
+                    # A pause slot, as a zombie takes: a poller stays free to take the neighbours' redeliveries over
+                    # (with every poller held at once, none was, and nothing was tried while they were held).
+                    with self.zombies.slot() as paused:
+                        if paused:
+                            self.inject(FaultKind.SLOW_HANDLER, record)
+                            time.sleep(hold_s)
                 return effect
             finally:
                 with self._lock:

@@ -12,6 +12,7 @@ import pytest
 from chaos.faults import FaultKind, FaultPolicy, Zombies
 from chaos.journal import Journal
 from chaos.store_calls import Step, StoreCall
+from consumer.handler import Effect, MessageContext
 
 
 def _owing(tmp_path: Path, kind: FaultKind) -> FaultPolicy:
@@ -40,3 +41,33 @@ def test_a_forced_crash_at_a_commit_waits_for_a_lock_handler_running_beside_it(t
     policy._handlers["Other#2"] = True  # another lock handler of this invocation, running
     plan = policy._state_machine_fault(StoreCall(Step.COMMIT, "Held#1", "token"), attempt=1)
     assert plan is not None and (plan.before or plan.after) is not None
+
+
+def test_a_forced_slow_handler_waits_for_a_free_pause_slot_so_that_a_poller_stays_free(tmp_path: Path) -> None:
+    policy = _owing(tmp_path, FaultKind.SLOW_HANDLER)
+    policy._handlers["Other#2"] = True  # a lock handler running beside it: the slow one's opportunity
+    context = MessageContext(message_id="m-1", idempotency_key="1", receive_count=1, remaining_ms=lambda: 10_000)
+    slowed = policy.slowed(lambda payload, context: Effect(), "Held", hold_s=0.01)
+
+    with policy.zombies.slot() as paused:  # the run's one pause slot, taken by another worker
+        assert paused
+        slowed({}, context)
+        assert policy.forced[FaultKind.SLOW_HANDLER] == 1, "with every slot taken, the fault is passed on, still owed"
+
+    slowed({}, context)
+    assert policy.forced[FaultKind.SLOW_HANDLER] == 0
+
+
+def test_a_forced_slow_handler_waits_for_a_neighbour_still_running_not_one_that_has_ended(tmp_path: Path) -> None:
+    # A neighbour that has ended may have committed: held beside it, a lock group's late commit repeats nothing.
+    policy = _owing(tmp_path, FaultKind.SLOW_HANDLER)
+    context = MessageContext(message_id="m-1", idempotency_key="1", receive_count=1, remaining_ms=lambda: 10_000)
+    slowed = policy.slowed(lambda payload, context: Effect(), "Held", hold_s=0.01)
+
+    policy._handlers["Other#2"] = False  # started in this invocation, ended
+    slowed({}, context)
+    assert policy.forced[FaultKind.SLOW_HANDLER] == 1
+
+    policy._handlers["Other#2"] = True
+    slowed({}, context)
+    assert policy.forced[FaultKind.SLOW_HANDLER] == 0
