@@ -29,12 +29,11 @@ from bench.systems import SYSTEM_ENV, SYSTEMS, settings_environment
 from bench.timing import POWERTOOLS_ENV, REPO_ROOT, invoke, system_functions, time_batches
 from consumer.config import Settings
 from consumer.handler import Mode
-from service.registry import HANDLERS
 from testkit.aws import DUMMY_CREDENTIALS_ENV, client
 from testkit.dynamodb_local import DynamoDBLocal, JavaNotFound, jar_directory, java_runtime
 from testkit.lambda_runtime import LambdaEnvironment
 from testkit.moto_server import MotoServer
-from testkit.payloads import Handler, valid_payloads
+from testkit.payloads import Handler, registered, valid_payloads
 from testkit.servers import LocalServers
 from testkit.webhook import WebhookSink
 from tests.core.concurrency.racing import CONSUMERS, HOT_MESSAGES, hot_item
@@ -104,7 +103,7 @@ class _Run:
                 systems = [system(each) for system, each in zip(SYSTEMS, settings, strict=True)]
             _progress("moto in-process: DynamoDB calls and capacity units per message, per handler")
             n = self.arguments.cost_messages
-            for handler in HANDLERS:
+            for handler in registered():
                 draws = Draws(handler, functools.partial(backend.seed, settings, handler))
                 for system in systems:
                     costs = self.results.costs.setdefault(system.name, {})
@@ -170,7 +169,7 @@ class _Run:
 
     def time_floors(self, function: LambdaEnvironment) -> None:
         """This consumer on each registered handler's batches of 10 new messages and single messages, at 10 ms."""
-        for handler in HANDLERS:
+        for handler in registered():
             _progress(f"{TARGET_MEMORY_MB} MB, {TARGET_LATENCY_MS} ms: {handler.event_type}, batches of 10 and of 1")
             draws, ours = self.draws(handler), {report.CONSUMER: function}
             batch, single = (

@@ -8,7 +8,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from unittest import mock
 
@@ -21,11 +21,10 @@ from bench.systems import System
 from consumer.api import ID_PATTERN
 from consumer.config import Settings
 from consumer.handler import MessageHandler, Mode, declared_settings, declared_tables
-from service.registry import HANDLERS
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import LambdaContext, sqs_event
 from testkit.messages import envelope, queue_counts
-from testkit.payloads import GeneratorError, Handler, put_seeds, refusal, seed_items, valid_payloads
+from testkit.payloads import GeneratorError, Handler, put_seeds, refusal, registered, seed_items, valid_payloads
 from testkit.tables import IDEMPOTENCY_TABLE, create_template_tables
 
 NEW, DUPLICATE, DUPLICATE_IN_BATCH = "new", "duplicate", "duplicate inside one batch"
@@ -49,7 +48,7 @@ class Backend:
     # The benchmark's own client: tables, item sizes, seed items. Its calls are never counted.
     reader: Any
     dead_letter_queue_url: str
-    handlers: Sequence[Handler] = HANDLERS
+    handlers: Sequence[Handler] = field(default_factory=registered)
     # Creates the tables named (logical id -> name): the template's, or a test's own for its handlers'.
     create_tables: Callable[[Any, Mapping[str, str]], None] = create_template_tables
 
@@ -109,9 +108,9 @@ class Draws:
         return [envelope(self.handler.event_type, key, p) for key, p in zip(keys, payloads, strict=True)]
 
 
-def timed_handler(handlers: Sequence[Handler] = HANDLERS) -> Handler:
+def timed_handler(handlers: Sequence[Handler] | None = None) -> Handler:
     """What the systems are timed on: the first optimistic handler registered (no webhook in the way)."""
-    optimistic = [handler for handler in handlers if handler.mode is Mode.OPTIMISTIC]
+    optimistic = [handler for handler in handlers or registered() if handler.mode is Mode.OPTIMISTIC]
     if not optimistic:
         raise SystemExit("make bench times an optimistic handler: none is registered")
     return optimistic[0]
