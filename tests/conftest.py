@@ -68,14 +68,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
     # A tooling module that runs the registered application runs on the core's own, by one test of the checkout's.
     there = bool(os.environ.get(ON_THE_CORES_OWN))
-    elsewhere = []
+    kept: list[pytest.Item] = []
+    elsewhere: list[pytest.Item] = []
     for item in items:
         run = item.get_closest_marker("cores_own_application_run") is not None
-        if (run and there) or (not run and not there and item.get_closest_marker("cores_own_application")):
-            elsewhere.append(item)
+        moved = (run and there) or (not run and not there and item.get_closest_marker("cores_own_application"))
+        (elsewhere if moved else kept).append(item)
     if elsewhere:
         config.hook.pytest_deselected(items=elsewhere)
-        items[:] = [item for item in items if item not in elsewhere]
+        items[:] = kept
     # Longest first: make test and make proof deal whole files to the workers in this order (--dist loadfile), so the
     # files with the long tests start first, each on the next free worker, and the short files fill in behind them.
     items.sort(key=_expected_seconds, reverse=True)
