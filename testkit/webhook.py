@@ -112,7 +112,10 @@ class WebhookSink(Lifecycle):
     def start(self) -> Self:
         self._server = _Server((LOOPBACK, 0), _handler_for(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="webhook-sink", daemon=True)
+        # shutdown() waits out one poll of serve_forever: the default half second was most of a unit test's time.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, name="webhook-sink", daemon=True
+        )
         self._thread.start()
         return self
 

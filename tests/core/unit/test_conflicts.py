@@ -10,7 +10,9 @@ DynamoDB Local behind the conflict emulation, not here.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import boto3
@@ -300,6 +302,29 @@ def test_on_a_fifo_queue_a_message_without_a_group_is_a_lane_of_its_own(consumer
     lanes = _lanes(prepared(consumer, records), fifo=True)
 
     assert sorted(lanes) == [[0], [1], [2]]
+
+
+def test_grouping_a_batch_into_lanes_is_linear_work_in_its_size(consumer: Consumer) -> None:
+    # Lambda hands a standard queue's function up to 10,000 messages at once; a lane search over every lane (the
+    # grouping as first written) made that quadratic. Lines run, counted, are the work: no clock in it.
+    def lines_run(count: int) -> int:
+        # Distinct keys, the worst case for a search of every lane: each message starts a lane of its own.
+        items = prepared(consumer, [sqs_record(f"m{i}", tally_body(f"p-{i}", tally_id=f"t-{i}")) for i in range(count)])
+        lines = 0
+
+        def trace(frame: FrameType, event: str, arg: Any) -> Any:
+            nonlocal lines
+            lines += event == "line"
+            return trace
+
+        sys.settrace(trace)
+        try:
+            _lanes(items, fifo=False)
+        finally:
+            sys.settrace(None)
+        return lines
+
+    assert lines_run(2_000) < 2.2 * lines_run(1_000)
 
 
 def test_a_hot_tally_batch_applies_every_entry_once_in_order(consumer: Consumer) -> None:
