@@ -212,3 +212,40 @@ def test_the_hot_items_returned_share_is_a_median_with_its_range_and_a_failed_ch
     assert checks.startswith("- **FAILED**:") and "in 1 of 3 runs" in checks
     assert "run 1: the total 7, not 20100" in checks and "run 3: 1 dead-lettered" in checks
     assert hot_item_targets(BenchResults(memory_sizes_mb=[512], latencies_ms=[0])) == []
+
+
+class _SteadyWallNoisyCpu:
+    """A function whose every batch takes the same wall time, while its CPU per record swings by half each time."""
+
+    name, quota = "steady", None
+
+    def __init__(self) -> None:
+        self.invocations = 0
+
+    def invoke(self, request: dict[str, object]) -> object:
+        self.invocations += 1
+        cpu = 0.001 if self.invocations % 2 else 0.002
+        response = {"wall_s": 0.01, "cpu_s": cpu, "failed": 0, "botocore_cpu_s": cpu, "server_s": 0.0, "calls": 1}
+
+        class Invocation:
+            succeeded, error = True, None
+
+        invocation = Invocation()
+        invocation.response = response  # type: ignore[attr-defined]
+        return invocation
+
+
+@pytest.mark.parametrize(("aim", "repetitions"), [(None, 15), ("record_cpu_s", 40)])
+def test_a_cpu_target_is_timed_until_its_cpu_figure_is_precise_not_only_its_wall_time(
+    aim: str | None, repetitions: int
+) -> None:
+    # The floor's verdict reads the CPU per record: a run stopped once the wall time was precise left its spread wide.
+    limits = type("Limits", (), {"min_repetitions": 15, "max_repetitions": 40, "precision": 0.10})
+    function = _SteadyWallNoisyCpu()
+    options = {} if aim is None else {"aim": lambda samples: getattr(samples, aim)}
+
+    samples = timing.time_batches({"steady": cast(LambdaEnvironment, function)}, lambda: ["{}"], 0, limits, **options)[
+        "steady"
+    ]
+
+    assert len(samples.wall_s) == repetitions
