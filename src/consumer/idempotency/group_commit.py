@@ -71,7 +71,7 @@ class GroupCommit:
         # The first of those waiting, whose thread gathers them and sends; the others sleep until settled.
         self._leader: _Waiting | None = None
 
-    def join(self, threads: int = 1) -> None:
+    def join(self, threads: int) -> None:
         """``threads`` more threads will submit transitions soon (each ``leave``s when done): a send waits for them."""
         with self._lock:
             self._taking_part += threads

@@ -120,7 +120,7 @@ class IdempotencyStore:
         """A fresh token for a claim or an apply: the fence its later transitions are held to."""
         return self._table.new_token()
 
-    def join(self, threads: int = 1) -> None:
+    def join(self, threads: int) -> None:
         """``threads`` threads about to run messages (each ``leave``s when done): a shared transaction waits, bounded,
         for their transitions."""
         if self._group is not None:

@@ -496,6 +496,43 @@ def test_a_bound_of_nothing_sends_at_once_though_the_clock_stands_still() -> Non
     assert sends.sent == [["a"]]
 
 
+def test_the_bound_is_wait_ms_to_the_millisecond_on_the_group_commits_clock() -> None:
+    # 19.999 ms after it arrived the leader still waits for the thread taking part; at 20 ms it sends alone.
+    now = [100.0]
+    sends = _Sends()
+    group = GroupCommit(sends, wait_ms=20, clock=lambda: now[0])
+    group.join(2)  # the other thread never submits
+    sent = threading.Event()
+
+    def submit() -> None:
+        group.submit([_Named("a")])
+        sent.set()
+
+    threading.Thread(target=submit, daemon=True).start()
+
+    now[0] = 100.019999
+    assert not sent.wait(0.2)
+    now[0] = 100.020
+    assert sent.wait(5)
+    assert sends.sent == [["a"]]
+
+
+def test_threads_joined_add_up() -> None:
+    # Joined one thread, a lone submit is all that is waited for: it goes at once, not at the bound. Joined one and
+    # one more, the next send waits for both.
+    sends = _Sends()
+    group = GroupCommit(sends, wait_ms=10_000)
+    group.join(1)
+    started = time.monotonic()
+    assert _submit_on_threads(group, ["a"]) == {"a": Settled(1)}
+    assert time.monotonic() - started < 5
+    group.join(1)
+    group.join(1)
+    answers = _submit_on_threads(group, ["b", "c"])
+    assert [sorted(sent) for sent in sends.sent] == [["a"], ["b", "c"]]
+    assert answers == dict.fromkeys("bc", Settled(2))
+
+
 def test_a_waiting_thread_takes_each_wake_once() -> None:
     # A wake releases its sleeper once until the sleeper has slept through it: a second wake before the sleep is the
     # same wake, a sleep with no wake pending lasts its timeout, and a wake after a sleep ends the next sleep at once.
