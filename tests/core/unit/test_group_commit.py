@@ -479,19 +479,25 @@ def test_a_thread_that_leaves_without_submitting_is_no_longer_waited_for() -> No
     assert time.monotonic() - started < 5
 
 
+def _submitted_alone(group: GroupCommit, name: str) -> threading.Event:
+    """Submitted from a thread of its own, while the test's thread watches; set once its submit returns."""
+    sent = threading.Event()
+
+    def submit() -> None:
+        group.submit([_Named(name)])
+        sent.set()
+
+    threading.Thread(target=submit, daemon=True).start()
+    return sent
+
+
 def test_a_bound_of_nothing_sends_at_once_though_the_clock_stands_still() -> None:
     # The bound is reached when the time left is nothing, not only below it: with a clock that does not move, a send
     # that waited for the time left to go negative would never go.
     sends = _Sends()
     group = GroupCommit(sends, wait_ms=0, clock=lambda: 100.0)
     group.join(2)  # the other thread never submits
-    sent = threading.Event()
-
-    def submit() -> None:
-        group.submit([_Named("a")])
-        sent.set()
-
-    threading.Thread(target=submit, daemon=True).start()
+    sent = _submitted_alone(group, "a")
     assert sent.wait(5)
     assert sends.sent == [["a"]]
 
@@ -502,13 +508,7 @@ def test_the_bound_is_wait_ms_to_the_millisecond_on_the_group_commits_clock() ->
     sends = _Sends()
     group = GroupCommit(sends, wait_ms=20, clock=lambda: now[0])
     group.join(2)  # the other thread never submits
-    sent = threading.Event()
-
-    def submit() -> None:
-        group.submit([_Named("a")])
-        sent.set()
-
-    threading.Thread(target=submit, daemon=True).start()
+    sent = _submitted_alone(group, "a")
 
     now[0] = 100.019999
     assert not sent.wait(0.2)
