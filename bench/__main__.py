@@ -26,7 +26,7 @@ from bench.costs import Backend, Draws, handler_name, message_costs, moto_backen
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.report import TARGET_BATCH, TARGET_LATENCY_MS, TARGET_MEMORY_MB, BenchResults, TimingKey
 from bench.systems import SYSTEM_ENV, SYSTEMS, settings_environment
-from bench.timing import POWERTOOLS_ENV, REPO_ROOT, Samples, invoke, system_functions, time_batches
+from bench.timing import POWERTOOLS_ENV, REPO_ROOT, Samples, Turn, invoke, system_functions, time_batches, time_turns
 from consumer.config import Settings
 from consumer.handler import Mode
 from testkit.aws import DUMMY_CREDENTIALS_ENV, client
@@ -172,14 +172,16 @@ class _Run:
         for handler in registered():
             _progress(f"{TARGET_MEMORY_MB} MB, {TARGET_LATENCY_MS} ms: {handler.event_type}, batches of 10 and of 1")
             draws, ours = self.draws(handler), {report.CONSUMER: function}
-            # Each run until its figure of the target is precise: the batch's CPU per message, the single's
-            # botocore CPU (the floor); the wall times' spread says nothing of theirs.
-            batch, single = (
-                time_batches(ours, functools.partial(draws.bodies, size), TARGET_LATENCY_MS, self.arguments, aim)
-                for size, aim in ((TARGET_BATCH, _record_cpu), (1, _botocore_cpu))
-            )
+            # The batches of 10 and the single messages take turns, so that the ratio's two sides are read in one
+            # stretch of the machine's time (one after the other, a drift between them read as the consumer's), each
+            # until its own figure of the target is precise: the batch's CPU per message, the single's botocore CPU.
+            turns = {
+                "batch": Turn(function, functools.partial(draws.bodies, TARGET_BATCH), _record_cpu),
+                "single": Turn(function, functools.partial(draws.bodies, 1), _botocore_cpu),
+            }
+            timed = time_turns(turns, TARGET_LATENCY_MS, self.arguments)
             self.results.floors[handler_name(handler)] = report.Floor(
-                batch[report.CONSUMER], single[report.CONSUMER], targeted=handler.mode is Mode.OPTIMISTIC
+                timed["batch"], timed["single"], targeted=handler.mode is Mode.OPTIMISTIC
             )
             if handler.mode is Mode.LOCK:
                 # Three lock messages whose handlers end together (the webhook answers each alike): their calls.

@@ -281,13 +281,16 @@ def floor_targets(results: BenchResults) -> list[str]:
         batch, single = floor.batch, floor.single.botocore_cpu_s
         floor_s = statistics.median(single)
         ratio = batch.cpu_per_record_s / floor_s
+        # The ratio's spread from its sides' intervals, each end at its least favourable: the verdict reads the medians.
+        (cpu_low, cpu_high), (floor_low, floor_high) = median_ci(batch.record_cpu_s), median_ci(single)
         verdict, clause = (
             _against(ratio, FLOOR_TARGET)
             if floor.targeted
             else ("measured", "no target: its webhook's call is in it, not in the floor")
         )
         verdicts.append(
-            f"- {verdict}: {name}: CPU per message {ratio:.2f}{TIMES} botocore's own in "
+            f"- {verdict}: {name}: CPU per message {ratio:.2f}{TIMES} [{cpu_low / floor_high:.2f}-"
+            f"{cpu_high / floor_low:.2f}] botocore's own in "
             f"one message's calls ({_interval(batch.cpu_per_record_s, median_ci(batch.record_cpu_s))} ms, "
             f"n={len(batch.wall_s)}, against {_interval(floor_s, median_ci(single))} ms; {clause})."
         )

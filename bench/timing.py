@@ -145,25 +145,36 @@ def invoke(function: LambdaEnvironment, bodies: list[str], latency_ms: float) ->
     return answer
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One function's part in a timed run: the batches it is given and the figure its precision is aimed at."""
+
+    function: LambdaEnvironment
+    batch: Callable[[], list[str]]
+    aim: Callable[[Samples], list[float]] = lambda samples: samples.wall_s
+
+
 def time_batches(
-    functions: Mapping[str, LambdaEnvironment],
-    batch: Callable[[], list[str]],
-    latency_ms: float,
-    limits: Any,
-    aim: Callable[[Samples], list[float]] = lambda samples: samples.wall_s,
+    functions: Mapping[str, LambdaEnvironment], batch: Callable[[], list[str]], latency_ms: float, limits: Any
 ) -> dict[str, Samples]:
-    """Samples per system: each repetition runs every system once on fresh records, in turn; ``limits``, the command
-    line's ``min_repetitions``, ``max_repetitions`` and ``precision``, which ``aim`` says of which figure (the wall
-    time unless told: a CPU target aims at its CPU figure, whose spread is its own)."""
-    for function in functions.values():
-        invoke(function, batch(), latency_ms)  # untimed: connections and lanes, as a warm container
-    samples = {name: Samples() for name in functions}
+    """Samples per system, each given the same kind of batch, aimed at the wall time (``time_turns``)."""
+    return time_turns({name: Turn(function, batch) for name, function in functions.items()}, latency_ms, limits)
+
+
+def time_turns(turns: Mapping[str, Turn], latency_ms: float, limits: Any) -> dict[str, Samples]:
+    """Samples per turn: each repetition runs every turn once on fresh records, in turn, so that a slow moment of the
+    machine is shared out and a ratio of two turns is read within one stretch of time, not across two; ``limits``,
+    the command line's ``min_repetitions``, ``max_repetitions`` and ``precision``, which each turn's ``aim`` says of
+    which figure (a CPU target aims at its CPU figure, whose spread is its own)."""
+    for turn in turns.values():
+        invoke(turn.function, turn.batch(), latency_ms)  # untimed: connections and lanes, as a warm container
+    samples = {name: Samples() for name in turns}
     for repetition in range(limits.max_repetitions):
-        for name in in_turns(list(functions), repetition):
-            bodies = batch()
-            periods, waited_s = _throttling(functions[name])
-            answer = invoke(functions[name], bodies, latency_ms)
-            periods_after, waited_after_s = _throttling(functions[name])
+        for name in in_turns(list(turns), repetition):
+            function, bodies = turns[name].function, turns[name].batch()
+            periods, waited_s = _throttling(function)
+            answer = invoke(function, bodies, latency_ms)
+            periods_after, waited_after_s = _throttling(function)
             samples[name].throttled_periods += periods_after - periods
             samples[name].throttled_s += waited_after_s - waited_s
             samples[name].wall_s.append(answer["wall_s"])
@@ -172,7 +183,7 @@ def time_batches(
             samples[name].server_s.append(answer["server_s"])
             samples[name].calls.append(answer["calls"])
         if repetition + 1 >= limits.min_repetitions and all(
-            _ci_relative(aim(s)) <= limits.precision for s in samples.values()
+            _ci_relative(turns[name].aim(each)) <= limits.precision for name, each in samples.items()
         ):
             break
     return samples

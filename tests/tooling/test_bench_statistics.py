@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
@@ -158,11 +159,19 @@ def test_cpu_per_message_is_read_against_botocores_own_cpu_in_one_messages_call_
     results.timings[TimingKey(512, TARGET_LATENCY_MS, TARGET_BATCH)] = {name: batch(2.0, 0.3) for name in NAMES}
 
     tally, call = floor_targets(results)
-    assert tally.startswith(f"- **missed**: Tally (optimistic): CPU per message 0.50{TIMES} botocore's own")
+    assert tally.startswith(f"- **missed**: Tally (optimistic): CPU per message 0.50{TIMES} [0.50-0.50] botocore's own")
     assert tally.endswith(f"against 4.00 [4.00-4.00] ms; target ≤ 0.3{TIMES}, over by 1.67{TIMES}).")
-    assert call.startswith(f"- measured: Call (lock): CPU per message 0.50{TIMES}")
+    assert call.startswith(f"- measured: Call (lock): CPU per message 0.50{TIMES} [0.50-0.50]")
     assert call.endswith("; no target: its webhook's call is in it, not in the floor).")
     assert targets(results)[-2:] == [tally, call]
+    # The ratio's interval takes each side's interval at its least favourable end: 1.5/5 and 2.5/3.
+    spread = Floor(
+        timing.Samples(wall_s=[0.05] * 3, record_cpu_s=[0.0015, 0.002, 0.0025]),
+        timing.Samples(wall_s=[0.05] * 3, botocore_cpu_s=[0.004, 0.005, 0.003]),
+        targeted=True,
+    )
+    spread_results = BenchResults(memory_sizes_mb=[512], latencies_ms=[TARGET_LATENCY_MS], floors={"Tally": spread})
+    assert f"CPU per message 0.50{TIMES} [0.30-0.83] botocore's own" in floor_targets(spread_results)[0]
     assert floor_targets(BenchResults(memory_sizes_mb=[512], latencies_ms=[TARGET_LATENCY_MS])) == []
     # Three lock messages whose handlers end together: the median batch's DynamoDB calls against two.
     results.lock_trios = {"Call (lock)": timing.Samples(calls=[2, 3, 2, 2, 3])}
@@ -215,15 +224,18 @@ def test_the_hot_items_returned_share_is_a_median_with_its_range_and_a_failed_ch
 
 
 class _SteadyWallNoisyCpu:
-    """A function whose every batch takes the same wall time, while its CPU per record swings by half each time."""
+    """A function whose every batch takes the same wall time, while its CPU per record swings by half each time; it
+    notes the size of each batch it is given, in the order given."""
 
     name, quota = "steady", None
 
-    def __init__(self) -> None:
+    def __init__(self, sizes: list[int] | None = None) -> None:
         self.invocations = 0
+        self.sizes = [] if sizes is None else sizes
 
-    def invoke(self, request: dict[str, object]) -> object:
+    def invoke(self, request: dict[str, Any]) -> object:
         self.invocations += 1
+        self.sizes.append(len(request["event"]["Records"]))
         cpu = 0.001 if self.invocations % 2 else 0.002
         response = {"wall_s": 0.01, "cpu_s": cpu, "failed": 0, "botocore_cpu_s": cpu, "server_s": 0.0, "calls": 1}
 
@@ -235,17 +247,35 @@ class _SteadyWallNoisyCpu:
         return invocation
 
 
+_LIMITS = type("Limits", (), {"min_repetitions": 15, "max_repetitions": 40, "precision": 0.10})
+
+
 @pytest.mark.parametrize(("aim", "repetitions"), [(None, 15), ("record_cpu_s", 40)])
 def test_a_cpu_target_is_timed_until_its_cpu_figure_is_precise_not_only_its_wall_time(
     aim: str | None, repetitions: int
 ) -> None:
     # The floor's verdict reads the CPU per record: a run stopped once the wall time was precise left its spread wide.
-    limits = type("Limits", (), {"min_repetitions": 15, "max_repetitions": 40, "precision": 0.10})
-    function = _SteadyWallNoisyCpu()
-    options = {} if aim is None else {"aim": lambda samples: getattr(samples, aim)}
+    function = cast(LambdaEnvironment, _SteadyWallNoisyCpu())
+    turn = timing.Turn(function, lambda: ["{}"])
+    if aim is not None:
+        turn = timing.Turn(function, lambda: ["{}"], lambda samples: getattr(samples, aim))
 
-    samples = timing.time_batches({"steady": cast(LambdaEnvironment, function)}, lambda: ["{}"], 0, limits, **options)[
-        "steady"
-    ]
+    samples = timing.time_turns({"steady": turn}, 0, _LIMITS)["steady"]
 
     assert len(samples.wall_s) == repetitions
+
+
+def test_the_floors_two_sides_take_turns_so_their_ratio_is_read_in_one_stretch_of_time() -> None:
+    # Batches of 10 first and single messages after, a drift of the machine between the two was read as the consumer's
+    # (seven runs of the floor read 0.21x to 0.34x). Taking turns, no more than two of one kind run in a row.
+    sizes: list[int] = []
+    function = cast(LambdaEnvironment, _SteadyWallNoisyCpu(sizes))
+    turns = {"batch": timing.Turn(function, lambda: ["{}"] * 10), "single": timing.Turn(function, lambda: ["{}"])}
+
+    samples = timing.time_turns(turns, 0, _LIMITS)
+
+    timed = sizes[2:]  # after one untimed batch of each
+    assert len(samples["batch"].wall_s) == len(samples["single"].wall_s) == 15
+    assert sorted(set(timed)) == [1, 10]
+    longest = max(len(list(run)) for _, run in itertools.groupby(timed))
+    assert longest <= 2
