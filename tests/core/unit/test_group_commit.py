@@ -504,12 +504,19 @@ def test_a_bound_of_nothing_sends_at_once_though_the_clock_stands_still() -> Non
 
 def test_the_bound_is_wait_ms_to_the_millisecond_on_the_group_commits_clock() -> None:
     # 19.999 ms after it arrived the leader still waits for the thread taking part; at 20 ms it sends alone.
-    now = [100.0]
+    now, arrived = [100.0], threading.Event()
+
+    def clock() -> float:
+        reading = now[0]
+        arrived.set()  # the first reading is the submit's arrival: the clock moves only after it
+        return reading
+
     sends = _Sends()
-    group = GroupCommit(sends, wait_ms=20, clock=lambda: now[0])
+    group = GroupCommit(sends, wait_ms=20, clock=clock)
     group.join(2)  # the other thread never submits
     sent = _submitted_alone(group, "a")
 
+    assert arrived.wait(5)
     now[0] = 100.019999
     assert not sent.wait(0.2)
     now[0] = 100.020
