@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import pytest
 
+from bench import __main__ as bench_main
 from bench import timing
 from bench.costs import (
     DYNAMODB_PER_WRITE_UNIT,
@@ -279,3 +280,19 @@ def test_the_floors_two_sides_take_turns_so_their_ratio_is_read_in_one_stretch_o
     assert sorted(set(timed)) == [1, 10]
     longest = max(len(list(run)) for _, run in itertools.groupby(timed))
     assert longest <= 2
+
+
+def test_the_bench_times_each_handlers_floor_with_its_two_sides_in_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The floor's own runner, not only the timing loop: a return to the batches first and the singles after fails here.
+    monkeypatch.setattr(bench_main, "registered", lambda: [TallyHandler])
+    monkeypatch.setattr(bench_main, "timed_handler", lambda: TallyHandler)
+    run = bench_main._Run(bench_main.parse_arguments(["--min-repetitions", "15", "--max-repetitions", "15"]))
+    run.draws = lambda handler: cast(Draws, type("Bodies", (), {"bodies": staticmethod(lambda n: ["{}"] * n)})())
+    sizes: list[int] = []
+
+    run.time_floors(cast(LambdaEnvironment, _SteadyWallNoisyCpu(sizes)))
+
+    (floor,) = run.results.floors.values()
+    assert (len(floor.batch.wall_s), len(floor.single.wall_s)) == (15, 15)
+    timed = sizes[2:]  # after one untimed batch of each
+    assert max(len(list(run)) for _, run in itertools.groupby(timed)) <= 2
