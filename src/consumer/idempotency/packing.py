@@ -1,16 +1,17 @@
 """Transitions of several messages packed into shared transactions, and each one's part of the answer read.
 
-Transitions whose items are disjoint share a ``TransactWriteItems`` (first fit, within its 100 items and 4 MB); ones
-that meet never do. When DynamoDB cancels a shared transaction, its reasons name the failing items: each transition
-reads its own (``Transition.read``) and the others are sent again without it. Whatever a shared transaction cannot
-settle (a conflict, a reason that says nothing, an error naming no item, items that meet or cannot be built) is left
-to the transition's own write, with the reason; a transition that raises while reading its part keeps that error as
-its own outcome, and the others keep theirs.
+Transitions whose items are disjoint share a ``TransactWriteItems`` (first fit over the packs opened last, within its
+100 items and 4 MB); ones that meet never do. When DynamoDB cancels a shared transaction, its reasons name the failing
+items: each transition reads its own (``Transition.read``) and the others are sent again without it. Whatever a shared
+transaction cannot settle (a conflict, a reason that says nothing, an error naming no item, items that meet or cannot
+be built) is left to the transition's own write, with the reason; a transition that raises while reading its part
+keeps that error as its own outcome, and the others keep theirs.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,10 @@ from consumer.idempotency.transition import Transition
 # TransactWriteItems' own limits: a shared transaction stays within both.
 MAX_TRANSACTION_ITEMS = 100
 MAX_TRANSACTION_BYTES = 4 * 1024 * 1024
+# A transition is tried against the few packs opened last: first fit over every pack tried each of a batch's
+# transitions against every full pack again, quadratic in the batch (10,000 messages). The packs before these are full,
+# or hold an item of the ones after, which the next packs take.
+_OPEN_PACKS = 4
 
 
 @dataclass(frozen=True)
@@ -107,30 +112,28 @@ def send_shared(table: Table, transitions: Sequence[Transition[Any]]) -> list[Sh
             # Two actions on one item, or too many: the message's own write says why, in its own words.
             outcomes[index] = Own(FallBack.UNBUILT)
             continue
-        pack = next((pack for pack in packs if pack.fits(keys, len(items), size)), None)
+        pack = next((pack for pack in packs[-_OPEN_PACKS:] if pack.fits(keys, len(items), size)), None)
         if pack is None:
             pack = _Pack()
             packs.append(pack)
         pack.add(index, keys, len(items), size)
         built[index] = items
+    packs_naming = Counter(key for pack in packs for key in pack.keys)
     for pack in packs:
         if len(pack.indexes) == 1:
-            outcomes[pack.indexes[0]] = Own(_alone_because(pack, packs, len(transitions)))
+            outcomes[pack.indexes[0]] = Own(_alone_because(pack, packs_naming, len(transitions)))
         else:
             _send(table, transitions, pack.indexes, built, outcomes)
     assert all(outcome is not None for outcome in outcomes), "every transition gets its outcome"
     return [outcome for outcome in outcomes if outcome is not None]
 
 
-def _alone_because(pack: _Pack, packs: Sequence[_Pack], transitions: int) -> str:
-    """Why a transition packed alone goes alone: nothing else was ready, its items meet another's, or no room."""
+def _alone_because(pack: _Pack, packs_naming: Mapping[tuple[str, object], int], transitions: int) -> str:
+    """Why a transition packed alone goes alone: nothing else was ready, its items meet another's (an item another
+    pack names too: ``packs_naming`` counts the packs naming each), or no room."""
     if transitions == 1:
         return FallBack.ALONE
-    return (
-        FallBack.SHARES_AN_ITEM
-        if any(pack.keys & other.keys for other in packs if other is not pack)
-        else (FallBack.NO_ROOM)
-    )
+    return FallBack.SHARES_AN_ITEM if any(packs_naming[key] > 1 for key in pack.keys) else FallBack.NO_ROOM
 
 
 def _send(

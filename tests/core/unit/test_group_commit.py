@@ -9,12 +9,14 @@ say). The same refusals on DynamoDB Local behind the conflict emulation are in t
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from types import FrameType
 from typing import Any, cast
 
 import boto3
@@ -320,6 +322,79 @@ def test_a_group_past_transact_write_items_limit_is_split(dynamodb: Any, clock: 
     answers = _applied(store, [_tally_request(n) for n in range(60)])
     assert all(isinstance(answer, Applied) for answer in answers)
     assert seen == [100, 20]
+
+
+class _TwoItems(Transition[object]):
+    """A transition of two items of its own (a record and a business write), landed as its name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def items(self, table: Any, now_ms: int) -> list[dict[str, Any]]:
+        return [{"Put": {"TableName": table_name, "Item": {"pk": {"S": self.name}}}} for table_name in ("a", "b")]
+
+    def landed(self, items: list[dict[str, Any]]) -> object:
+        return self.name
+
+    writes = read = alone = items  # type: ignore[assignment]
+
+
+class _Accepts:
+    """A table whose every transaction lands; the items' keys of each, in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[str]] = []
+
+    def now_ms(self) -> int:
+        return 0
+
+    def new_token(self) -> str:
+        return "token"
+
+    def transact(self, items: list[dict[str, Any]], token: str, messages: int) -> None:
+        assert len(items) <= 100
+        self.sent.append([item["Put"]["Item"]["pk"]["S"] for item in items])
+
+
+class _Meets(_TwoItems):
+    """Its second item is one every _Meets names: no two of them share a transaction."""
+
+    def items(self, table: Any, now_ms: int) -> list[dict[str, Any]]:
+        own, shared = ({"Put": {"TableName": "a", "Item": {"pk": {"S": pk}}}} for pk in (self.name, "hot"))
+        return [own, shared]
+
+
+def test_a_transition_is_tried_against_the_four_packs_opened_last_oldest_first() -> None:
+    # Ten transitions meet on one item, so each opens a pack; the next is tried against the four opened last only
+    # (its work bounded whatever the batch), and joins the oldest of them that fits.
+    table = _Accepts()
+    transitions: list[Transition[object]] = [_Meets(f"m{i}") for i in range(10)]
+    send_shared(cast("Table", table), [*transitions, _TwoItems("free")])
+    assert ["m6", "hot", "free", "free"] in table.sent
+
+
+def test_packing_a_batchs_transitions_is_linear_work_in_their_number() -> None:
+    # A batch of 10,000 new messages hands 10,000 applies to one send: tried against every pack (first fit), each
+    # was tried against every full pack again, quadratic in the batch. Lines run, counted, are the work.
+    def lines_run(count: int) -> int:
+        transitions = [_TwoItems(f"m{i}") for i in range(count)]
+        lines = 0
+
+        def trace(frame: FrameType, event: str, arg: Any) -> Any:
+            nonlocal lines
+            lines += event == "line"
+            return trace
+
+        previous = sys.gettrace()
+        sys.settrace(trace)
+        try:
+            outcomes = send_shared(cast("Table", _Accepts()), transitions)
+        finally:
+            sys.settrace(previous)
+        assert outcomes == [Settled(f"m{i}") for i in range(count)]
+        return lines
+
+    assert lines_run(4_000) < 2.2 * lines_run(2_000)
 
 
 def test_a_refused_business_write_in_a_group_is_that_messages_alone(dynamodb: Any, clock: Clock) -> None:
