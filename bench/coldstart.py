@@ -25,7 +25,7 @@ from typing import Any
 from bench.costs import Backend, Draws, timed_handler
 from bench.systems import settings_environment
 from bench.timing import POWERTOOLS_ENV, REPO_ROOT, in_turns
-from testkit import cpu_quota
+from testkit import application, cpu_quota
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.dynamodb_local import DynamoDBLocal
 from testkit.lambda_sqs import REGION, sqs_event
@@ -40,11 +40,11 @@ TRACED, PREVIOUS_RUNTIME, PREVIOUS_PYTHON = "this consumer, tracing on", "this c
 FULL_CPU, LAMBDA_SHARES = 0, -1
 # What each system's module runs at import, binding ``handler``: its init phase.
 INIT_CODE = {
-    CONSUMER: "from service.lambda_function import handler",
+    CONSUMER: f"from {application.ENTRY} import handler",
     POWERTOOLS: (
         "from bench.systems import PowertoolsBaseline\nfrom consumer.config import Settings\n"
-        "from consumer.handler import declared_tables\nfrom service.registry import HANDLERS\n"
-        "handler = PowertoolsBaseline(Settings.from_env(tables=declared_tables(HANDLERS))).handle"
+        "from consumer.handler import declared_tables\nfrom testkit import application\n"
+        "handler = PowertoolsBaseline(Settings.from_env(tables=declared_tables(application.registered()))).handle"
     ),
     FLOOR: (
         "import os, botocore.session\nclient = botocore.session.get_session().create_client('dynamodb')\n"
@@ -66,6 +66,7 @@ _TRACED_ENV = {
 _DRIVER = """
 import json, os, sys, time
 from testkit.lambda_sqs import LambdaContext
+from testkit import application
 event, context, namespace = json.loads(sys.argv[1]), LambdaContext(), {}
 sys.stderr.write("started\\n")
 started = time.perf_counter()
@@ -124,7 +125,7 @@ def artifacts() -> Iterator[dict[str, list[Path]]]:
         # SAM's pip builder unpacks the wheels and compiles nothing: what a function without a build step ships.
         pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
         _run("pip install", [*pip, "--target", str(unpacked), "-r", str(REPO_ROOT / "src" / "requirements.txt")])
-        for package in ("consumer", "service"):  # the core and the application, as the artifact holds them
+        for package in ("consumer", application.PACKAGE):  # the core and the application, as the artifact holds them
             shutil.copytree(
                 REPO_ROOT / "src" / package, unpacked / package, ignore=shutil.ignore_patterns("__pycache__")
             )

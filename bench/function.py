@@ -20,12 +20,13 @@ from bench.probe import RoundTripProbe, on_new_clients
 from bench.systems import SYSTEM_ENV, SYSTEMS
 from consumer.config import Settings
 from consumer.handler import declared_settings, declared_tables
-from service.registry import HANDLERS
+from testkit import application
 
 _probe = RoundTripProbe()
 # Installed before the system creates its clients: the latency is slept per HTTP request, in this process.
 with on_new_clients(_probe.handler_specs()):
-    _settings = Settings.from_env(tables=declared_tables(HANDLERS), handler_settings=declared_settings(HANDLERS))
+    _handlers = application.registered()
+    _settings = Settings.from_env(tables=declared_tables(_handlers), handler_settings=declared_settings(_handlers))
     _system = {system.name: system for system in SYSTEMS}[os.environ[SYSTEM_ENV]](_settings)
 
 

@@ -24,7 +24,7 @@ from botocore.exceptions import ClientError
 from consumer.config import Settings, table_variable
 from consumer.envelope import Message, parse_message
 from consumer.handler import MessageContext, MessageHandler, build_handlers
-from service.registry import HANDLERS
+from testkit import application
 
 if TYPE_CHECKING:
     from testkit.lambda_sqs import LambdaContext
@@ -53,7 +53,7 @@ class ThisConsumer:
         from consumer import app  # noqa: PLC0415
 
         # A test's handlers are built already (with arguments of their own): the entry point takes them as built.
-        classes = [type(handler) for handler in handlers.values()] if handlers else HANDLERS
+        classes = [type(handler) for handler in handlers.values()] if handlers else application.registered()
         built = mock.patch.object(app, "build_handlers", lambda *_: dict(handlers)) if handlers else nullcontext()
         function = app.lambda_handler(classes)
         with mock.patch.dict(os.environ, settings_environment(settings)), built:
@@ -75,7 +75,7 @@ class LedgerBusiness:
     """The consumer's handlers, their ledger writes made by calls of their own, not in a transaction with the record."""
 
     def __init__(self, client: Any, settings: Settings) -> None:
-        self._handlers = build_handlers(HANDLERS, settings)
+        self._handlers = build_handlers(application.registered(), settings)
         self._calls = {"Put": client.put_item, "Update": client.update_item, "Delete": client.delete_item}
 
     def parse(self, record: dict[str, Any]) -> ParsedRecord:

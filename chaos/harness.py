@@ -29,7 +29,7 @@ from consumer.handler import declared_settings, declared_tables
 from local.demo import example_checks
 from local.poller import Poller, PollerGroup
 from local.stack import webhook_parameters
-from testkit import dead_letters, payloads
+from testkit import application, dead_letters, payloads
 from testkit.conflict_emulation import COMMITS_PATH
 from testkit.lambda_runtime import LambdaEnvironment, check_handler
 from testkit.lambda_venv import venv_python
@@ -46,7 +46,7 @@ _PACKAGES = {
     "consumer": REPO_ROOT / "src" / "consumer",
     **{name: REPO_ROOT / name for name in ("chaos", "local", "testkit", "tests")},
 }
-_APPLICATION = {"service": REPO_ROOT / "src" / "service"}
+_APPLICATION = {application.PACKAGE: application.source(REPO_ROOT)}
 _HANDLER = "chaos.runtime_handler.handler"
 # The consumer's settings that the run sets, under the same names as in ``ChaosConfig``.
 _SETTINGS_OF_THE_RUN = (

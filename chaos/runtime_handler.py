@@ -25,6 +25,7 @@ from chaos.transport_faults import install_faults
 from consumer.config import Settings
 from consumer.handler import MessageHandler, Mode, build_handlers
 from consumer.idempotency.record import Attr
+from testkit import application
 
 PLAN_VARIABLE = "CHAOS_PLAN"
 # The run's webhook sink, for a handler the run adds that calls out (its URL: any path under it).
@@ -61,9 +62,7 @@ def handler_classes(registered: bool, added: Sequence[str]) -> tuple[type[Messag
     if not registered:
         return classes
     # Only here: a run on added handlers alone (the core's proof) never reads the application, which a user replaces.
-    from service.registry import HANDLERS  # noqa: PLC0415
-
-    return (*HANDLERS, *classes)
+    return (*application.registered(), *classes)
 
 
 class Environment:

@@ -12,6 +12,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+from testkit import application
 from testkit.template import REPO_ROOT
 from tests.tooling.template_copies import template_project
 
@@ -33,13 +34,13 @@ def test_the_core_importing_the_application_fails_lint_naming_the_contract_and_t
     shutil.copy(REPO_ROOT / "pyproject.toml", tmp_path)
     assert _lint_imports(tmp_path)[0] == 0, "the project's own tree must keep the contract"
     planted = tmp_path / "src" / "consumer" / "batch.py"
-    planted.write_text(planted.read_text() + "\nimport service.registry  # planted\n")
+    planted.write_text(planted.read_text() + f"\nimport {application.REGISTRY}  # planted\n")
 
     code, output = _lint_imports(tmp_path)
 
     assert code == 1
     assert "Broken contracts" in output and _CONTRACT in output
-    assert "consumer.batch -> service.registry" in output
+    assert f"consumer.batch -> {application.REGISTRY}" in output
 
 
 def test_the_contracts_hold_when_lint_imports_is_run_bare_in_the_checkout() -> None:

@@ -12,11 +12,12 @@ import pytest
 
 from bench.coldstart import CONSUMER, FLOOR, FULL_CPU, POWERTOOLS, ColdStarts, import_groups
 from bench.report import TIMES, cold_start_targets
+from testkit import application
 from testkit.lambda_venv import LAMBDA_PYTHON_VERSION, LambdaPythonMissing, find_python
 from testkit.template import REPO_ROOT, load_template
 
 # What build-ConsumerFunction ships (the Makefile's FUNCTION_PACKAGES).
-PACKAGES = ("consumer", "service")
+PACKAGES = ("consumer", application.PACKAGE)
 
 IMPORTTIME = """import time: self [us] | cumulative | imported package
 import time:      5000 |       5000 | testkit.lambda_sqs

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from local.replace_examples import register
+from testkit import application
 from testkit.template import Template, load_template
 from tests.tooling.template_copies import pytest_in, template_project
 from tests.tooling.test_making_it_theirs import _insert
@@ -35,9 +36,8 @@ def _follow(project: Path, skip: int | None = None, replace: tuple[int, str, str
     if replace:
         index, old, new = replace
         steps[index] = steps[index].replace(old, new)
-    application = project / "src" / "service"
-    shutil.copy(project / "examples" / "inventory_reserved.py", application / "handlers" / "inventory_reserved.py")
-    register(application / "registry.py", tables_checklist()[0])
+    shutil.copy(project / "examples" / "inventory_reserved.py", application.handlers_folder(project))
+    register(application.registry_file(project), tables_checklist()[0])
     places = [PARAMETERS, METADATA, VARIABLES, ("              - Sid: ParkPoisonMessages\n", False), OUTPUTS, DASHBOARD]
     into_template(project / "template.yaml", steps, places, skip)
 

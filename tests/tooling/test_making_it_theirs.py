@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from local.replace_examples import register
+from testkit import application
 from tests.tooling.template_copies import pytest_in, run_in, template_project
 from tests.utils import tables_checklist
 
@@ -45,10 +46,9 @@ def _follow(project: Path, skip: int | None = None, typo: tuple[str, str] | None
     steps = tables_checklist()
     if typo:
         steps[_VARIABLE] = steps[_VARIABLE].replace(*typo)
-    application = project / "src" / "service"
-    shutil.copy(project / "examples" / "inventory_reserved.py", application / "handlers" / "inventory_reserved.py")
+    shutil.copy(project / "examples" / "inventory_reserved.py", application.handlers_folder(project))
     if skip != _REGISTRATION:
-        register(application / "registry.py", steps[_REGISTRATION])
+        register(application.registry_file(project), steps[_REGISTRATION])
     template = project / "template.yaml"
     if skip != _TABLE:
         _insert(template, "\nResources:\n", steps[_TABLE] + "\n", after=True)
@@ -61,8 +61,9 @@ def _follow(project: Path, skip: int | None = None, typo: tuple[str, str] | None
 def _routed(project: Path) -> dict[str, dict[str, str]]:
     """The copy's registry, built with the tests' settings: each event type and the tables it is given."""
     code = (
-        "from consumer.handler import build_handlers; from service.registry import HANDLERS; import tests.utils as u;"
-        " print({t: h.table_names for t, h in build_handlers(HANDLERS, u.settings_for_tests()).items()})"
+        "from consumer.handler import build_handlers; from testkit.application import registered;"
+        " import tests.utils as u;"
+        " print({t: h.table_names for t, h in build_handlers(registered(), u.settings_for_tests()).items()})"
     )
     done = run_in(project, [sys.executable, "-c", code], timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -87,10 +88,10 @@ def test_the_documented_steps_keep_a_handler_the_user_registered_already(tmp_pat
     """A user's handler beside the shipped ones (the refund example, registered as "Writing your own
     handler" says, not yet committed): adding the next one keeps it, and the tests still pass."""
     template_project(tmp_path, environments=())
-    shutil.copy(tmp_path / "examples" / "refund_issued.py", tmp_path / "src" / "service" / "handlers")
+    shutil.copy(tmp_path / "examples" / "refund_issued.py", application.handlers_folder(tmp_path))
     step = tables_checklist()[_REGISTRATION]
     register(
-        tmp_path / "src/service/registry.py",
+        application.registry_file(tmp_path),
         step.replace("inventory_reserved", "refund_issued").replace("InventoryReserved", "RefundIssued"),
     )
     before = _routed(tmp_path)

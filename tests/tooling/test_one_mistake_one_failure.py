@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from testkit import application
 from testkit.template import TEMPLATE_PATH
 from tests.tooling.template_copies import run_in, template_project
 
 _LIMIT_S = 600
 # Generous: the servers start, the function is checked, and the command stops (seconds on an idle machine).
 _START_DEADLINE_S = 60
-PAYMENT = "src/service/handlers/payment_received.py"
-RECEIPT = "src/service/handlers/receipt_requested.py"
+PAYMENT = application.handlers_folder(Path()) / "payment_received.py"
+RECEIPT = application.handlers_folder(Path()) / "receipt_requested.py"
 RECEIPT_PARAMETER = "  ReceiptWebhookUrl:  # example: receipt\n"
 
 
@@ -56,12 +57,12 @@ def guard_on_an_optimistic_handler(root: Path) -> None:
 def unregistered_handler(root: Path) -> None:
     """A handler file with its variables and secret in the template, left out of HANDLERS."""
     _edit(
-        root / "src/service/registry.py",
+        application.registry_file(root),
         "(PaymentReceivedHandler, ReceiptRequestedHandler)",
         "(PaymentReceivedHandler,)",
     )
     _edit(
-        root / "src/service/registry.py", "from service.handlers.receipt_requested import ReceiptRequestedHandler\n", ""
+        application.registry_file(root), application.handler_import("receipt_requested", "ReceiptRequestedHandler"), ""
     )
 
 
@@ -121,7 +122,8 @@ MISTAKES: dict[Callable[[Path], None], tuple[str, str]] = {
     ),
     unregistered_handler: (
         "test_every_handler_file_is_registered_in_handlers",
-        "register each handler file in HANDLERS (src/service/registry.py): ReceiptRequestedHandler is left out",
+        f"register each handler file in HANDLERS ({application.registry_file(Path())}): ReceiptRequestedHandler is"
+        " left out",
     ),
     missing_grant: (
         "test_role_grants_exactly_what_the_code_calls",

@@ -86,9 +86,9 @@ def test_every_tracked_file_has_exactly_one_owner() -> None:
 
 
 def test_a_file_in_no_column_or_in_two_is_named_in_one_line_each() -> None:
-    columns = {"ours": ["src/consumer/", "Makefile"], "yours": ["src/service/", "src/consumer/extra.py"], "merged": []}
+    columns = {"ours": ["src/consumer/", "Makefile"], "yours": ["src/shop/", "src/consumer/extra.py"], "merged": []}
 
-    assert ownership_mistakes(["src/consumer/app.py", "src/service/registry.py", "Makefile"], columns) == []
+    assert ownership_mistakes(["src/consumer/app.py", "src/shop/registry.py", "Makefile"], columns) == []
     assert ownership_mistakes(["notes.md", "src/consumer/extra.py", "Makefile.local"], columns) == [
         "notes.md is in no column of ownership.toml: add it to yours (an upgrade never touches it)",
         "src/consumer/extra.py is in ours and yours of ownership.toml: one owner each",
@@ -114,12 +114,12 @@ def test_copier_keeps_from_upgrades_what_is_yours_and_nothing_else() -> None:
 def test_a_core_path_kept_from_upgrades_or_a_path_of_yours_left_to_them_is_named() -> None:
     config = """_exclude:
   - .git
-  - "{% if _copier_operation == 'update' %}src/service/{% endif %}"
+  - "{% if _copier_operation == 'update' %}src/shop/{% endif %}"
   - "{% if _copier_operation == 'update' %}Makefile{% endif %}"
 """
-    columns = {"ours": ["Makefile"], "yours": ["src/service/", "events/"], "merged": []}
+    columns = {"ours": ["Makefile"], "yours": ["src/shop/", "events/"], "merged": []}
 
-    assert kept_from_upgrades(config) == ["src/service/", "Makefile"]
+    assert kept_from_upgrades(config) == ["src/shop/", "Makefile"]
     assert upgrade_mistakes(config, columns, template=True) == [
         "copier.yml keeps Makefile from upgrades, which ownership.toml does not list in yours",
         "copier.yml lets upgrades touch events/, which ownership.toml lists in yours",

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from local.replace_examples import replace_the_examples
+from testkit import application
 from testkit.template import REPO_ROOT
 from tests.tooling.template_copies import pytest_in, run_in, template_project
 from tests.tooling.test_making_it_theirs import _follow, _routed
@@ -42,7 +43,7 @@ def test_replacing_the_examples_as_the_docs_say_leaves_a_project_that_passes_lin
 
     # Every example gone: what is left is the core's, the application's frame and the generic tests.
     assert [path.name for path in (tmp_path / "examples").iterdir()] == ["__init__.py"]
-    assert sorted(path.name for path in (tmp_path / "src/service/handlers").iterdir()) == ["__init__.py"]
+    assert sorted(path.name for path in application.handlers_folder(tmp_path).iterdir()) == ["__init__.py"]
     left = sorted(path.name for path in (tmp_path / "tests/app").iterdir())
     assert left == ["README.md", "__init__.py", "conftest.py", "test_handler_contract.py", "test_handler_registry.py"]
     (tmp_path / "examples/inventory_reserved.py").write_text(handler)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from local.replace_examples import register
+from testkit import application
 from tests.tooling.template_copies import pytest_in
 from tests.tooling.test_existing_table import (
     _ON_THE_STACK,
@@ -68,9 +69,11 @@ def _follow(project: Path, skip: int | None = None) -> None:
     blocks = page_blocks("settings.md", "### A setting of your own")
     assert len(blocks) == 6, "docs/settings.md's settings example changed shape: update this test"
     code = blocks[_CODE].replace("    ...\n", _HANDLER_BODY, 1)
-    (project / "src/service/handlers/renewal_due.py").write_text(_HANDLER_HEAD + code)
-    register(project / "src/service/registry.py", "from service.handlers.renewal_due import RenewalHandler\n"
-              "HANDLERS: T = (..., RenewalHandler)")  # fmt: skip
+    (application.handlers_folder(project) / "renewal_due.py").write_text(_HANDLER_HEAD + code)
+    register(
+        application.registry_file(project),
+        application.handler_import("renewal_due", "RenewalHandler") + "HANDLERS: T = (..., RenewalHandler)",
+    )
     places = [PARAMETERS, METADATA, VARIABLES, ("\nConditions:\n", True), ("  ConsumerFunction:\n", False)]
     into_template(project / "template.yaml", blocks[1:], places, None if skip is None else skip - 1)
 

@@ -18,7 +18,7 @@ from consumer.handler import declared_tables
 from local import smoke
 from local.replace_examples import handlers_statement
 from local.stack import DeployedStack
-from testkit import dead_letters, payloads
+from testkit import application, dead_letters, payloads
 from tests.core.handlers import CallHandler, TallyHandler
 from tests.tooling.template_copies import on_the_cores_own_application, run_in, template_project
 
@@ -48,7 +48,7 @@ def test_the_local_form_starts_the_stack_passes_and_stops(tmp_path: Path) -> Non
     answer = run_in(project, [sys.executable, "-m", "local", "smoke", "--timeout", "30"], timeout=90)
     assert answer.returncode == 0, answer.stdout + answer.stderr
     lines = answer.stdout.splitlines()
-    registered = handlers_statement((project / "src/service/registry.py").read_text())[1]
+    registered = handlers_statement(application.registry_file(project).read_text())[1]
     # One per registered handler, then the drain, the resends, the poison and its reason.
     assert sum(line.startswith("ok ") for line in lines) == len(registered) + 4, answer.stdout
     assert not any(line.startswith("FAIL") for line in lines)

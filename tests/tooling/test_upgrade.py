@@ -20,6 +20,7 @@ import consumer
 import local.upgrade as upgrade_module
 from local.replace_examples import register
 from local.upgrade import ANSWERS, adopt, recorded
+from testkit import application
 from testkit.template import REPO_ROOT
 from tests.tooling.template_copies import ENVIRONMENTS, link_environments, pytest_in, run_in, taken_as_built
 from tests.tooling.test_making_it_theirs import _insert
@@ -87,12 +88,12 @@ def _project_on_the_previous_release(directory: Path, template: Path) -> Path:
         return text.replace("Inventory", "Parcel").replace("inventory", "parcel").replace("INVENTORY", "PARCEL")
 
     handler = renamed((directory / "examples/inventory_reserved.py").read_text())
-    (directory / "src/service/handlers/parcel_reserved.py").write_text(handler)
+    (application.handlers_folder(directory) / "parcel_reserved.py").write_text(handler)
     # A reservation applies only with the stock asked: the generic contract draws payloads with these seeds first.
     seeds = renamed((directory / "tests/app/inventory_reserved_seeds.py").read_text())
     (directory / "tests/app/parcel_reserved_seeds.py").write_text(seeds)
     registration, table, variable, grant = map(renamed, tables_checklist())
-    register(directory / "src/service/registry.py", registration)
+    register(application.registry_file(directory), registration)
     template = directory / "template.yaml"
     _insert(template, "\nResources:\n", table + "\n", after=True)
     _insert(template, "          IDEMPOTENCY_TABLE_NAME: !Ref IdempotencyTable\n", variable, after=True)
@@ -137,10 +138,10 @@ def test_a_project_on_the_previous_release_with_a_handler_of_its_own_upgrades_an
     assert (answers["_commit"], answers["_src_path"]) == (CURRENT, str(template))
     # The tooling tests v2.1.0's docs had deleted come back (the core's, replaced whole); the examples do not.
     assert "restored tests/tooling/test_making_it_theirs.py" in done.stdout
-    assert not (project / "src/service/handlers/payment_received.py").exists()
+    assert not (application.handlers_folder(project) / "payment_received.py").exists()
     assert not (project / "tests/app/test_payment_received.py").exists()
     assert (project / "copier.yml").read_text() == (template / "copier.yml").read_text()
-    registry = (project / "src/service/registry.py").read_text()
+    registry = application.registry_file(project).read_text()
     assert "ParcelReservedHandler" in registry and "PaymentReceivedHandler" not in registry
     assert "ParcelTable" in (project / "template.yaml").read_text()
 
