@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,7 @@ import pytest
 from consumer.config import Settings
 from consumer.idempotency import IdempotencyStore
 from consumer.idempotency.transition import Transition
-from service.registry import HANDLERS
+from testkit import application
 from testkit.aws import session
 from testkit.template import REPO_ROOT, TemplateError
 from tests.core.handlers import TEST_TABLES, CallHandler, TallyHandler, create_test_tables
@@ -34,7 +35,7 @@ def settings_for_tests(tables: Mapping[str, Any] | None = None, **overrides: Any
     # of the shortest lease.
     overrides.setdefault("group_commit_wait_ms", 100)
     try:
-        return settings_for((TallyHandler, CallHandler, *HANDLERS), tables, **overrides)
+        return settings_for((TallyHandler, CallHandler, *application.registered()), tables, **overrides)
     except (TemplateError, NoTestValue) as error:
         # The static checks name the one mistake (a parameter without a value, a setting the function lacks).
         pytest.skip(f"the tests cannot give a handler its required setting: {error}")
@@ -68,6 +69,25 @@ def tables_checklist() -> list[str]:
     blocks = page_blocks("tables.md")
     assert len(blocks) == 5, "docs/tables.md's checklist changed shape: update tests/utils.py and its tests"
     return blocks[:4]
+
+
+def lines_run(work: Callable[[], object]) -> int:
+    """The lines of Python ``work`` runs, each pass of a loop counted: the work a test of linear cost compares, with no
+    clock in it. A tracer already set (a coverage run's) is given back after."""
+    lines = 0
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal lines
+        lines += event == "line"
+        return trace
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        work()
+    finally:
+        sys.settrace(previous)
+    return lines
 
 
 def offline_dynamodb() -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -240,12 +241,7 @@ class _SteadyWallNoisyCpu:
         cpu = 0.001 if self.invocations % 2 else 0.002
         response = {"wall_s": 0.01, "cpu_s": cpu, "failed": 0, "botocore_cpu_s": cpu, "server_s": 0.0, "calls": 1}
 
-        class Invocation:
-            succeeded, error = True, None
-
-        invocation = Invocation()
-        invocation.response = response  # type: ignore[attr-defined]
-        return invocation
+        return SimpleNamespace(succeeded=True, error=None, response=response)
 
 
 _LIMITS = type("Limits", (), {"min_repetitions": 15, "max_repetitions": 40, "precision": 0.10})

@@ -118,21 +118,22 @@ def send_shared(table: Table, transitions: Sequence[Transition[Any]]) -> list[Sh
             packs.append(pack)
         pack.add(index, keys, len(items), size)
         built[index] = items
-    packs_naming = Counter(key for pack in packs for key in pack.keys)
+    packs_naming: Counter[tuple[str, object]] | None = None  # counted once, and only if a pack goes alone
     for pack in packs:
-        if len(pack.indexes) == 1:
-            outcomes[pack.indexes[0]] = Own(_alone_because(pack, packs_naming, len(transitions)))
-        else:
+        if len(pack.indexes) > 1:
             _send(table, transitions, pack.indexes, built, outcomes)
+        elif len(transitions) == 1:
+            outcomes[pack.indexes[0]] = Own(FallBack.ALONE)
+        else:
+            packs_naming = packs_naming or Counter(key for each in packs for key in each.keys)
+            outcomes[pack.indexes[0]] = Own(_alone_because(pack, packs_naming))
     assert all(outcome is not None for outcome in outcomes), "every transition gets its outcome"
     return [outcome for outcome in outcomes if outcome is not None]
 
 
-def _alone_because(pack: _Pack, packs_naming: Mapping[tuple[str, object], int], transitions: int) -> str:
-    """Why a transition packed alone goes alone: nothing else was ready, its items meet another's (an item another
-    pack names too: ``packs_naming`` counts the packs naming each), or no room."""
-    if transitions == 1:
-        return FallBack.ALONE
+def _alone_because(pack: _Pack, packs_naming: Mapping[tuple[str, object], int]) -> str:
+    """Why a transition packed alone, beside others, goes alone: its items meet another's (an item another pack names
+    too: ``packs_naming`` counts the packs naming each), or no room."""
     return FallBack.SHARES_AN_ITEM if any(packs_naming[key] > 1 for key in pack.keys) else FallBack.NO_ROOM
 
 

@@ -10,9 +10,7 @@ DynamoDB Local behind the conflict emulation, not here.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 import boto3
@@ -33,7 +31,7 @@ from testkit.webhook import WebhookSink
 from tests.core.handlers import call_body, tally_body
 from tests.core.unit.conftest import Clock, Consumer, make_consumer, total
 from tests.kit import Remaining
-from tests.utils import offline_dynamodb
+from tests.utils import lines_run, offline_dynamodb
 
 
 class Conflicts:
@@ -307,25 +305,12 @@ def test_on_a_fifo_queue_a_message_without_a_group_is_a_lane_of_its_own(consumer
 def test_grouping_a_batch_into_lanes_is_linear_work_in_its_size(consumer: Consumer) -> None:
     # Lambda hands a standard queue's function up to 10,000 messages at once; a lane search over every lane (the
     # grouping as first written) made that quadratic. Lines run, counted, are the work: no clock in it.
-    def lines_run(count: int) -> int:
+    def work_for(count: int) -> int:
         # Distinct keys, the worst case for a search of every lane: each message starts a lane of its own.
         items = prepared(consumer, [sqs_record(f"m{i}", tally_body(f"p-{i}", tally_id=f"t-{i}")) for i in range(count)])
-        lines = 0
+        return lines_run(lambda: _lanes(items, fifo=False))
 
-        def trace(frame: FrameType, event: str, arg: Any) -> Any:
-            nonlocal lines
-            lines += event == "line"
-            return trace
-
-        previous = sys.gettrace()  # a coverage run's tracer, given back after the count
-        sys.settrace(trace)
-        try:
-            _lanes(items, fifo=False)
-        finally:
-            sys.settrace(previous)
-        return lines
-
-    assert lines_run(2_000) < 2.2 * lines_run(1_000)
+    assert work_for(2_000) < 2.2 * work_for(1_000)
 
 
 def test_a_hot_tally_batch_applies_every_entry_once_in_order(consumer: Consumer) -> None:

@@ -9,14 +9,12 @@ say). The same refusals on DynamoDB Local behind the conflict emulation are in t
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from types import FrameType
 from typing import Any, cast
 
 import boto3
@@ -41,7 +39,7 @@ from consumer.outcome import Outcome
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, REGION, sqs_record
 from tests.core.handlers import REFUSALS, refusals, tally_body
 from tests.core.unit.conftest import TALLIES, Clock, Consumer, entries, make_consumer, total
-from tests.utils import IDEMPOTENCY_TABLE, together
+from tests.utils import IDEMPOTENCY_TABLE, lines_run, together
 
 # Long enough that every thread of a test reaches the group commit however loaded the machine (so which messages
 # share a transaction is the test's to say), with a lease ten times that.
@@ -376,25 +374,14 @@ def test_a_transition_is_tried_against_the_four_packs_opened_last_oldest_first()
 def test_packing_a_batchs_transitions_is_linear_work_in_their_number() -> None:
     # A batch of 10,000 new messages hands 10,000 applies to one send: tried against every pack (first fit), each
     # was tried against every full pack again, quadratic in the batch. Lines run, counted, are the work.
-    def lines_run(count: int) -> int:
+    def work_for(count: int) -> int:
         transitions = [_TwoItems(f"m{i}") for i in range(count)]
-        lines = 0
-
-        def trace(frame: FrameType, event: str, arg: Any) -> Any:
-            nonlocal lines
-            lines += event == "line"
-            return trace
-
-        previous = sys.gettrace()
-        sys.settrace(trace)
-        try:
-            outcomes = send_shared(cast("Table", _Accepts()), transitions)
-        finally:
-            sys.settrace(previous)
+        outcomes: list[Shared] = []
+        lines = lines_run(lambda: outcomes.extend(send_shared(cast("Table", _Accepts()), transitions)))
         assert outcomes == [Settled(f"m{i}") for i in range(count)]
         return lines
 
-    assert lines_run(4_000) < 2.2 * lines_run(2_000)
+    assert work_for(4_000) < 2.2 * work_for(2_000)
 
 
 def test_a_refused_business_write_in_a_group_is_that_messages_alone(dynamodb: Any, clock: Clock) -> None:
