@@ -9,11 +9,13 @@ from consumer.config import ApiUrl, HandlerSettings, SecretArn, Settings
 from consumer.errors import ConfigurationError, ErrorType, PoisonMessage, TransientError
 from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import ConditionCheck, Delete, Put, Update
+from consumer.outbox import BusEvent, QueueMessage, TopicMessage
 from consumer.webhook import SigningKey, WebhookClient, WebhookResponse
 
 __all__ = [
     "ID_PATTERN",
     "ApiUrl",
+    "BusEvent",
     "ConditionCheck",
     "ConfigurationError",
     "Delete",
@@ -26,9 +28,11 @@ __all__ = [
     "Mode",
     "PoisonMessage",
     "Put",
+    "QueueMessage",
     "SecretArn",
     "Settings",
     "SigningKey",
+    "TopicMessage",
     "TransientError",
     "Update",
     "WebhookClient",

@@ -23,9 +23,19 @@ from consumer.errors import ConfigurationError
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
+def _variable(logical_id: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", logical_id).upper()
+
+
 def table_variable(logical_id: str) -> str:
     """The variable that carries a template table's name: OrdersTable -> ORDERS_TABLE_NAME."""
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", logical_id).upper() + "_NAME"
+    return _variable(logical_id) + "_NAME"
+
+
+def destination_variable(logical_id: str) -> str:
+    """The variable that carries a destination's address to the relay (a queue's URL, a topic's ARN, a bus's name):
+    ReceiptQueue -> RECEIPT_QUEUE_DESTINATION."""
+    return _variable(logical_id) + "_DESTINATION"
 
 
 # How a template parameter that names an existing table starts. Outputs are named after what they give

@@ -40,6 +40,10 @@ class ErrorType(StrEnum):
     # A handler's guard or effect that DynamoDB can never take as one transaction (over the item limit,
     # two actions on one item): the handler's mistake, the same on every delivery.
     INVALID_HANDLER_TRANSACTION = "InvalidHandlerTransaction"
+    # A message the handler emits (``Effect.messages``) that the relay could never send: the handler's mistake.
+    UNDECLARED_DESTINATION = "UndeclaredDestination"
+    OUTGOING_MESSAGE_TOO_LARGE = "OutgoingMessageTooLarge"
+    INVALID_OUTGOING_MESSAGE = "InvalidOutgoingMessage"
 
 
 # The longest reason a dead letter carries (its ErrorMessage attribute): a reason is written to fit it.

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from consumer.config import HandlerSettings, Settings
 from consumer.errors import ConfigurationError
 from consumer.idempotency.writes import Write
+from consumer.outbox import OUTBOX_TABLE, Outgoing
 
 
 class Mode(StrEnum):
@@ -41,16 +42,23 @@ class Effect:
         Anything ``json.dumps`` takes, kept in the record (a digest past ``RESULT_MAX_BYTES``): in lock mode, what
         an API answered (a charge id) belongs here or in a write, so a repeated delivery finds it committed.
     writes:
-        The business writes (``Put``, ``Update``, ``Delete``, ``ConditionCheck``), at most 99, on the handler's
-        declared tables; none may name the same item twice.
+        The business writes (``Put``, ``Update``, ``Delete``, ``ConditionCheck``) on the handler's declared tables;
+        none may name the same item twice.
+    messages:
+        The messages it emits (``QueueMessage``, ``TopicMessage``, ``BusEvent``), each to one of its declared
+        ``destinations``: written to the outbox in the same transaction, so they are sent if and only if the effect
+        commits (a duplicate, a refusal or a fenced commit sends nothing), then sent by the relay, at least once,
+        each with a key derived from this message's record and its position. Writes and messages: at most 99.
 
     Example
     -------
-    ``Effect(result={"applied": payment_id}, writes=(entry, balance))``
+    ``Effect(result={"applied": payment_id}, writes=(entry, balance), messages=(QueueMessage("ReceiptQueue",
+    "ReceiptRequested", {"paymentId": payment_id}),))``
     """
 
     result: object = None  # encoded with json.dumps
     writes: Sequence[Write] = field(default_factory=tuple)
+    messages: Sequence[Outgoing] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)
@@ -197,6 +205,10 @@ class MessageHandler(ABC, Generic[PayloadT]):
     # (``consumer.config.table_variable``: OrdersTable -> ORDERS_TABLE_NAME); the infrastructure tests
     # check that variable and the role's grants for each, and a write to any other table is refused.
     tables: ClassVar[tuple[str, ...]] = ()
+    # The queues, topics and buses its ``Effect.messages`` go to, by their logical ids in template.yaml: each
+    # reaches the relay as a variable named after it (``consumer.config.destination_variable``: ReceiptQueue ->
+    # RECEIPT_QUEUE_DESTINATION), the relay's role may send to it, and a message to any other is dead-lettered.
+    destinations: ClassVar[tuple[str, ...]] = ()
     # Settings of its own (a URL, a timeout, a secret's ARN), each field read from its upper-case
     # variable at start; the handler reads them with ``settings.of(<its model>)``.
     settings_model: ClassVar[type[HandlerSettings]] = HandlerSettings
@@ -231,9 +243,15 @@ class MessageHandler(ABC, Generic[PayloadT]):
 Handlers = Sequence[type[MessageHandler[Any]]]
 
 
+def declared_destinations(handlers: Handlers) -> tuple[str, ...]:
+    """The destinations the handlers emit to, each once: what the relay must be able to send to."""
+    return tuple(dict.fromkeys(destination for handler in handlers for destination in handler.destinations))
+
+
 def declared_tables(handlers: Handlers) -> tuple[str, ...]:
-    """The tables the handlers write, each once: what the function must be able to reach."""
-    return tuple(dict.fromkeys(table for handler in handlers for table in handler.tables))
+    """The tables the handlers write, each once, and the outbox when one emits: what the function must reach."""
+    outbox = (OUTBOX_TABLE,) if declared_destinations(handlers) else ()
+    return tuple(dict.fromkeys((*(table for handler in handlers for table in handler.tables), *outbox)))
 
 
 def declared_settings(handlers: Handlers) -> tuple[type[HandlerSettings], ...]:

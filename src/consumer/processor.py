@@ -54,6 +54,7 @@ from consumer.idempotency.release import Release
 from consumer.idempotency.store import IdempotencyStore
 from consumer.idempotency.transition import Transition
 from consumer.idempotency.writes import Write
+from consumer.outbox import OUTBOX_TABLE, outbox_writes
 from consumer.outcome import Log, MessageResult, Outcome
 from consumer.prepared import Parsed, Prepared, Rejected, prepare
 from consumer.report import Reporter
@@ -296,9 +297,20 @@ class MessageProcessor:
         )
 
     def _handle(self, item: Prepared, parsed: Parsed, remaining_ms: Callable[[], int]) -> Effect:
+        """The handler's effect, its messages turned into outbox writes: one transaction lands both or neither."""
         effect = parsed.handler.handle(parsed.payload, self._context(item, parsed, remaining_ms))
         parsed.check_tables(effect.writes)
-        return effect
+        if not effect.messages:
+            return effect
+        outbox = outbox_writes(
+            effect.messages,
+            table=self._settings.table_names.get(OUTBOX_TABLE, ""),
+            destinations=parsed.handler.destinations,
+            record_id=parsed.message.record_id,
+            now_ms=int(self._clock() * 1000),
+            ttl_seconds=self._settings.idempotency_ttl_seconds,
+        )
+        return Effect(effect.result, (*effect.writes, *outbox))
 
     def _poison_once_released(
         self,

@@ -242,8 +242,8 @@ class Table:
         if len(writes) > MAX_BUSINESS_WRITES:
             raise PoisonMessage(
                 ErrorType.INVALID_HANDLER_TRANSACTION,
-                f"at most {MAX_BUSINESS_WRITES} business writes per message (a transaction holds 100 items with"
-                f" the record), got {len(writes)}",
+                f"at most {MAX_BUSINESS_WRITES} business writes and outgoing messages per message (a transaction"
+                f" holds 100 items with the record), got {len(writes)}",
             )
         items = [record_item, *(write.to_transact_item() for write in writes)]
         try:
