@@ -15,6 +15,10 @@ tests' own, with tables of their own (created by the tests, not in ``template.ya
   the final state, refused if the hold was cancelled meanwhile, and a release takes it back. Not in
   ``handlers_for_tests``: the processor's tests pass it as an extra handler, with a hook (``during``)
   that fails ``handle`` or plays another worker inside it.
+- ``NoticeHandler`` (optimistic, ``NoticeRequested``) and ``LockedNoticeHandler`` (lock, ``LockedNoticeRequested``):
+  write a notice's entry in the tally table (once per notice) and emit ``count`` ``TallyAdded`` messages to the
+  ``NoticeQueue`` through the outbox, so the chain ends in the tally handler's own exactly-once invariant. Not in
+  ``handlers_for_tests`` either: the outbox's tests pass them, with a hook (``during``) as the hold's.
 
 The chaos run builds them in Lambda's runtime too (``tests/core/chaos_handlers.py``), whose venv is the function's:
 what needs the tests' own tools (pytest, the template's reader) is imported in the functions that use it.
@@ -32,6 +36,7 @@ from consumer.config import Settings
 from consumer.errors import TransientError
 from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageHandler, Mode
 from consumer.idempotency.writes import Delete, Put, Update
+from consumer.outbox import QueueMessage
 from consumer.outcome import Outcome
 from consumer.webhook import WebhookClient
 from testkit.lambda_sqs import sqs_record
@@ -40,6 +45,9 @@ from testkit.messages import envelope
 TALLY_EVENT = "TallyAdded"
 CALL_EVENT = "CallRequested"
 HOLD_EVENT = "HoldRequested"
+NOTICE_EVENT = "NoticeRequested"
+LOCKED_NOTICE_EVENT = "LockedNoticeRequested"
+NOTICE_QUEUE = "NoticeQueue"
 TALLY_TABLE = "TallyTable"
 CALL_TABLE = "CallTable"
 UNIT = "PTS"
@@ -195,6 +203,62 @@ class HoldHandler(MessageHandler[HoldRequested]):
         return Effect(result={"holdId": payload.holdId}, writes=(done,))
 
 
+class NoticeRequested(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    noticeId: str = Field(pattern=ID_PATTERN)
+    tallyId: str = Field(pattern=ID_PATTERN)
+    count: StrictInt = Field(default=1, ge=0, le=200)
+    # Padding of each emitted message's payload, to pass the outbox's size limit (never delivered: refused first).
+    padding: StrictInt = Field(default=0, ge=0, le=10**6)
+    # Where the messages go: the declared queue unless a test names another.
+    destination: str = NOTICE_QUEUE
+
+
+class NoticeHandler(MessageHandler[NoticeRequested]):
+    event_type: ClassVar[str] = NOTICE_EVENT
+    mode: ClassVar[Mode] = Mode.OPTIMISTIC
+    payload_model: ClassVar[type[BaseModel]] = NoticeRequested
+    tables: ClassVar[tuple[str, ...]] = (TALLY_TABLE,)
+    destinations: ClassVar[tuple[str, ...]] = (NOTICE_QUEUE,)
+
+    def __init__(self, settings: Settings, during: Callable[[MessageContext], None] | None = None) -> None:
+        super().__init__(settings)
+        self._during = during
+
+    def handle(self, payload: NoticeRequested, context: MessageContext) -> Effect:
+        if self._during is not None:
+            self._during(context)
+        entry = Put(
+            table=self.table_names[TALLY_TABLE],
+            item={"tallyId": payload.tallyId, "entryId": f"NOTICE#{payload.noticeId}", "count": payload.count},
+            condition="attribute_not_exists(entryId)",
+            reason=f"notice {payload.noticeId} was given before",
+        )
+        padding = {"note": "x" * payload.padding} if payload.padding else {}
+        messages = tuple(
+            QueueMessage(
+                payload.destination,
+                TALLY_EVENT,
+                {**tally_payload(notice_entry(payload.noticeId, i), payload.tallyId, amount=1), **padding},
+            )
+            for i in range(payload.count)
+        )
+        return Effect(
+            result={"noticeId": payload.noticeId, "emitted": payload.count}, writes=(entry,), messages=messages
+        )
+
+
+class LockedNoticeHandler(NoticeHandler):
+    event_type: ClassVar[str] = LOCKED_NOTICE_EVENT
+    mode: ClassVar[Mode] = Mode.LOCK
+
+
+def notice_entry(notice_id: str, position: int) -> str:
+    """The tally entry the ``position``-th message of a notice adds."""
+    return f"{notice_id}.{position}"
+
+
 def hold_key(hold_id: str) -> dict[str, str]:
     return {"callId": f"HOLD#{hold_id}"}
 
@@ -237,6 +301,11 @@ def call_payload(call_id: str, tally_id: str = "t-1") -> dict[str, Any]:
 
 def call_body(call_id: str, key: str | None = None, tally_id: str = "t-1") -> str:
     return envelope(CALL_EVENT, key or f"call-{call_id}", call_payload(call_id, tally_id))
+
+
+def notice_body(notice_id: str, count: int = 1, key: str | None = None, *, locked: bool = False, **fields: Any) -> str:
+    payload = {"noticeId": notice_id, "tallyId": "t-1", "count": count, **fields}
+    return envelope(LOCKED_NOTICE_EVENT if locked else NOTICE_EVENT, key or f"notice-{notice_id}", payload)
 
 
 def hold_body(hold_id: str, key: str | None = None) -> str:
