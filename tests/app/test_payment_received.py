@@ -22,11 +22,31 @@ from tests.kit import (
 )
 
 LEDGER = "ledger"
+OUTBOX = "outbox"
 
 
-def payment(payment_id: str, account_id: str = "acc-1", amount: int = 1250, key: str | None = None) -> str:
+def payment(
+    payment_id: str, account_id: str = "acc-1", amount: int = 1250, key: str | None = None, email: str | None = None
+) -> str:
     payload = {"paymentId": payment_id, "accountId": account_id, "amountCents": amount, "currency": "EUR"}
-    return envelope("PaymentReceived", key or f"pay-{payment_id}", payload)
+    return envelope("PaymentReceived", key or f"pay-{payment_id}", payload | ({"receiptEmail": email} if email else {}))
+
+
+def receipt_requests(dynamodb: Any) -> list[dict[str, Any]]:
+    """What the payments asked the relay to send: each outbox item's key, destination, group and body."""
+    items = dynamodb.scan(TableName=OUTBOX, ConsistentRead=True)["Items"]
+    return sorted(
+        (
+            {
+                "key": item["id"]["S"],
+                "destination": item["destination"]["S"],
+                "group": item["groupId"]["S"],
+                "body": json.loads(item["body"]["S"]),
+            }
+            for item in items
+        ),
+        key=lambda request: request["key"],
+    )
 
 
 def balance(dynamodb: Any, account_id: str) -> int:
@@ -41,8 +61,9 @@ def ledger_entries(dynamodb: Any, account_id: str) -> list[str]:
 
 @pytest.fixture
 def payments(dynamodb: Any, sqs: Any, clock: Clock) -> Consumer:
-    create_template_tables(dynamodb, {"LedgerTable": LEDGER})
-    settings = settings_for([PaymentReceivedHandler], tables={"LedgerTable": LEDGER})
+    tables = {"LedgerTable": LEDGER, "OutboxTable": OUTBOX}
+    create_template_tables(dynamodb, tables)
+    settings = settings_for([PaymentReceivedHandler], tables=tables)
     return consumer_of(dynamodb, sqs, clock, {"PaymentReceived": PaymentReceivedHandler(settings)}, settings)
 
 
@@ -105,6 +126,41 @@ def test_a_payment_that_breaks_its_schema_is_poison(payments: Consumer, change: 
     (dead,) = payments.dead_letters()
     assert (dead.error_type, (dead.error_message or "").split(":")[0]) == ("SchemaViolation", field)
     assert balance(payments.dynamodb, "acc-1") == 0
+
+
+def test_a_payment_with_a_receipt_email_asks_for_its_receipt_once_however_often_it_is_delivered(
+    payments: Consumer,
+) -> None:
+    body = payment("p-1", amount=700, email="ana@example.com")
+
+    assert payments.failed_ids([sqs_record("m1", body), sqs_record("m2", body)]) == []
+    assert payments.failed_ids([sqs_record("m3", body)]) == []
+
+    key = "PaymentReceived#pay-p-1#0"
+    request = {"receiptId": "p-1", "paymentId": "p-1", "accountId": "acc-1", "amountCents": 700, "currency": "EUR"}
+    assert receipt_requests(payments.dynamodb) == [
+        {
+            "key": key,
+            "destination": "ConsumerQueue",
+            "group": "acc-1",
+            "body": {
+                "eventType": "ReceiptRequested",
+                "metadata": {"idempotencyKey": key},
+                "payload": {**request, "email": "ana@example.com"},
+            },
+        }
+    ]
+
+
+def test_a_payment_without_an_email_or_refused_asks_for_no_receipt(payments: Consumer) -> None:
+    payments.process([sqs_record("eur", payment("p-1", amount=500))])
+    usd = json.loads(payment("p-2", amount=700, email="ana@example.com"))
+    usd["payload"]["currency"] = "USD"
+
+    assert payments.failed_ids([sqs_record("usd", json.dumps(usd))]) == []
+
+    assert reasons(payments.dead_letters()) == {"usd": "BusinessConditionFailed"}
+    assert receipt_requests(payments.dynamodb) == []
 
 
 def test_a_payment_applied_by_its_resend_is_named() -> None:
