@@ -10,7 +10,9 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +24,10 @@ from consumer.config import table_variable
 from consumer.handler import MessageHandler
 from consumer.idempotency import IdempotencyStore
 from consumer.outcome import Log
+from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import REGION, LambdaContext
 from testkit.tables import IDEMPOTENCY_TABLE as IDEMPOTENCY
+from testkit.template import REPO_ROOT
 from tests import kit
 from tests.core.handlers import (
     CALL_TABLE,
@@ -125,13 +129,30 @@ def table_environment() -> dict[str, str]:
     return {table_variable(table): name for table, name in function_tables().items()}
 
 
-def run(event: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Invoke; return the response and every JSON line: log records and the metrics blob."""
+def fresh_interpreter(script: str, variables: Mapping[str, str]) -> list[str]:
+    """The lines ``script`` prints in a fresh interpreter, as Lambda's runtime starts one (the repository on its path,
+    dummy credentials, ``variables``): whatever a test before imported does not count."""
+    env = {
+        **DUMMY_CREDENTIALS_ENV,
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": f"{REPO_ROOT / 'src'}{os.pathsep}{REPO_ROOT}",
+        **variables,
+    }
+    answer = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False)
+    assert answer.returncode == 0, answer.stderr[-2000:]
+    return answer.stdout.splitlines()
+
+
+def run(
+    event: dict[str, Any], capsys: pytest.CaptureFixture[str], function: Callable[[Any, Any], Any] | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Invoke ``function`` (the consumer on the test handlers unless given); return the response and every JSON line:
+    log records and the metrics blob."""
     # The logger's handler holds the stdout of import time; point it at a buffer.
     logs = io.StringIO()
     previous = app.logger.registered_handler.setStream(logs)  # type: ignore[attr-defined]
     try:
-        response = app.lambda_handler(TEST_REGISTRY)(event, LambdaContext())
+        response = (function or app.lambda_handler(TEST_REGISTRY))(event, LambdaContext())
     finally:
         app.logger.registered_handler.setStream(previous)  # type: ignore[attr-defined]
     output = logs.getvalue() + capsys.readouterr().out

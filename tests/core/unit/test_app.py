@@ -7,9 +7,6 @@ it builds whatever it is given.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -18,11 +15,17 @@ from consumer import app
 from consumer.errors import ConfigurationError
 from consumer.handler import build_handlers
 from consumer.outcome import Outcome
-from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import LambdaContext, sqs_record
-from testkit.template import REPO_ROOT
 from tests.core.handlers import TallyHandler, tally_body
-from tests.core.unit.conftest import IDEMPOTENCY_TABLE, TEST_REGISTRY, function_tables, run, table_environment, total
+from tests.core.unit.conftest import (
+    IDEMPOTENCY_TABLE,
+    TEST_REGISTRY,
+    fresh_interpreter,
+    function_tables,
+    run,
+    table_environment,
+    total,
+)
 from tests.utils import settings_for_tests
 
 
@@ -138,9 +141,6 @@ def test_in_lambdas_runtime_the_consumer_is_built_at_init_unless_a_check_fails(
 ) -> None:
     # A fresh interpreter: Lambda's runtime imports the handler's module once, with its variables set.
     variables = {
-        **DUMMY_CREDENTIALS_ENV,
-        "PATH": os.environ["PATH"],
-        "PYTHONPATH": f"{REPO_ROOT / 'src'}{os.pathsep}{REPO_ROOT}",
         "AWS_LAMBDA_FUNCTION_NAME": "ConsumerFunction",
         **table_environment(),
         "DEAD_LETTER_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/dlq",
@@ -152,8 +152,7 @@ def test_in_lambdas_runtime_the_consumer_is_built_at_init_unless_a_check_fails(
         f" t.create_test_tables(boto3.client('dynamodb', region_name='us-east-1'), {tables!r});"
         " from consumer import app; print(int(app.lambda_handler((t.TallyHandler, t.CallHandler)).built))"
     )
-    answer = subprocess.run([sys.executable, "-c", script], env=variables, capture_output=True, text=True, check=True)
-    assert int(answer.stdout.strip().splitlines()[-1]) == built_at_init
+    assert int(fresh_interpreter(script, variables)[-1]) == built_at_init
 
 
 def test_two_handlers_of_one_event_type_are_refused_at_start_naming_both() -> None:

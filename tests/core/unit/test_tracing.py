@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,13 +21,11 @@ from consumer import webhook
 from consumer.errors import PoisonMessage, TransientError
 from consumer.tracing import Tracer
 from consumer.webhook import WebhookClient
-from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_sqs import sqs_record
 from testkit.processes import LOOPBACK, free_port
-from testkit.template import REPO_ROOT
 from testkit.webhook import Answer, WebhookSink
 from tests.core.handlers import tally_body
-from tests.core.unit.conftest import TALLIES, function_tables, run, table_environment
+from tests.core.unit.conftest import TALLIES, fresh_interpreter, function_tables, run, table_environment
 
 ROOT, PARENT = "1-67891233-abcdef012345678912345678", "53995c3f42cd8ad8"
 SAMPLED = f"Root={ROOT};Parent={PARENT};Sampled=1"
@@ -125,9 +120,6 @@ def test_an_invocation_lambda_did_not_sample_sends_nothing(
 def test_tracing_off_imports_nothing_of_it(tracing: str, imported: bool) -> None:
     # A fresh interpreter, as Lambda starts one: whatever a test before imported does not count.
     variables = {
-        **DUMMY_CREDENTIALS_ENV,
-        "PATH": os.environ["PATH"],
-        "PYTHONPATH": f"{REPO_ROOT / 'src'}{os.pathsep}{REPO_ROOT}",
         **table_environment(),
         "DEAD_LETTER_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/dlq",
         "TRACING": tracing,
@@ -138,9 +130,7 @@ def test_tracing_off_imports_nothing_of_it(tracing: str, imported: bool) -> None
         " from consumer import app; app.lambda_handler((t.TallyHandler, t.CallHandler)).build_consumer();"
         " print(int('consumer.tracing' in sys.modules))"
     )
-    answer = subprocess.run([sys.executable, "-c", script], env=variables, capture_output=True, text=True, check=False)
-    assert answer.returncode == 0, answer.stderr[-2000:]
-    assert answer.stdout.strip().splitlines()[-1] == str(int(imported))
+    assert fresh_interpreter(script, variables)[-1] == str(int(imported))
 
 
 @pytest.fixture
