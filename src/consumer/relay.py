@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 __all__ = ["NotSent", "Relay", "RelayHandler", "RelaySettings", "Relayed", "Sender", "handler", "read_item"]
 
 _SUFFIX = "_DESTINATION"
+# How a FIFO queue's URL and a FIFO topic's ARN end.
+_FIFO = ".fifo"
 
 # The stream's event names: only a new item is a message to send.
 _INSERT = "INSERT"
@@ -120,9 +122,12 @@ class Sender:
 
     def _send(self, item: OutboxItem, address: str) -> None:
         attributes = {"IdempotencyKey": {"DataType": "String", "StringValue": item.key}}
+        # A deduplication id is for FIFO queues and topics only (SQS and SNS refuse it elsewhere); a group id is a
+        # standard queue's fair-queue tenant too.
+        deduplication_id = item.deduplication_id if address.endswith(_FIFO) else None
         fifo = {
             name: value
-            for name, value in (("MessageGroupId", item.group_id), ("MessageDeduplicationId", item.deduplication_id))
+            for name, value in (("MessageGroupId", item.group_id), ("MessageDeduplicationId", deduplication_id))
             if value is not None
         }
         if item.kind is Kind.QUEUE:

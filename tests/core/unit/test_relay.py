@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import boto3
+import botocore.client
 import botocore.session
 import pytest
 
@@ -135,6 +136,29 @@ def test_a_fifo_queue_message_keeps_its_group_and_deduplication_ids_and_the_orde
     assert fifo_ids(sqs, url) == expected
     assert expected[0][2] == "placed-7"
     assert expected[2][0] == '{"n":3}'
+
+
+def test_a_standard_queue_gets_the_group_id_as_its_tenant_and_no_deduplication_id(
+    sqs: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = queue(sqs, "receipts")
+    (image,) = images(QueueMessage("ReceiptQueue", "ReceiptRequested", {"paymentId": "p-1"}, group_id="acc-1"))
+    sent: list[dict[str, Any]] = []
+    real = botocore.client.BaseClient._make_api_call
+
+    def recorded(client: Any, operation: str, params: dict[str, Any]) -> Any:
+        sent.append(params)
+        return real(client, operation, params)
+
+    # SQS refuses a deduplication id on a standard queue; moto does not, so the request itself is read.
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", recorded)
+
+    response, _ = relay(capsys, event(image), ReceiptQueue=url)
+
+    assert response == {"batchItemFailures": []}
+    assert image[Attr.DEDUPLICATION_ID]["S"]  # written, for a FIFO queue's sake
+    (params,) = sent
+    assert (params["MessageGroupId"], "MessageDeduplicationId" in params) == ("acc-1", False)
 
 
 @pytest.mark.parametrize("fifo", [False, True], ids=["standard", "fifo"])
