@@ -31,10 +31,13 @@ import boto3
 from consumer.app import wire
 from consumer.config import Settings
 from consumer.envelope import payload_hash
+from consumer.errors import ErrorType
 from consumer.handler import Effect, Guard, MessageContext, MessageHandler
 from consumer.idempotency.calls import COMMIT_UPDATE
 from consumer.idempotency.record import Attr, reservation_token
 from consumer.idempotency.writes import ConditionCheck, Write
+from consumer.outbox import OUTBOX_TABLE, Outgoing, derived_key
+from consumer.outbox import Attr as OutboxAttr
 from consumer.outcome import MessageResult, Outcome
 from testkit import payloads
 from testkit.lambda_sqs import sqs_record
@@ -46,6 +49,8 @@ PAST_THE_LEASE_S = REMAINING_MS / 1000 + 1
 CONCURRENT_DELIVERIES = 3
 Payload = dict[str, Any]
 Items = dict[str, list[str]]  # table name -> its items, each as DynamoDB's JSON, sorted
+# What differs between two deliveries' outbox items that are otherwise alike: when each was written.
+_WRITTEN_AT = (OutboxAttr.CREATED_AT_MS, OutboxAttr.EXPIRES_AT)
 
 
 class Crash(BaseException):
@@ -78,6 +83,8 @@ class Calls:
 
     handled: int = 0
     writes: list[Write] = field(default_factory=list)
+    # The messages each ``handle`` run returned, in run order.
+    emitted: list[tuple[Outgoing, ...]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,7 @@ class Rig:
             calls.handled += 1
             effect = handle(payload, context)
             calls.writes.extend(effect.writes)
+            calls.emitted.append(tuple(effect.messages))
             return effect
 
         def recorded_guard(payload: Any, context: MessageContext) -> Guard | None:
@@ -165,11 +173,30 @@ class Rig:
     # -- state --------------------------------------------------------------------------
 
     def items(self) -> Items:
+        """Every declared table's items; an outbox item without the times it was written at, which two deliveries
+        made apart never share (what it sends, and to whom, is what must be alike)."""
         found: Items = {}
+        outbox = self.settings.table_names.get(OUTBOX_TABLE)
         for table in sorted(set(self.settings.table_names.values())):
             pages = self.dynamodb.get_paginator("scan").paginate(TableName=table, ConsistentRead=True)
-            found[table] = sorted(json.dumps(item, sort_keys=True) for page in pages for item in page["Items"])
+            scanned = [item for page in pages for item in page["Items"]]
+            if table == outbox:
+                scanned = [{k: v for k, v in item.items() if k not in _WRITTEN_AT} for item in scanned]
+            found[table] = sorted(json.dumps(item, sort_keys=True) for item in scanned)
         return found
+
+    def emitted(self, record_id: str) -> dict[str, tuple[str, str]]:
+        """The outbox's items a source record wrote: by key, their destination and body."""
+        outbox = self.settings.table_names.get(OUTBOX_TABLE)
+        if outbox is None:
+            return {}
+        pages = self.dynamodb.get_paginator("scan").paginate(TableName=outbox, ConsistentRead=True)
+        return {
+            item[OutboxAttr.ID]["S"]: (item[OutboxAttr.DESTINATION]["S"], item[OutboxAttr.BODY]["S"])
+            for page in pages
+            for item in page["Items"]
+            if item[OutboxAttr.SOURCE_RECORD]["S"] == record_id
+        }
 
     def record_status(self, subject: Subject, key: str) -> str | None:
         item = self.dynamodb.get_item(
@@ -260,6 +287,8 @@ BUSY = "a message meeting another message's reservation waits: retried, never de
 SCHEMA = "a payload the model refuses is dead-lettered as SchemaViolation with nothing written"
 PURE = "an optimistic handler makes no call outside DynamoDB"
 TABLES = "every write targets a declared table"
+EMITS = "an applied message emits each of its messages once, under the key derived from its record and position"
+EMITTING_SAMPLE = "give the handler a sample event (events/*.json) whose payload emits a message"
 SEEDS = "give seed items (tests/**/<event_type_in_snake_case>_seeds.py) so that a drawn payload applies"
 
 
@@ -573,6 +602,44 @@ def writes_target_declared_tables(rig: Rig, subject: Subject, payload: Payload) 
     if stray:
         what = f"it wrote {stray}, not among its declared tables {list(subject.handler.tables)}"
         return line(subject, TABLES, payload, what, "declare the table in the handler's `tables`")
+    return None
+
+
+_OUTBOX_REFUSALS = (
+    ErrorType.UNDECLARED_DESTINATION,
+    ErrorType.OUTGOING_MESSAGE_TOO_LARGE,
+    ErrorType.INVALID_OUTGOING_MESSAGE,
+)
+
+
+def emits_once_under_derived_keys(rig: Rig, subject: Subject, payload: Payload) -> str | None:
+    """A handler with destinations, delivered twice: applied, the outbox holds exactly the messages its first ``handle``
+    returned, each under ``derived_key(record, position)`` and carrying it; not applied, it holds none of them."""
+    calls = rig.calls.setdefault(subject.name, Calls())
+    runs = len(calls.emitted)
+    key = _fresh_key()
+    source = f"{subject.name}#{key}"
+    rig.seed(subject, payload)
+    first = rig.deliver(subject, rig.message(subject, key, payload))
+    rig.deliver(subject, rig.message(subject, key, payload))
+    emitted = rig.emitted(source)
+    if first.outcome is not Outcome.APPLIED:
+        if (first.reason or "").startswith(_OUTBOX_REFUSALS):
+            advice = "emit only to the handler's `destinations`, JSON of at most 250,000 bytes"
+            return line(subject, EMITS, payload, f"its messages were refused: {_ending(first)}", advice)
+        if emitted:
+            return line(subject, EMITS, payload, f"it ended {_ending(first)}, yet emitted {sorted(emitted)}")
+        return None
+    returned = calls.emitted[runs] if len(calls.emitted) > runs else ()
+    expected = {derived_key(source, position): message.destination for position, message in enumerate(returned)}
+    found = {emitted_key: destination for emitted_key, (destination, _) in emitted.items()}
+    if found != expected:
+        return line(subject, EMITS, payload, f"the outbox holds {found} for the message, expected {expected}")
+    for position, message in enumerate(returned):
+        emitted_key = derived_key(source, position)
+        body = emitted[emitted_key][1]
+        if not getattr(message, "raw", False) and json.loads(body)["metadata"]["idempotencyKey"] != emitted_key:
+            return line(subject, EMITS, payload, f"the message {emitted_key} does not carry its key: {body[:200]}")
     return None
 
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from consumer import prepared
+from consumer import outbox, prepared
 from consumer.config import Settings
 from consumer.handler import (
     ID_PATTERN,
@@ -39,6 +39,7 @@ from consumer.idempotency import calls as store
 from consumer.idempotency.record import IdempotencyRecord, Status
 from consumer.idempotency.release import Release
 from consumer.idempotency.writes import Put, Update
+from consumer.outbox import OUTBOX_TABLE, QueueMessage
 from consumer.webhook import WebhookClient
 from local.stack import deploy_stack
 from service.registry import HANDLERS
@@ -66,12 +67,13 @@ class Hold(BaseModel):
 
 class GuardedCallHandler(MessageHandler[Hold]):
     """Lock mode with a guard: holds an item under its reservation token, calls the sink with the key, then settles
-    the hold."""
+    the hold and emits that it did (through the outbox)."""
 
     event_type: ClassVar[str] = "ContractGuardedCall"
     mode: ClassVar[Mode] = Mode.LOCK
     payload_model: ClassVar[type[BaseModel]] = Hold
     tables: ClassVar[tuple[str, ...]] = (HOLD_TABLE,)
+    destinations: ClassVar[tuple[str, ...]] = ("ContractQueue",)
 
     def __init__(self, settings: Settings, url: str) -> None:
         super().__init__(settings)
@@ -98,7 +100,8 @@ class GuardedCallHandler(MessageHandler[Hold]):
             "heldBy = :token",
             **{":amount": payload.amount, ":status": status},
         )
-        return Effect({"status": status}, (settle,))
+        settled = QueueMessage("ContractQueue", "ContractHoldSettled", {"holdId": payload.holdId, "status": status})
+        return Effect({"status": status}, (settle,), messages=(settled,))
 
 
 class ImpureHandler(MessageHandler[Hold]):
@@ -131,6 +134,7 @@ def _of(applies: Callable[[Subject], bool]) -> Any:
 
 
 every_handler = _of(lambda subject: True)
+emitting_handlers = _of(lambda subject: bool(subject.handler.destinations))
 lock_handlers = _of(lambda subject: subject.handler.mode is Mode.LOCK)
 guarded_handlers = _of(lambda subject: subject.handler.mode is Mode.LOCK and subject.guarded)
 optimistic_handlers = _of(lambda subject: subject.handler.mode is Mode.OPTIMISTIC)
@@ -151,7 +155,9 @@ def rig(local_servers: LocalServers) -> Iterator[Rig]:
         dynamodb = local_servers.client("dynamodb")
         hold_table = f"contract-hold-{uuid.uuid4().hex[:8]}"
         create_table(dynamodb, hold_table, _HOLD_TABLE_PROPERTIES)
-        settings = settings.model_copy(update={"table_names": {**settings.table_names, HOLD_TABLE: hold_table}})
+        # The outbox too, for the core's own emitting subject whatever the registered handlers emit.
+        tables = {**settings.table_names, HOLD_TABLE: hold_table, OUTBOX_TABLE: stack.table_name(OUTBOX_TABLE)}
+        settings = settings.model_copy(update={"table_names": tables})
         yield Rig(settings, sink, dynamodb)
 
 
@@ -232,6 +238,18 @@ def test_a_payload_the_model_refuses_is_dead_lettered_with_nothing_written(rig: 
 @optimistic_handlers
 def test_an_optimistic_handler_makes_no_call(rig: Rig, subject: Subject) -> None:
     _holds(contract.optimistic_handle_is_pure, rig, subject, _cases(subject, contract.PURE))
+
+
+@emitting_handlers
+def test_an_applied_message_emits_each_of_its_messages_once_under_its_derived_keys(rig: Rig, subject: Subject) -> None:
+    _holds_emitting(contract.emits_once_under_derived_keys, rig, subject, _cases(subject, contract.EMITS))
+
+
+def _holds_emitting(rule: Callable[..., str | None], rig: Rig, subject: Subject, cases: list[tuple[Any, ...]]) -> None:
+    """The rule holds, and at least one payload emitted (a sample event that emits is among the draws)."""
+    _holds(rule, rig, subject, cases)
+    emitted = rig.calls.get(subject.name)
+    assert emitted and any(emitted.emitted), f"{subject.name}: no payload emitted; {contract.EMITTING_SAMPLE}"
 
 
 @every_handler
@@ -340,3 +358,11 @@ def test_control_declared_tables_misnamed(rig: Rig, subject: Subject, monkeypatc
 
     monkeypatch.setattr(MessageHandler, "__init__", misnamed)
     _broken(contract.writes_target_declared_tables, rig, subject, _cases(subject, CONTROL + contract.TABLES)[:1])
+
+
+@emitting_handlers
+def test_control_emitted_under_keys_not_derived_as_documented(
+    rig: Rig, subject: Subject, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(outbox, "derived_key", lambda record_id, position: f"{record_id}/{position}")
+    _broken(contract.emits_once_under_derived_keys, rig, subject, _cases(subject, CONTROL + contract.EMITS))
