@@ -240,7 +240,7 @@ build: $(SAM_VENV)/.installed ## [product] sam build (the deployable artifact in
 	PATH="$(BUILD_PATH)" FUNCTION_ARCH=$(ARCH) SAM_CLI_TELEMETRY=0 $(SAM) build --config-env $(CONFIG_ENV) \
 		--template-file template.yaml --parameter-overrides Architecture=$(ARCH)
 
-# sam build runs this for ConsumerFunction (its Metadata: BuildMethod: makefile), in a copy of src/, with
+# sam build runs this for each function (its Metadata: BuildMethod: makefile), in a copy of src/, with
 # ARTIFACTS_DIR: the dependencies as SAM's pip builder installs them (src/requirements.txt, hashes checked when
 # it has them, binary wheels for the template's architecture), the code (FUNCTION_PACKAGES), then bytecode for all of it. Lambda's
 # /var/task is read-only, so without bytecode every cold start compiles what it imports; checked-hash bytecode
@@ -248,8 +248,10 @@ build: $(SAM_VENV)/.installed ## [product] sam build (the deployable artifact in
 FUNCTION_ARCH ?= $(ARCH)
 # The function's packages: the core and the application, whose lambda_function is the template's Handler.
 FUNCTION_PACKAGES := consumer service
-.PHONY: build-ConsumerFunction
-build-ConsumerFunction:
+# The relay's (RelayFunction, the same build): the core alone, whose relay sends what the outbox holds.
+build-RelayFunction: FUNCTION_PACKAGES := consumer
+.PHONY: build-ConsumerFunction build-RelayFunction
+build-ConsumerFunction build-RelayFunction:
 	test -n "$(ARTIFACTS_DIR)"
 	python$(FUNCTION_PYTHON) -m pip install --quiet --disable-pip-version-check --no-compile --target "$(ARTIFACTS_DIR)" \
 		--platform manylinux2014_$(subst arm64,aarch64,$(FUNCTION_ARCH)) --implementation cp --python-version $(FUNCTION_PYTHON) \

@@ -40,6 +40,8 @@ CANNOT_VERIFY = (
     "batch sizes: the emulator's poller hands over batches of 1 or 2, never BatchSize",
     "IAM of what the emulator does as itself: polling the queue, writing the logs (PollConsumerQueue, WriteOwnLogs)",
     "sqs:ChangeMessageVisibility covering ChangeMessageVisibilityBatch, as on AWS: the emulator's gap, granted above",
+    "the relay's mapping beyond its settings read back: its poller ignores partial batch responses, halving and the"
+    " retry bounds (and nothing is written to the outbox yet)",
 )
 # Actions AWS does not have that AUTH=true asks the role for (AWS authorizes ChangeMessageVisibilityBatch with
 # sqs:ChangeMessageVisibility): each allowed after the deploy, outside the template, on its one resource (an output).
@@ -95,6 +97,25 @@ def _event_source_check(lambda_: Any, function: str, parameters: dict[str, str])
     read = (mapping["State"], mapping["FunctionResponseTypes"], mapping["BatchSize"])
     wanted_read = ("Enabled", ["ReportBatchItemFailures"], int(parameters["BatchSize"]))
     return Check(read == wanted_read, f"the event source mapping (state, response types, batch size): {read}")
+
+
+def _relay_check(lambda_: Any, dynamodb: Any, sqs: Any, outputs: dict[str, str]) -> Check:
+    """The relay deployed beside the consumer, its mapping read back: the outbox's stream, from its oldest record,
+    partial batch responses and halving, its on-failure queue."""
+    (mapping,) = lambda_.list_event_source_mappings(FunctionName=outputs["RelayFunctionName"])["EventSourceMappings"]
+    stream = dynamodb.describe_table(TableName=outputs["OutboxTableName"])["Table"].get("LatestStreamArn")
+    queue = sqs.get_queue_attributes(QueueUrl=outputs["RelayDeadLetterQueueUrl"], AttributeNames=["QueueArn"])
+    on_failure = mapping.get("DestinationConfig", {}).get("OnFailure", {}).get("Destination")
+    read = (
+        mapping["EventSourceArn"] == stream,
+        mapping.get("StartingPosition"),
+        mapping["FunctionResponseTypes"],
+        str(mapping.get("BisectBatchOnFunctionError")).lower() == "true",
+        on_failure == queue["Attributes"]["QueueArn"],
+    )
+    wanted = (True, "TRIM_HORIZON", ["ReportBatchItemFailures"], True, True)
+    said = "the relay's mapping (the outbox's stream, from its oldest record, partial responses, halving, on failure)"
+    return Check(read == wanted, f"{said}: {read}")
 
 
 def _refusals(url: str, group: str, role: str, tables: list[str], term: str = "") -> set[str]:
@@ -189,6 +210,7 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
         Check({*OUTPUTS.values(), "ConsumerFunctionName"} <= outputs.keys(), f"outputs {sorted(outputs)}"),
         Check(runs_on == ("python3.13", ["x86_64"]), f"the function's runtime and architecture: {runs_on}"),
         _event_source_check(client("lambda", url), function, parameters),
+        _relay_check(client("lambda", url), dynamodb, sqs, outputs),
         *_messages_checks(url, env, target),
     ]
     smoked = subprocess.run(["make", "smoke", f"STACK={STACK}"], cwd=REPO, env=env, check=False)
@@ -205,7 +227,10 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
     checks += [
         Check(listeners == [f"{LOOPBACK}:{server.port}"], f"the emulator and its workers listen on {listeners} only"),
         Check(set(target.tables.values()) <= set(kept), "sam delete kept the declared tables (DeletionPolicy: Retain)"),
-        Check(outputs["IdempotencyTableName"] not in kept, "and removed the idempotency table (Delete)"),
+        Check(
+            not {outputs["IdempotencyTableName"], outputs["OutboxTableName"]} & set(kept),
+            "and removed the idempotency table and the outbox (Delete)",
+        ),
         Check(any(STACK in group for group in groups), f"and kept the function's log group: {groups}"),
     ]
     return checks

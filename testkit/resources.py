@@ -1,4 +1,4 @@
-"""Create the template's queues and tables on the local servers, and describe its function.
+"""Create the template's queues and tables on the local servers, and describe its functions.
 
 A resource is created the first time something refers to it, so the dead-letter queue exists before the queue whose
 redrive policy names it. Names follow CloudFormation (an explicit ``QueueName``/``TableName``, otherwise
@@ -43,6 +43,7 @@ class QueueResource:
 class TableResource:
     name: str
     arn: str
+    stream_arn: str | None = None  # its stream's, when the template gives it one (the outbox's)
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,13 @@ class LocalResources:
         return _queue_by_arn(self.queues, json.loads(queue.attributes["RedrivePolicy"])["deadLetterTargetArn"])
 
     def function(self, logical_id: str | None = None) -> FunctionSpec:
-        """The named function, or the template's only one."""
+        """The named function, or the template's only one the queue feeds: the consumer (the relay reads a stream)."""
         if logical_id is not None:
             return self.functions[logical_id]
-        if len(self.functions) != 1:
+        fed = [function for function in self.functions.values() if function.triggers]
+        if len(fed) != 1:
             raise TemplateError(f"name the function: the template has {sorted(self.functions)}")
-        return next(iter(self.functions.values()))
+        return fed[0]
 
 
 class _Resolver:
@@ -121,6 +123,8 @@ class _Resolver:
         if kind == QUEUE:
             queue = self.queue(logical_id)
             return {"Arn": queue.arn, "QueueName": queue.name, "QueueUrl": queue.url}[attribute]
+        if kind == TABLE and attribute == "StreamArn" and self.table(logical_id).stream_arn:
+            return str(self.table(logical_id).stream_arn)
         if attribute != "Arn":
             raise TemplateError(f"GetAtt {logical_id}.{attribute} is not supported by the local stack")
         name = self._default_name(logical_id)
@@ -163,7 +167,8 @@ class _Resolver:
         name = given or properties.get("TableName") or self._default_name(logical_id)
         create_table(self._dynamodb, name, properties)
         arn = self._arn("dynamodb", f"table/{name}")
-        self.tables[logical_id] = TableResource(name, arn)
+        stream = self._dynamodb.describe_table(TableName=name)["Table"].get("LatestStreamArn")
+        self.tables[logical_id] = TableResource(name, arn, stream)
         return self.tables[logical_id]
 
     def function(self, logical_id: str) -> FunctionSpec:

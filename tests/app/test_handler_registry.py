@@ -33,7 +33,7 @@ def test_every_handler_file_is_registered_in_handlers() -> None:
 HANDLER_API = {
     "MessageHandler", "Mode", "Effect", "MessageContext", "Put", "Update", "Delete", "ConditionCheck", "PoisonMessage",
     "TransientError", "ErrorType", "WebhookClient", "WebhookResponse", "SigningKey", "ID_PATTERN", "HandlerSettings",
-    "SecretArn", "Settings", "ConfigurationError", "Guard", "ApiUrl",
+    "SecretArn", "Settings", "ConfigurationError", "Guard", "ApiUrl", "QueueMessage", "TopicMessage", "BusEvent",
 }  # fmt: skip
 
 

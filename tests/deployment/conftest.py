@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from consumer.handler import declared_tables
+from consumer.handler import declared_destinations, declared_tables
 from service.registry import HANDLERS
 from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.template import REPO_ROOT, TEMPLATE_PATH, Template, TemplateError, load_template
 from tests.deployment.core_lines import lag
 from tests.deployment.environment import FUNCTION, environment_mistakes, unregistered_handlers
-from tests.deployment.lookups import properties, read, table_mistakes, transform
+from tests.deployment.lookups import destination_mistakes, properties, read, table_mistakes, transform
 
 # The template the static checks read: template.yaml, or a copy (the test that a mistake stops `make test` early).
 TEMPLATE_VARIABLE = "STATIC_CHECKS_TEMPLATE"
@@ -60,7 +60,8 @@ def resolver(transformed_template: dict[str, Any]) -> Template:
 # A mistake is reported once, by the check that names its cause: the checks that depend on what it breaks skip. In
 # order: each parameter with a value (above), each handler file registered (tests/app/test_handler_registry.py),
 # each table a handler declares in the template (test_tables.py), the function's environment what the code reads and
-# the function able to start (test_function.py).
+# the function able to start (test_function.py); for the relay's checks, each destination a handler declares in the
+# template (test_relay.py).
 @pytest.fixture(scope="session")
 def registered_handlers(transformed_template: dict[str, Any]) -> None:
     """For the tests that read the handlers' needs from HANDLERS and the template: a handler file left out, or a table
@@ -72,6 +73,18 @@ def registered_handlers(transformed_template: dict[str, Any]) -> None:
             "a handler's table has a mistake: test_each_table_a_handler_declares_is_a_template_table_or_given"
             "_by_its_parameter names it"
         )
+
+
+@pytest.fixture(scope="session")
+def relay_destinations(registered_handlers: None, transformed_template: dict[str, Any]) -> tuple[str, ...]:
+    """The destinations the handlers declare, for the relay's checks: one the template lacks skips them."""
+    declared = declared_destinations(HANDLERS)
+    if destination_mistakes(transformed_template, declared):
+        pytest.skip(
+            "a handler's destination is not in the template: test_each_destination_a_handler_declares_is_a_queue"
+            "_topic_or_bus_of_the_template names it"
+        )
+    return declared
 
 
 @pytest.fixture(scope="session")

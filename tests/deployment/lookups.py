@@ -12,6 +12,7 @@ from samtranslator.public.parser import Parser
 from samtranslator.public.translator import Translator
 
 from consumer.config import URL_PATTERN, is_api_url, table_parameter
+from consumer.outbox import OUTBOX_TABLE
 from testkit.template import (
     ACCOUNT_ID,
     LOCAL_TABLES,
@@ -29,6 +30,14 @@ SQS_QUEUE_NAME = re.compile(r"(?=.{1,80}$)[A-Za-z0-9_-]+(\.fifo)?")
 STACK_NAME = "idempotent-sqs-consumer"
 # What Lambda's event source mapping does with the function's role: poll, delete, read attributes.
 EVENT_SOURCE_POLLING = frozenset({"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"})
+# The tables of the core's own, in every template: the idempotency records and the outbox.
+CORE_TABLES = ("IdempotencyTable", OUTBOX_TABLE)
+# What a handler may emit to (MessageHandler.destinations), by resource type: the one action the relay sends with.
+DESTINATION_SENDS = {
+    "AWS::SQS::Queue": "sqs:SendMessage",
+    "AWS::SNS::Topic": "sns:Publish",
+    "AWS::Events::EventBus": "events:PutEvents",
+}
 
 
 # What `sam package` puts in place of a local CodeUri before CloudFormation transforms the template.
@@ -64,9 +73,10 @@ def properties(template: Mapping[str, Any], logical_id: str) -> dict[str, Any]:
     return template["Resources"][logical_id].get("Properties", {})
 
 
-def event_source_mapping(template: Mapping[str, Any]) -> dict[str, Any]:
-    """Properties of the stack's only event source mapping (the SQS event of the function)."""
-    (mapping,) = resources_of_type(template, "AWS::Lambda::EventSourceMapping").values()
+def event_source_mapping(template: Mapping[str, Any], function: str = "ConsumerFunction") -> dict[str, Any]:
+    """Properties of the event source mapping of ``function``: the consumer's SQS event, or the relay's stream."""
+    mappings = resources_of_type(template, "AWS::Lambda::EventSourceMapping").values()
+    (mapping,) = [mapping for mapping in mappings if mapping["Properties"]["FunctionName"] == {"Ref": function}]
     return mapping["Properties"]
 
 
@@ -122,8 +132,8 @@ def _chosen(statement: dict[str, Any], reading: Template) -> list[dict[str, Any]
 
 def grants_by_statement(template: Mapping[str, Any], role_id: str, **overrides: Any) -> dict[str, dict[str, set[str]]]:
     """Allowed actions per statement (its Sid, or its index) and per logical id of the stack resource they apply to
-    (via its Arn, or the ARN of a table a parameter names), or per exact ARN for what else lives outside the stack and
-    a parameter names (the webhook secret)."""
+    (via its Arn, a topic's Ref, or the ARN of a table a parameter names; a table's stream as ``<table>.StreamArn``),
+    or per exact ARN for what else lives outside the stack and a parameter names (the webhook secret)."""
     reading = read(template, **overrides)
     # A table given by a parameter is granted on the ARN its name makes: named by its logical id, as a resource is.
     arn = f"arn:{PARTITION}:dynamodb:{reading.region}:{ACCOUNT_ID}:table/"
@@ -138,8 +148,10 @@ def grants_by_statement(template: Mapping[str, Any], role_id: str, **overrides: 
             continue
         by_resource = grants.setdefault(statement.get("Sid") or f"statement {index}", {})
         for resource in as_list(reading.resolve(statement["Resource"])):
-            if isinstance(resource, ResourceRef) and resource.attribute == "Arn":
+            if isinstance(resource, ResourceRef) and (resource.attribute == "Arn" or _topic(template, resource)):
                 by_resource.setdefault(resource.logical_id, set()).update(as_list(statement["Action"]))
+            elif isinstance(resource, ResourceRef) and resource.attribute == "StreamArn":
+                by_resource.setdefault(str(resource), set()).update(as_list(statement["Action"]))
             elif isinstance(resource, str) and resource.startswith("arn:") and "*" not in resource:
                 by_resource.setdefault(tables.get(resource, resource), set()).update(as_list(statement["Action"]))
             elif resource == "*" and all(action.startswith("xray:") for action in as_list(statement["Action"])):
@@ -148,6 +160,12 @@ def grants_by_statement(template: Mapping[str, Any], role_id: str, **overrides: 
             else:
                 raise AssertionError(f"statement {statement.get('Sid')} grants on {resource!r}, not a stack resource")
     return grants
+
+
+def _topic(template: Mapping[str, Any], resource: ResourceRef) -> bool:
+    """A topic's Ref: its ARN, what SNS grants on."""
+    kind = template["Resources"].get(resource.logical_id, {}).get("Type")
+    return resource.attribute is None and kind == "AWS::SNS::Topic"
 
 
 def grants_by_resource(template: Mapping[str, Any], role_id: str, **overrides: Any) -> dict[str, set[str]]:
@@ -176,7 +194,7 @@ def table_mistakes(template: dict[str, Any], declared: tuple[str, ...]) -> list[
     parameters = template.get("Parameters") or {}
     local_tables = (template.get("Metadata") or {}).get(LOCAL_TABLES) or {}
     mistakes = []
-    for table in ("IdempotencyTable", *declared):
+    for table in dict.fromkeys((*CORE_TABLES, *declared)):
         if table in tables:
             continue
         parameter = table_parameter(table)
@@ -190,7 +208,7 @@ def table_mistakes(template: dict[str, Any], declared: tuple[str, ...]) -> list[
                 f"{table} is the existing table parameter {parameter} names: give its keys for the local stack under"
                 f" the template's Metadata, {LOCAL_TABLES}: {table}: (AttributeDefinitions, KeySchema)"
             )
-    wanted = {"IdempotencyTable", *declared}
+    wanted = {*CORE_TABLES, *declared}
     mistakes += [f"{table} is in template.yaml but no handler declares it: remove it" for table in set(tables) - wanted]
     mistakes += [
         f"{LOCAL_TABLES} describes {table}, which no handler declares by its parameter {table_parameter(table)}:"
@@ -198,6 +216,24 @@ def table_mistakes(template: dict[str, Any], declared: tuple[str, ...]) -> list[
         for table in sorted(set(local_tables) - (wanted - set(tables)))
     ]
     return sorted(mistakes)
+
+
+def destination_mistakes(template: Mapping[str, Any], declared: tuple[str, ...]) -> list[str]:
+    """Each destination a handler declares that is not a queue, topic or bus of the template."""
+    kinds = "an AWS::SQS::Queue, AWS::SNS::Topic or AWS::Events::EventBus"
+    mistakes = []
+    for destination in declared:
+        kind = template["Resources"].get(destination, {}).get("Type")
+        if kind is None:
+            mistakes.append(
+                f"a handler declares {destination} as a destination: add {kinds} of that name to template.yaml"
+            )
+        elif kind not in DESTINATION_SENDS:
+            mistakes.append(
+                f"a handler declares {destination} as a destination, but template.yaml's {destination} is an {kind}:"
+                f" a handler emits to {kinds} alone"
+            )
+    return mistakes
 
 
 def endpoint_mistakes(template: dict[str, Any], models: Any) -> list[str]:

@@ -1,4 +1,4 @@
-"""The four alarms watch the right resources and notify the optional topic."""
+"""The alarms (the consumer's four, the relay's three) watch the right resources and notify the optional topic."""
 
 from __future__ import annotations
 
@@ -8,13 +8,18 @@ from typing import Any
 import pytest
 
 from testkit.template import ResourceRef, Template
-from tests.deployment.lookups import read, resources_of_type
+from tests.deployment.lookups import event_source_mapping, read, resources_of_type
 
 TOPIC = "arn:aws:sns:us-east-1:123456789012:payments-oncall"
 
 
 def _alarm(
-    resolver: Template, template: dict[str, Any], namespace: str, metric: str, queue: str | None = None
+    resolver: Template,
+    template: dict[str, Any],
+    namespace: str,
+    metric: str,
+    queue: str | None = None,
+    function: str | None = None,
 ) -> dict[str, Any]:
     matching = [
         resolver.resolve(alarm["Properties"])
@@ -23,6 +28,8 @@ def _alarm(
     ]
     if queue is not None:
         matching = [alarm for alarm in matching if _dimensions(alarm) == {"QueueName": ResourceRef(queue, "QueueName")}]
+    if function is not None:
+        matching = [alarm for alarm in matching if _dimensions(alarm) == {"FunctionName": ResourceRef(function)}]
     assert len(matching) == 1, f"expected one {namespace} {metric} alarm, found {len(matching)}"
     return matching[0]
 
@@ -31,11 +38,11 @@ def _dimensions(alarm: dict[str, Any]) -> dict[str, Any]:
     return {dimension["Name"]: dimension["Value"] for dimension in alarm["Dimensions"]}
 
 
+@pytest.mark.parametrize("queue", ["ConsumerDeadLetterQueue", "RelayDeadLetterQueue"])
 def test_dead_letter_queue_alarm_fires_on_the_first_message(
-    transformed_template: dict[str, Any], resolver: Template
+    transformed_template: dict[str, Any], resolver: Template, queue: str
 ) -> None:
-    alarm = _alarm(resolver, transformed_template, "AWS/SQS", "ApproximateNumberOfMessagesVisible")
-    assert _dimensions(alarm) == {"QueueName": ResourceRef("ConsumerDeadLetterQueue", "QueueName")}
+    alarm = _alarm(resolver, transformed_template, "AWS/SQS", "ApproximateNumberOfMessagesVisible", queue)
     assert (alarm["Statistic"], alarm["ComparisonOperator"], alarm["Threshold"]) == (
         "Maximum",
         "GreaterThanThreshold",
@@ -70,10 +77,23 @@ def test_dead_letter_age_alarm_fires_long_before_the_dlq_deletes_its_oldest_mess
     assert retention - (alarm["Threshold"] + alarm["Period"] * alarm["EvaluationPeriods"]) >= 6 * 86_400
 
 
-def test_function_errors_alarm_fires_on_any_error(transformed_template: dict[str, Any], resolver: Template) -> None:
-    alarm = _alarm(resolver, transformed_template, "AWS/Lambda", "Errors")
-    assert _dimensions(alarm) == {"FunctionName": ResourceRef("ConsumerFunction")}
+@pytest.mark.parametrize("function", ["ConsumerFunction", "RelayFunction"])
+def test_function_errors_alarm_fires_on_any_error(
+    transformed_template: dict[str, Any], resolver: Template, function: str
+) -> None:
+    alarm = _alarm(resolver, transformed_template, "AWS/Lambda", "Errors", function=function)
     assert (alarm["Statistic"], alarm["ComparisonOperator"], alarm["Threshold"]) == ("Sum", "GreaterThanThreshold", 0)
+
+
+def test_relay_iterator_age_alarm_calls_someone_long_before_a_record_is_given_up(
+    transformed_template: dict[str, Any], resolver: Template
+) -> None:
+    alarm = _alarm(resolver, transformed_template, "AWS/Lambda", "IteratorAge", function="RelayFunction")
+    mapping = resolver.resolve(event_source_mapping(transformed_template, "RelayFunction"))
+    assert (alarm["Statistic"], alarm["ComparisonOperator"]) == ("Maximum", "GreaterThanThreshold")
+    # IteratorAge is in milliseconds: the alarm's whole wait, at most a quarter of the age a record is given up at.
+    waited_ms = alarm["Threshold"] + alarm["Period"] * alarm["EvaluationPeriods"] * 1000
+    assert 0 < waited_ms <= mapping["MaximumRecordAgeInSeconds"] * 1000 / 4
 
 
 @pytest.mark.parametrize(("topic", "actions"), [("", None), (TOPIC, [TOPIC])])
@@ -82,7 +102,7 @@ def test_alarms_notify_the_topic_only_when_one_is_given(
 ) -> None:
     resolver = read(transformed_template, **{"AlarmTopicArn": topic})
     alarms = resources_of_type(transformed_template, "AWS::CloudWatch::Alarm")
-    assert len(alarms) == 4
+    assert len(alarms) == 7
     for name, alarm in alarms.items():
         resolved = resolver.resolve(alarm["Properties"])
         assert resolved.get("AlarmActions") == actions, name

@@ -21,7 +21,10 @@ AWS_METRICS: dict[str, dict[str, tuple[str, str]]] = {
             "ApproximateAgeOfOldestMessage",
         )
     },
-    "AWS/Lambda": {metric: ("FunctionName", "AWS::Lambda::Function") for metric in ("Duration", "Errors", "Throttles")},
+    "AWS/Lambda": {
+        metric: ("FunctionName", "AWS::Lambda::Function")
+        for metric in ("Duration", "Errors", "Throttles", "IteratorAge")
+    },
     "AWS/DynamoDB": {
         metric: ("TableName", "AWS::DynamoDB::Table") for metric in ("WriteThrottleEvents", "TransactionConflict")
     },
@@ -35,7 +38,13 @@ REQUIRED = {
     ("AWS/Lambda", "Throttles", "ConsumerFunction"),
     ("AWS/DynamoDB", "WriteThrottleEvents", "IdempotencyTable"),
     ("AWS/DynamoDB", "TransactionConflict", "IdempotencyTable"),
+    ("AWS/Lambda", "IteratorAge", "RelayFunction"),
+    ("AWS/Lambda", "Errors", "RelayFunction"),
+    ("AWS/SQS", "ApproximateNumberOfMessagesVisible", "RelayDeadLetterQueue"),
 }
+# The relay's EMF metrics (consumer.relay), under the consumer's namespace and service (its environment gives it the
+# same): sent, failed, skipped, and the time from an item's commit to its send.
+RELAY_METRICS = {"relayed", "relay_failures", "relay_skipped", "relay_lag_ms"}
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +82,23 @@ def _charted(dashboard: dict[str, Any]) -> list[tuple[str, str, dict[str, str]]]
     return charted
 
 
-def test_every_custom_metric_charted_is_one_the_function_emits(
-    dashboard: dict[str, Any], emitted: list[dict[str, Any]]
+def test_every_custom_metric_charted_is_one_the_function_or_the_relay_emits(
+    dashboard: dict[str, Any], emitted: list[dict[str, Any]], transformed_template: dict[str, Any], resolver: Template
 ) -> None:
     emitted_names = {
         (directive["Namespace"], metric["Name"], tuple(sorted(directive["dimension_values"].items())))
         for directive in emitted
         for metric in directive["Metrics"]
     }
+    # The relay's, where the function's go: its Powertools namespace and service are the function's.
+    consumer, relay = (
+        resolver.resolve(properties(transformed_template, function)["Environment"]["Variables"])
+        for function in ("ConsumerFunction", "RelayFunction")
+    )
+    for name in ("POWERTOOLS_METRICS_NAMESPACE", "POWERTOOLS_SERVICE_NAME"):
+        assert relay[name] == consumer[name], name
+    dimensions = (("service", relay["POWERTOOLS_SERVICE_NAME"]),)
+    emitted_names |= {(relay["POWERTOOLS_METRICS_NAMESPACE"], name, dimensions) for name in RELAY_METRICS}
     namespaces = {directive["Namespace"] for directive in emitted}
     custom = [
         (namespace, metric, tuple(sorted(dimensions.items())))

@@ -1,4 +1,5 @@
-"""The function's role: every statement names one of the stack's resources, nothing more."""
+"""The functions' roles (the consumer's, the relay's): every statement names one of the stack's resources, nothing
+more."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from consumer.config import is_secret_arn
 from consumer.handler import declared_settings
+from consumer.outbox import OUTBOX_TABLE
 from service.registry import HANDLERS
 from testkit.template import secret_parameters as secret_parameters_of
 from tests.deployment.lookups import (
@@ -22,11 +24,19 @@ from tests.deployment.lookups import (
 )
 
 ROLE = "ConsumerFunctionRole"
+# Each function, its own role and its own log group.
+FUNCTIONS = [
+    ("ConsumerFunction", ROLE, "ConsumerLogGroup"),
+    ("RelayFunction", "RelayFunctionRole", "RelayLogGroup"),
+]
 
 
-def test_function_assumes_the_stacks_own_role_with_no_managed_policies(transformed_template: dict[str, Any]) -> None:
-    assert properties(transformed_template, "ConsumerFunction")["Role"] == {"Fn::GetAtt": [ROLE, "Arn"]}
-    role = properties(transformed_template, ROLE)
+@pytest.mark.parametrize(("function", "role_id", "_"), FUNCTIONS)
+def test_function_assumes_the_stacks_own_role_with_no_managed_policies(
+    transformed_template: dict[str, Any], function: str, role_id: str, _: str
+) -> None:
+    assert properties(transformed_template, function)["Role"] == {"Fn::GetAtt": [role_id, "Arn"]}
+    role = properties(transformed_template, role_id)
     assert role.get("ManagedPolicyArns", []) == []
     (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
     assert trust == {"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}
@@ -58,11 +68,28 @@ def test_event_source_polls_only_the_consumer_queue(transformed_template: dict[s
     assert grants["ConsumerQueue"] >= EVENT_SOURCE_POLLING
 
 
-def test_function_writes_only_its_own_log_group(transformed_template: dict[str, Any]) -> None:
-    grants = grants_by_resource(transformed_template, ROLE)
+@pytest.mark.parametrize(("_", "role", "log_group"), FUNCTIONS)
+def test_function_writes_only_its_own_log_group(
+    transformed_template: dict[str, Any], _: str, role: str, log_group: str
+) -> None:
+    grants = grants_by_resource(transformed_template, role)
     writers = {resource for resource, actions in grants.items() if any(a.startswith("logs:") for a in actions)}
-    assert writers == {"ConsumerLogGroup"}
-    assert grants["ConsumerLogGroup"] == {"logs:CreateLogStream", "logs:PutLogEvents"}
+    assert writers == {log_group}
+    assert grants[log_group] == {"logs:CreateLogStream", "logs:PutLogEvents"}
+
+
+def test_the_consumer_may_only_put_into_the_outbox_and_only_the_relay_reads_its_stream(
+    transformed_template: dict[str, Any],
+) -> None:
+    consumer, relay = (grants_by_resource(transformed_template, role) for role in (ROLE, "RelayFunctionRole"))
+    # DescribeTable is the consumer's cold-start check that the table is there.
+    assert consumer[OUTBOX_TABLE] == {"dynamodb:DescribeTable", "dynamodb:PutItem"}
+    assert f"{OUTBOX_TABLE}.StreamArn" not in consumer
+    assert OUTBOX_TABLE not in relay and f"{OUTBOX_TABLE}.StreamArn" in relay
+    # Nothing of the relay's touches a table: its only DynamoDB actions are the stream's.
+    assert {r for r, actions in relay.items() if any(a.startswith("dynamodb:") for a in actions)} == {
+        f"{OUTBOX_TABLE}.StreamArn"
+    }
 
 
 SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:handler-secret-AbCdEf"

@@ -20,6 +20,9 @@ REQUIRED_OUTPUTS = {
     "DeadLetterQueueUrl": ResourceRef("ConsumerDeadLetterQueue"),
     "IdempotencyTableName": ResourceRef("IdempotencyTable"),
     "ConsumerFunctionName": ResourceRef("ConsumerFunction"),
+    "OutboxTableName": ResourceRef("OutboxTable"),
+    "RelayFunctionName": ResourceRef("RelayFunction"),
+    "RelayDeadLetterQueueUrl": ResourceRef("RelayDeadLetterQueue"),
 }
 # Properties that give an IAM resource a fixed name, which CloudFormation accepts only with CAPABILITY_NAMED_IAM.
 IAM_NAME_PROPERTIES = {

@@ -1,4 +1,4 @@
-"""The queue, its dead-letter queue and the rules that tie them to the function."""
+"""The queue, its dead-letter queue and the rules that tie them to the function; the relay's dead-letter queue."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_dead_letter_queue_accepts_redrives_from_the_consumer_queue_only(
 
 def test_every_queue_is_encrypted(transformed_template: dict[str, Any]) -> None:
     queues = resources_of_type(transformed_template, "AWS::SQS::Queue")
-    assert set(queues) == {"ConsumerQueue", "ConsumerDeadLetterQueue"}
+    assert set(queues) == {"ConsumerQueue", "ConsumerDeadLetterQueue", "RelayDeadLetterQueue"}
     for name, queue in queues.items():
         assert queue["Properties"].get("SqsManagedSseEnabled") is True, name
 
@@ -59,6 +59,17 @@ def test_dead_letter_queue_keeps_messages_longest(transformed_template: dict[str
     assert dead_letter["MessageRetentionPeriod"] == SQS_MAX_RETENTION
     # A standard queue's message keeps its first enqueue time in the DLQ: it needs the longer retention.
     assert queue.get("MessageRetentionPeriod", 4 * 24 * 3600) < dead_letter["MessageRetentionPeriod"]
+
+
+def test_the_relays_dead_letter_queue_is_a_standard_queue_keeping_its_records_longest(
+    transformed_template: dict[str, Any], resolver: Template
+) -> None:
+    # An event source mapping's on-failure destination must be a standard queue, whatever QueueType is.
+    for queue_type in ("standard", "fifo"):
+        relay = read(transformed_template, QueueType=queue_type).resolve(
+            properties(transformed_template, "RelayDeadLetterQueue")
+        )
+        assert relay.get("FifoQueue") is None and relay["MessageRetentionPeriod"] == SQS_MAX_RETENTION, queue_type
 
 
 def test_idempotency_records_outlive_every_redelivery(transformed_template: dict[str, Any]) -> None:

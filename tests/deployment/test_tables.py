@@ -8,6 +8,7 @@ import pytest
 
 from consumer.handler import declared_tables
 from consumer.idempotency import calls as store
+from consumer.outbox import OUTBOX_TABLE, Attr
 from service.registry import HANDLERS
 from tests.deployment.lookups import key_schema, properties, resources_of_type, table_mistakes
 
@@ -36,3 +37,14 @@ def test_idempotency_table_is_keyed_and_expired_by_the_attributes_the_store_writ
     attribute = store.NAMES
     assert key_schema(table) == {attribute["#id"]: ("HASH", "S")}
     assert table["TimeToLiveSpecification"] == {"AttributeName": attribute["#expires"], "Enabled": True}
+
+
+def test_the_outbox_is_keyed_expired_and_streamed_as_the_core_writes_and_the_relay_reads_it(
+    transformed_template: dict[str, Any],
+) -> None:
+    table = properties(transformed_template, OUTBOX_TABLE)
+    assert key_schema(table) == {Attr.ID: ("HASH", "S")}
+    assert table["TimeToLiveSpecification"] == {"AttributeName": Attr.EXPIRES_AT, "Enabled": True}
+    # The relay reads each item from the stream's new image (OutboxItem.from_image).
+    assert table["StreamSpecification"] == {"StreamViewType": "NEW_IMAGE"}
+    assert table["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}

@@ -10,6 +10,7 @@ import pytest
 
 from consumer.config import table_variable
 from consumer.handler import declared_tables
+from consumer.outbox import OUTBOX_TABLE
 from service.registry import HANDLERS
 from testkit.servers import LocalServers
 from testkit.template import TEMPLATE_PATH, Template, TemplateError, load_template
@@ -116,6 +117,17 @@ def test_template_defaults_are_applied(local_servers: LocalServers) -> None:
     assert trigger.queue_arn == queue.arn
     assert trigger.batch_size == parameters["BatchSize"]["Default"]
     assert trigger.report_batch_item_failures
+
+    # The outbox streams its new images; the relay reads that stream, no queue: the function the queue feeds is the
+    # stack's one function unless named.
+    outbox = resources.tables[OUTBOX_TABLE]
+    described = dynamodb.describe_table(TableName=outbox.name)["Table"]
+    assert described["StreamSpecification"] == {"StreamEnabled": True, "StreamViewType": "NEW_IMAGE"}
+    assert outbox.stream_arn == described["LatestStreamArn"]
+    assert function.environment[table_variable(OUTBOX_TABLE)] == outbox.name
+    relay = resources.function("RelayFunction")
+    assert (relay.handler, relay.triggers) == ("consumer.relay.handler", ())
+    assert resources.function() == function
 
 
 def test_a_changed_copy_of_the_template_is_applied(local_servers: LocalServers, tmp_path: Path) -> None:

@@ -67,7 +67,8 @@ def unregistered_handler(root: Path) -> None:
 
 
 def missing_grant(root: Path) -> None:
-    _edit(root / "template.yaml", "                  - dynamodb:PutItem\n", "")
+    ledger = "                  - dynamodb:UpdateItem\n                Resource: !GetAtt LedgerTable.Arn\n"
+    _edit(root / "template.yaml", "                  - dynamodb:PutItem\n" + ledger, ledger)
 
 
 def required_setting_missing(root: Path) -> None:
@@ -113,6 +114,13 @@ def table_not_in_the_template(root: Path) -> None:
     )
 
 
+def destination_not_in_the_template(root: Path) -> None:
+    """A handler's destination, declared as its tables are, that the template lacks: its variable and its grant are
+    the relay's checks' to name once it is there."""
+    tables = 'tables: ClassVar[tuple[str, ...]] = ("LedgerTable",)'
+    _edit(root / PAYMENT, tables, tables + '\n    destinations: ClassVar[tuple[str, ...]] = ("ReceiptQueue",)')
+
+
 # Each mistake and the one failure it gives: the test's name, and its words.
 MISTAKES: dict[Callable[[Path], None], tuple[str, str]] = {
     guard_on_an_optimistic_handler: (
@@ -147,6 +155,11 @@ MISTAKES: dict[Callable[[Path], None], tuple[str, str]] = {
         "test_each_table_a_handler_declares_is_a_template_table_or_given_by_its_parameter",
         "a handler declares OrdersTable: add an AWS::DynamoDB::Table of that name to template.yaml, or a parameter"
         " ExistingOrdersTable naming an existing table",
+    ),
+    destination_not_in_the_template: (
+        "test_each_destination_a_handler_declares_is_a_queue_topic_or_bus_of_the_template",
+        "a handler declares ReceiptQueue as a destination: add an AWS::SQS::Queue, AWS::SNS::Topic or"
+        " AWS::Events::EventBus of that name to template.yaml",
     ),
 }
 
