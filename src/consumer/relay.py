@@ -49,9 +49,12 @@ from consumer.wiring import LazyClient, _client, logger
 if TYPE_CHECKING:
     from consumer.wiring import Session
 
-__all__ = ["NotSent", "Relay", "RelayHandler", "RelaySettings", "Relayed", "Sender", "handler", "read_item"]
+__all__ = ["METRICS", "NotSent", "Relay", "RelayHandler", "RelaySettings", "Relayed", "Sender", "handler", "read_item"]
 
 _SUFFIX = "_DESTINATION"
+# The relay's EMF metrics, under the consumer's namespace and service (the dashboard charts each).
+SENT, SKIPPED, FAILURES, LAG_MS = "messages_relayed", "records_skipped", "relay_failures", "relay_lag_ms"
+METRICS = (SENT, SKIPPED, FAILURES, LAG_MS)
 # How a FIFO queue's URL and a FIFO topic's ARN end.
 _FIFO = ".fifo"
 
@@ -309,11 +312,11 @@ class RelayHandler:
         records = event.get("Records") if isinstance(event, Mapping) else None
         done = relay.relay(records if isinstance(records, list) else ())
         failures = 0 if done.failed_at is None else 1
-        metrics.add_metric(name="messages_relayed", unit=MetricUnit.Count, value=done.sent)
-        metrics.add_metric(name="records_skipped", unit=MetricUnit.Count, value=done.skipped)
-        metrics.add_metric(name="relay_failures", unit=MetricUnit.Count, value=failures)
+        metrics.add_metric(name=SENT, unit=MetricUnit.Count, value=done.sent)
+        metrics.add_metric(name=SKIPPED, unit=MetricUnit.Count, value=done.skipped)
+        metrics.add_metric(name=FAILURES, unit=MetricUnit.Count, value=failures)
         if done.lag_ms is not None:
-            metrics.add_metric(name="relay_lag_ms", unit=MetricUnit.Milliseconds, value=done.lag_ms)
+            metrics.add_metric(name=LAG_MS, unit=MetricUnit.Milliseconds, value=done.lag_ms)
         logger.info(
             "relay batch done",
             extra={"sent": done.sent, "skipped": done.skipped, "failed_at": done.failed_at, "lag_ms": done.lag_ms},

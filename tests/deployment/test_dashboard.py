@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from consumer.config import table_parameter
+from consumer.relay import METRICS
 from testkit.template import LOCAL_TABLES, ResourceRef, Template
 from tests.deployment.lookups import properties, read, resources_of_type
 
@@ -42,9 +43,9 @@ REQUIRED = {
     ("AWS/Lambda", "Errors", "RelayFunction"),
     ("AWS/SQS", "ApproximateNumberOfMessagesVisible", "RelayDeadLetterQueue"),
 }
-# The relay's EMF metrics (consumer.relay), under the consumer's namespace and service (its environment gives it the
-# same): sent, failed, skipped, and the time from an item's commit to its send.
-RELAY_METRICS = {"relayed", "relay_failures", "relay_skipped", "relay_lag_ms"}
+# The relay's EMF metrics, under the consumer's namespace and service (its environment gives it the same): sent,
+# failed, skipped, and the time from an item's commit to its send.
+RELAY_METRICS = set(METRICS)
 
 
 @pytest.fixture(scope="module")
