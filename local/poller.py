@@ -11,10 +11,10 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 from testkit.invocation import Invocation, Invoker
 from testkit.lambda_sqs import record_from_message
@@ -168,10 +168,16 @@ class Poller:
         return deleted
 
 
+class Polls(Protocol):
+    """What a group runs: a queue's poller, or a stream's (``local.stream_poller``)."""
+
+    def poll_once(self) -> object: ...
+
+
 class PollerGroup(Lifecycle):
     """Pollers in daemon threads until ``stop``; a crash in one batch never stops a poller."""
 
-    def __init__(self, pollers: list[Poller]) -> None:
+    def __init__(self, pollers: Sequence[Polls]) -> None:
         self._pollers = pollers
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -184,7 +190,7 @@ class PollerGroup(Lifecycle):
             self._threads.append(thread)
         return self
 
-    def _loop(self, poller: Poller) -> None:
+    def _loop(self, poller: Polls) -> None:
         while not self._stopping.is_set():
             try:
                 poller.poll_once()

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from local.poller import BatchReport, Poller, PollerGroup, PollerStats
+from local.stream_poller import StreamPoller, StreamPollerStats
+from testkit.invocation import Invoker
 from testkit.lambda_runtime import LambdaEnvironment, LambdaFleet
 from testkit.resources import LocalResources, QueueResource
 from testkit.servers import LocalServers
@@ -36,6 +38,7 @@ class DeployedStack:
         self.stats = PollerStats()
         self._sqs = servers.client("sqs", max_pool_connections=50, timeout_s=30.0)
         self._groups: list[PollerGroup] = []
+        self.relay_stats = StreamPollerStats()
 
     @property
     def dead_letter_queue(self) -> QueueResource:
@@ -59,6 +62,30 @@ class DeployedStack:
         return group
 
     @cached_property
+    def relay_fleet(self) -> LambdaFleet:
+        """The relay's execution environments: the template's function that a stream feeds."""
+        (relay,) = [function for function in self.resources.functions.values() if function.streams]
+        return LambdaFleet(relay, self.servers.function_environment(relay), log_sink=self.fleet.log_sink)
+
+    def relay_poller(self, runtime: Invoker | None = None) -> StreamPoller:
+        """The relay's stream mapping, invoking ``runtime`` (an environment of the relay's own unless given)."""
+        function = self.relay_fleet.function
+        return StreamPoller(
+            self.servers.client("dynamodbstreams"),
+            self._sqs,
+            function.streams[0],
+            runtime or self.relay_fleet.add(),
+            stats=self.relay_stats,
+        )
+
+    def relays(self) -> PollerGroup:
+        """The relay fed by the outbox's stream, as Lambda's mapping feeds it (one invocation at a time per shard);
+        stopped with the stack, or by ``stop()`` on the group."""
+        group = PollerGroup([self.relay_poller()]).start()
+        self._groups.append(group)
+        return group
+
+    @cached_property
     def runtime(self) -> LambdaEnvironment:
         """An execution environment for direct invocations, apart from the pollers'."""
         return self.fleet.add()
@@ -72,6 +99,8 @@ class DeployedStack:
             group.stop()
         self._groups.clear()
         self.fleet.stop()
+        if "relay_fleet" in self.__dict__:
+            self.relay_fleet.stop()
 
 
 def webhook_parameters(webhook: WebhookSink, template_path: Path = TEMPLATE_PATH) -> dict[str, str]:

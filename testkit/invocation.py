@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from testkit.lambda_sqs import LambdaContext
 from testkit.resources import FunctionSpec
 
 
@@ -46,3 +49,21 @@ class Invoker(Protocol):
     def function(self) -> FunctionSpec: ...
 
     def invoke(self, event: dict[str, Any]) -> Invocation: ...
+
+
+@dataclass
+class InProcess:
+    """An ``Invoker`` that calls a handler in this process: for a poller whose function needs no runtime of its own
+    (a test's relay, whose environment is the test's)."""
+
+    function: FunctionSpec
+    handler: Callable[[dict[str, Any], Any], Any]
+
+    def invoke(self, event: dict[str, Any]) -> Invocation:
+        context = LambdaContext(timeout_s=self.function.timeout_s, function_name=self.function.name)
+        started = time.perf_counter()
+        try:
+            response, error = self.handler(event, context), None
+        except Exception as raised:  # as Lambda reports it: the invocation's error, not the poller's
+            response, error = None, raised
+        return Invocation(response, error, False, time.perf_counter() - started, context.aws_request_id)

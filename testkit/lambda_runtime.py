@@ -321,6 +321,7 @@ class LambdaFleet(Lifecycle):
     ) -> None:
         self.function = replace(function, memory_mb=memory_mb) if memory_mb else function
         self.environment = dict(environment)
+        self.log_sink = log_sink
         python = venv_python()
         check_handler(self.function, self.environment, python)
         self._new = partial(LambdaEnvironment, self.function, self.environment, python=python, log_sink=log_sink)

@@ -24,6 +24,8 @@ _NOT_QUEUE_ATTRIBUTES = ("QueueName", "Tags")
 _DEFAULT_TIMEOUT_S = 3
 _DEFAULT_MEMORY_MB = 128
 _DEFAULT_BATCH_SIZE = 10
+# A stream mapping's MaximumRetryAttempts of -1: retried until the record expires, which a local stream's never do.
+_UNBOUNDED = 2**31
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,20 @@ class SqsTrigger:
 
 
 @dataclass(frozen=True)
+class StreamTrigger:
+    """The function's DynamoDB stream event: what Lambda's event source mapping is configured with."""
+
+    table_logical_id: str
+    stream_arn: str
+    batch_size: int
+    report_failures: bool
+    bisect_on_error: bool
+    maximum_retry_attempts: int
+    # The on-failure queue's URL, if it has one.
+    on_failure_url: str | None = None
+
+
+@dataclass(frozen=True)
 class FunctionSpec:
     logical_id: str
     name: str
@@ -68,6 +84,7 @@ class FunctionSpec:
     memory_mb: int
     environment: dict[str, str] = field(default_factory=dict)
     triggers: tuple[SqsTrigger, ...] = ()
+    streams: tuple[StreamTrigger, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -187,6 +204,21 @@ class _Resolver:
             memory_mb=int(properties.get("MemorySize", _DEFAULT_MEMORY_MB)),
             environment={key: _string(value) for key, value in variables.items()},
             triggers=tuple(self._trigger(event["Properties"]) for event in events if event.get("Type") == "SQS"),
+            streams=tuple(self._stream(event["Properties"]) for event in events if event.get("Type") == "DynamoDB"),
+        )
+
+    def _stream(self, event: dict[str, Any]) -> StreamTrigger:
+        (table,) = [logical_id for logical_id, table in self.tables.items() if table.stream_arn == event["Stream"]]
+        destination = ((event.get("DestinationConfig") or {}).get("OnFailure") or {}).get("Destination")
+        attempts = int(event.get("MaximumRetryAttempts", -1))
+        return StreamTrigger(
+            table_logical_id=table,
+            stream_arn=event["Stream"],
+            batch_size=int(event.get("BatchSize", 100)),
+            report_failures="ReportBatchItemFailures" in (event.get("FunctionResponseTypes") or []),
+            bisect_on_error=bool(event.get("BisectBatchOnFunctionError", False)),
+            maximum_retry_attempts=attempts if attempts >= 0 else _UNBOUNDED,
+            on_failure_url=_queue_by_arn(self.queues, destination).url if destination else None,
         )
 
     def _trigger(self, event: dict[str, Any]) -> SqsTrigger:

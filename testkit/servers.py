@@ -1,4 +1,5 @@
-"""The local stack's two servers (moto's holds SQS and Secrets Manager), and deploying the template onto them."""
+"""The local stack's two servers (DynamoDB Local, with its streams; moto's holds SQS, Secrets Manager, SNS and
+EventBridge), and deploying the template onto them."""
 
 from __future__ import annotations
 
@@ -45,7 +46,12 @@ class LocalServers(Lifecycle):
 
     def client(self, service: str, **options: Any) -> Any:
         moto = self.sqs_endpoint_url
-        endpoints = {"dynamodb": self.dynamodb_endpoint_url, "sqs": moto, "secretsmanager": moto}
+        dynamodb = self.dynamodb_endpoint_url
+        endpoints = {
+            "dynamodb": dynamodb,
+            "dynamodbstreams": dynamodb,
+            **{service: moto for service in ("sqs", "secretsmanager", "sns", "events")},
+        }
         if service not in endpoints:
             raise ValueError(f"the local stack has no {service}")
         return client(service, endpoints[service], **options)
@@ -77,4 +83,7 @@ class LocalServers(Lifecycle):
             "AWS_ENDPOINT_URL_DYNAMODB": self.dynamodb_endpoint_url,
             "AWS_ENDPOINT_URL_SQS": self.sqs_endpoint_url,
             "AWS_ENDPOINT_URL_SECRETS_MANAGER": self.sqs_endpoint_url,
+            # The relay's destinations besides queues: moto's server answers for every service.
+            "AWS_ENDPOINT_URL_SNS": self.sqs_endpoint_url,
+            "AWS_ENDPOINT_URL_EVENTBRIDGE": self.sqs_endpoint_url,
         }

@@ -3,6 +3,7 @@ whatever is registered): the ledger's balance is the sum of distinct payments, w
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -124,3 +125,29 @@ def test_send_file_keeps_the_fifo_samples_message_groups(
     _send(tmp_path, "--file", "events/fifo-batch.json")
     from_file = _drain(stack.servers.client("sqs"), stack.queue.url)
     assert sorted(m["Attributes"]["MessageGroupId"] for m in from_file) == ["acc-4", "acc-4", "acc-5", "acc-5"]
+
+
+def test_a_payment_asking_for_a_receipt_reaches_the_receipt_service_once_through_the_outbox_and_the_relay(
+    stack: DeployedStack, webhook_sink: WebhookSink
+) -> None:
+    body = payment("pay-chain-1", "p-chain-1", "acc-chain", 900).body
+    with_email = json.loads(body)
+    with_email["payload"]["receiptEmail"] = "ana@example.com"
+    sqs = stack.servers.client("sqs")
+    for _ in range(2):  # the producer resends: one credit, one receipt request
+        sqs.send_message(QueueUrl=stack.queue.url, MessageBody=json.dumps(with_email))
+
+    with stack.pollers(1):
+        _wait_until(lambda: stack.stats.deleted == 2 and _queue_empty(stack))
+        # The relay sends the receipt request, then its environment dies before the checkpoint: the stream gives the
+        # record again to the next relay, which sends it again, with the same key.
+        stack.relay_poller().drain()
+        stack.relay_poller().drain()
+        _wait_until(lambda: stack.stats.deleted == 4 and _queue_empty(stack))
+
+    (call,) = webhook_sink.received()
+    assert call.idempotency_key == "PaymentReceived#pay-chain-1#0"
+    assert call.json()["receiptId"] == "p-chain-1"
+    assert _balances(stack) == {"acc-chain": 900}
+    assert ("acc-chain", "RECEIPT#p-chain-1") in _ledger(stack)
+    assert stack.relay_stats.checkpointed == 2
