@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,21 +24,32 @@ import boto3
 import pytest
 
 from consumer.app import wire
-from consumer.config import Settings
+from consumer.config import Settings, destination_variable
 from consumer.envelope import parse_message
 from consumer.idempotency import Claimed, Fenced, IdempotencyStore
 from consumer.idempotency.record import Status
-from testkit.lambda_sqs import FIFO_QUEUE_ARN, sqs_record
+from consumer.outbox import OUTBOX_TABLE
+from consumer.relay import RelayHandler
+from local.stream_poller import StreamPoller
+from testkit.invocation import InProcess
+from testkit.lambda_sqs import FIFO_QUEUE_ARN, record_from_message, sqs_record
+from testkit.resources import FunctionSpec, StreamTrigger
 from testkit.servers import LocalServers
 from testkit.webhook import Answer, WebhookSink
 from tests.core.handlers import (
     CALL_EVENT,
     CALL_TABLE,
+    LOCKED_NOTICE_EVENT,
+    NOTICE_EVENT,
+    NOTICE_QUEUE,
     TALLY_EVENT,
     TALLY_TABLE,
+    LockedNoticeHandler,
+    NoticeHandler,
     call_payload,
     envelope,
     handlers_for_tests,
+    notice_body,
     tally_payload,
     tally_total,
 )
@@ -74,9 +86,37 @@ class Stack:
     sqs: Any = field(default_factory=lambda: boto3.client("sqs"))
 
     def __post_init__(self) -> None:
-        handlers = handlers_for_tests(self.settings, f"{self.sink.url}/calls", timeout_ms=2_000)
+        handlers = {
+            **handlers_for_tests(self.settings, f"{self.sink.url}/calls", timeout_ms=2_000),
+            NOTICE_EVENT: NoticeHandler(self.settings),
+            LOCKED_NOTICE_EVENT: LockedNoticeHandler(self.settings),
+        }
         self.function = wire(self.settings, boto3.session.Session(), handlers=handlers)
         self.store = IdempotencyStore(self.dynamodb, self.settings.idempotency_table_name, ttl_seconds=3600)
+        # Where the relay sends the notices' messages: a queue of this row's own.
+        notices = self.sqs.create_queue(QueueName=f"notices-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+        self.notices = (notices, self.sqs.get_queue_attributes(QueueUrl=notices, AttributeNames=["QueueArn"]))
+
+    def relay(self) -> None:
+        """The outbox's stream through the relay, from its oldest record, as Lambda's mapping runs it."""
+        outbox = self.settings.table_names[OUTBOX_TABLE]
+        stream_arn = self.dynamodb.describe_table(TableName=outbox)["Table"]["LatestStreamArn"]
+        trigger = StreamTrigger(OUTBOX_TABLE, stream_arn, 100, True, True, 10)
+        relay = RelayHandler({destination_variable(NOTICE_QUEUE): self.notices[0]})
+        spec = FunctionSpec("RelayFunction", "relay", "", "consumer.relay.handler", Path(), 60, 512)
+        StreamPoller(boto3.client("dynamodbstreams"), self.sqs, trigger, InProcess(spec, relay), idle_s=0).drain()
+
+    def relayed(self) -> list[SqsMessage]:
+        """What the relay sent, taken from its queue as Lambda's SQS mapping would hand it to this consumer."""
+        url, attributes = self.notices
+        taken: list[SqsMessage] = []
+        while answer := self.sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"], WaitTimeSeconds=0
+        ).get("Messages"):
+            for message in answer:
+                taken.append(record_from_message(message, queue_arn=attributes["Attributes"]["QueueArn"]))
+                self.sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+        return taken
 
     def deliver(self, records: list[SqsMessage]) -> list[str]:
         response = self.function.process(records, Remaining()).response()
@@ -152,6 +192,19 @@ def _record_completed(record_id: str) -> Callable[[Stack], None]:
     return check
 
 
+def notice(message_id: str, notice_id: str, count: int, **fields: Any) -> SqsMessage:
+    """A notice that emits ``count`` tally messages, each adding 1 to ``t-1``."""
+    return sqs_record(message_id, notice_body(notice_id, count, **fields))
+
+
+def _relayed_twice_then_applied(stack: Stack) -> None:
+    """The relay runs the stream twice from its start (it died before its checkpoint), then everything it sent is
+    delivered to this consumer in one batch, copies and all."""
+    stack.relay()
+    stack.relay()
+    assert stack.deliver(stack.relayed()) == []
+
+
 ATTRIBUTE_KEY = {"IdempotencyKey": {"stringValue": "attr-key-1", "dataType": "String"}}
 NO_KEY = envelope(TALLY_EVENT, None, tally_payload("e-nokey"))
 
@@ -220,6 +273,21 @@ ROWS = [
           add("m5", "p-1", key="k-p-1", amount=999), call("m6", "r-2")]],
         [[]], {"t-1": 100, "t-2": 100}, {"t-1/ENTRY#p-1", "t-2/ENTRY#p-2", "CALL#r-1", "CALL#r-2"},
         dead={"m4": "InvalidJson", "m5": "IdempotencyKeyReused"}, calls=2),
+    # -- Messages out, exactly once -------------------------------------------------------------------
+    Row("an applied message's messages, relayed twice, are applied once downstream", "Messages out, exactly once",
+        [[notice("m1", "n-1", 2)], [notice("m2", "n-1", 2)]], [[], []], {"t-1": 2},
+        {"t-1/NOTICE#n-1", "t-1/ENTRY#n-1.0", "t-1/ENTRY#n-1.1"}, after=_relayed_twice_then_applied),
+    Row("a lock-mode message emits with its commit, once", "Messages out, exactly once",
+        [[notice("m1", "n-1", 1, locked=True)], [notice("m1", "n-1", 1, locked=True)]], [[], []], {"t-1": 1},
+        {"t-1/NOTICE#n-1", "t-1/ENTRY#n-1.0"}, after=_relayed_twice_then_applied),
+    Row("a message refused by its condition emits nothing", "Messages out, exactly once",
+        [[notice("m1", "n-1", 1)], [notice("m2", "n-1", 3, key="another-key")]], [[], []], {"t-1": 1},
+        {"t-1/NOTICE#n-1", "t-1/ENTRY#n-1.0"}, dead={"m2": "BusinessConditionFailed"},
+        after=_relayed_twice_then_applied),
+    Row("a message to an undeclared destination is dead-lettered and emits nothing", "Messages out, exactly once",
+        [[notice("bad", "n-1", 1, destination="ElsewhereQueue"), notice("good", "n-2", 1)]], [[]], {"t-1": 1},
+        {"t-1/NOTICE#n-2", "t-1/ENTRY#n-2.0"}, dead={"bad": "UndeclaredDestination"},
+        after=_relayed_twice_then_applied),
     # -- Order on FIFO queues, none on standard and fair queues -------------------------------------
     Row("FIFO: a group stops at its first failure; the rest of the group follows it", "Order only on FIFO queues",
         [[grouped(add("a1", "p-1"), "A", fifo=True), grouped(call("a2", "r-1"), "A", fifo=True),
@@ -238,6 +306,7 @@ def make_stack(local_servers: LocalServers, monkeypatch: pytest.MonkeyPatch) -> 
     for name, value in {
         "AWS_ENDPOINT_URL_DYNAMODB": local_servers.dynamodb_endpoint_url,
         "AWS_ENDPOINT_URL_SQS": local_servers.sqs_endpoint_url,
+        "AWS_ENDPOINT_URL_DYNAMODB_STREAMS": local_servers.dynamodb_endpoint_url,
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_ACCESS_KEY_ID": "local",
         "AWS_SECRET_ACCESS_KEY": "local",
