@@ -132,11 +132,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         memory_mb=args.memory,
     ) as (stack, sink):
         group = stack.pollers(args.pollers, on_batch=_batch_line(say))
+        relays = stack.relays()
         say(_banner(stack, sink, args.pollers))
         while not stopping.wait(0.5):
             pass
         say("stopping...")
         group.stop()
+        relays.stop()
     say("stopped: no process of the local stack is left running")
     return 0
 

@@ -7,6 +7,7 @@ docs/local-stack.md; with ``--fifo`` each group's order too (``local.fifo``).
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
 from collections import Counter
@@ -15,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from consumer.config import destination_variable
 from consumer.errors import ErrorType
 from consumer.handler import declared_tables
+from consumer.outbox import OUTBOX_TABLE
 from local import fifo
 from local.function_output import command_output, outcome_counts
 from local.session import running_stack
@@ -57,7 +60,8 @@ def _drain(stack: DeployedStack, say: Callable[[str], None], sent: int) -> tuple
         waiting, in_flight = messages.queue_counts(sqs, stack.queue.url)
         if first_pass is None and waiting == 0 and stack.stats.received - received_before >= sent:
             first_pass = time.monotonic() - started
-        if waiting + in_flight == 0:
+        # The relay may still be sending what the outbox holds onto the queue: drained once both are.
+        if waiting + in_flight == 0 and stack.outbox_items() <= stack.relay_stats.checkpointed:
             drained = time.monotonic() - started
             return first_pass or drained, drained
         if time.monotonic() - last_shown >= 1.0:
@@ -157,7 +161,29 @@ def _checks(
         ),
         Check(not sink.unverified(), f"every webhook call signed and verified ({len(sink.unverified())} failed)"),
         Check(waiting + in_flight == 0, "nothing left in the queue"),
+        _chain_check(stack, {r["id"]["S"] for r in records if r["status"]["S"] == "COMPLETED"}),
     ], applied
+
+
+def _chain_check(stack: DeployedStack, completed: set[str]) -> Check:
+    """Every message the outbox holds for the consumer's own queue was relayed and applied there, once."""
+    dynamodb = stack.servers.client("dynamodb")
+    pages = dynamodb.get_paginator("scan").paginate(TableName=stack.table_name(OUTBOX_TABLE))
+    relay = stack.relay_fleet.function.environment
+    ours = [
+        item
+        for page in pages
+        for item in page["Items"]
+        if relay.get(destination_variable(item["destination"]["S"])) == stack.queue.url
+    ]
+    # Each is applied under its derived key, the record named by its event type (the envelope's).
+    missing = [
+        i["id"]["S"] for i in ours if f"{json.loads(i['body']['S'])['eventType']}#{i['id']['S']}" not in completed
+    ]
+    return Check(
+        not missing,
+        f"every message emitted onto the queue ({len(ours)}) relayed and applied once; not applied: {missing[:3]}",
+    )
 
 
 def _fifo_checks(sent: dict[str, messages.Outgoing], log: fifo.CompletionLog) -> list[Check]:
@@ -213,6 +239,7 @@ def run_demo(args: argparse.Namespace) -> int:
         say(f"3/4 consuming with {args.pollers} pollers (BatchSize {stack.trigger.batch_size}){grouped}")
         say(f"    the function's logs and metrics: {DEMO_LOG}")
         pollers = stack.pollers(args.pollers, on_batch=completions.record)
+        relays = stack.relays()
         first_pass, drained = _drain(stack, say, len(first))
         throughput = (
             f"{len(first)} messages handled in {first_pass:.1f}s = {len(first) / first_pass:.0f} msg/s "
@@ -224,6 +251,7 @@ def run_demo(args: argparse.Namespace) -> int:
         by_id.update(messages.send_all(sqs, stack.queue.url, late))
         _drain(stack, say, len(late))
         pollers.stop()
+        relays.stop()
         sent = [*first, *late]
         parked = dead_letters.peek(sqs, stack.dead_letter_queue.url)
         _summary(say, sent, outcome_counts(DEMO_LOG), parked, sink, throughput)

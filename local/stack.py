@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, TextIO
 
+from consumer.outbox import OUTBOX_TABLE
 from local.poller import BatchReport, Poller, PollerGroup, PollerStats
 from local.stream_poller import StreamPoller, StreamPollerStats
 from testkit.invocation import Invoker
@@ -77,6 +78,12 @@ class DeployedStack:
             runtime or self.relay_fleet.add(),
             stats=self.relay_stats,
         )
+
+    def outbox_items(self) -> int:
+        """How many items the outbox holds (each one record of its stream)."""
+        table = self.table_name(OUTBOX_TABLE)
+        pages = self.servers.client("dynamodb").get_paginator("scan").paginate(TableName=table, Select="COUNT")
+        return sum(int(page["Count"]) for page in pages)
 
     def relays(self) -> PollerGroup:
         """The relay fed by the outbox's stream, as Lambda's mapping feeds it (one invocation at a time per shard);
