@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from consumer.config import table_parameter
+from consumer.outbox import OUTBOX_TABLE
 from local import smoke
 from local.demo import Check, show_checks
+from local.event_files import sample_bodies
 from local.smoke import OUTPUTS, Target, wait
 from local.stack import webhook_parameters
 from testkit import dead_letters, messages, payloads
@@ -41,7 +43,7 @@ CANNOT_VERIFY = (
     "IAM of what the emulator does as itself: polling the queue, writing the logs (PollConsumerQueue, WriteOwnLogs)",
     "sqs:ChangeMessageVisibility covering ChangeMessageVisibilityBatch, as on AWS: the emulator's gap, granted above",
     "the relay's mapping beyond its settings read back: its poller ignores partial batch responses, halving and the"
-    " retry bounds (and nothing is written to the outbox yet)",
+    " retry bounds",
 )
 # Actions AWS does not have that AUTH=true asks the role for (AWS authorizes ChangeMessageVisibilityBatch with
 # sqs:ChangeMessageVisibility): each allowed after the deploy, outside the template, on its one resource (an output).
@@ -116,6 +118,33 @@ def _relay_check(lambda_: Any, dynamodb: Any, sqs: Any, outputs: dict[str, str])
     wanted = (True, "TRIM_HORIZON", ["ReportBatchItemFailures"], True, True)
     said = "the relay's mapping (the outbox's stream, from its oldest record, partial responses, halving, on failure)"
     return Check(read == wanted, f"{said}: {read}")
+
+
+def _chain_check(target: Target) -> Check:
+    """Each handler that emits onto the consumer's queue, through the relay on the emulator: its sample event with the
+    most payload fields (the one most likely to use what emits, as the payment's receiptEmail) sent under a key of
+    this run, and each message it emitted there applied by the function, which the emulator's relay fed it."""
+    run, sent = f"chain-{int(time.time())}", []
+    for handler in payloads.registered():
+        if not set(handler.destinations) & target.relayed_here:
+            continue
+        payloads_ = [json.loads(body).get("payload") for body in sample_bodies(handler.event_type)]
+        samples = [p for p in payloads_ if payloads.refusal(handler.payload_model, p) is None]
+        if samples:
+            richest = max(samples, key=len)
+            sent.append(messages.drawn(handler, f"{run}-{handler.event_type}", richest))
+            smoke.send(target, sent[-1].body, sent[-1].group_id)
+    if not sent:
+        return Check(True, "no registered handler emits onto the consumer's queue: no chain to follow")
+    deadline = time.monotonic() + smoke.DEFAULT_TIMEOUT_S
+    wait(lambda: all(smoke.outcome(target, m) for m in sent), deadline)
+    chained = smoke.chained(target, sent)
+    relayed = wait(lambda: all(smoke.status(target, r) == "COMPLETED" for r in chained), deadline)
+    return Check(
+        bool(chained) and relayed,
+        f"the chain through the emulator's relay: {len(sent)} sample(s) emitted {len(chained)} message(s) onto the"
+        f" queue, each relayed and applied ({relayed}); a handler whose richest sample emits nothing fails this",
+    )
 
 
 def _refusals(url: str, group: str, role: str, tables: list[str], term: str = "") -> set[str]:
@@ -212,6 +241,7 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
         _event_source_check(client("lambda", url), function, parameters),
         _relay_check(client("lambda", url), dynamodb, sqs, outputs),
         *_messages_checks(url, env, target),
+        _chain_check(target),
     ]
     smoked = subprocess.run(["make", "smoke", f"STACK={STACK}"], cwd=REPO, env=env, check=False)
     refusals = _refusals(url, log_group, role, [target.idempotency_table, *target.tables.values()])
@@ -222,11 +252,12 @@ def rehearse(server: Ministack, pid: int, sink: WebhookSink) -> list[Check]:
     ]
     _run([str(REPO / ".venv-sam/bin/sam"), "delete", "--config-env", "rehearse", "--no-prompts"], env)
     kept = client("dynamodb", url).list_tables()["TableNames"]
+    retained = {table: name for table, name in target.tables.items() if table != OUTBOX_TABLE}
     groups = [group["logGroupName"] for group in client("logs", url).describe_log_groups()["logGroups"]]
     listeners = _listeners([pid, *children(pid)])
     checks += [
         Check(listeners == [f"{LOOPBACK}:{server.port}"], f"the emulator and its workers listen on {listeners} only"),
-        Check(set(target.tables.values()) <= set(kept), "sam delete kept the declared tables (DeletionPolicy: Retain)"),
+        Check(set(retained.values()) <= set(kept), "sam delete kept the declared tables (DeletionPolicy: Retain)"),
         Check(
             not {outputs["IdempotencyTableName"], outputs["OutboxTableName"]} & set(kept),
             "and removed the idempotency table and the outbox (Delete)",

@@ -6,16 +6,18 @@ What it sends, checks and cleans up, and the permissions it needs: docs/deployin
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from consumer.config import table_variable
-from consumer.handler import Handlers, declared_tables
+from consumer.config import destination_variable, table_variable
+from consumer.handler import Handlers, declared_destinations, declared_tables
+from consumer.outbox import OUTBOX_TABLE
 from local.demo import Check, show_checks
 from local.state import STATE_DIR
 from service.registry import HANDLERS
@@ -49,6 +51,9 @@ class Target:
     idempotency_table: str
     tables: Mapping[str, str]
     fifo: bool = False
+    # The destinations whose address in the relay's environment is this queue: what the handlers emit there comes
+    # back to this function, and the run waits for it.
+    relayed_here: frozenset[str] = frozenset()
 
 
 def target_from_stack(
@@ -73,7 +78,42 @@ def target_from_stack(
         raise SmokeError(f"the function of stack {stack_name!r} has no variable {', '.join(unset)}")
     values = {role: outputs[name] for role, name in OUTPUTS.items()}
     tables = {table: variables[table_variable(table)] for table in declared_tables(handlers)}
+    relay = outputs.get("RelayFunctionName")
+    relay_variables = (
+        (lambda_.get_function_configuration(FunctionName=relay).get("Environment") or {}).get("Variables") or {}
+        if relay
+        else {}
+    )
+    values["relayed_here"] = relayed_here(relay_variables, values["queue_url"], handlers)
     return Target(sqs=sqs, dynamodb=dynamodb, tables=tables, fifo=values["queue_url"].endswith(".fifo"), **values)
+
+
+def relayed_here(relay_variables: Mapping[str, str], queue_url: str, handlers: Handlers = HANDLERS) -> frozenset[str]:
+    """The destinations the handlers declare whose address in the relay's environment is ``queue_url``."""
+    return frozenset(
+        d for d in declared_destinations(handlers) if relay_variables.get(destination_variable(d)) == queue_url
+    )
+
+
+def chained(target: Target, sent: list[messages.Outgoing]) -> list[str]:
+    """The records of what the run's messages emitted onto this queue: each relayed message's, under its key."""
+    if not target.relayed_here:
+        return []
+    sources = {f"{m.event_type}#{m.key}" for m in sent}
+    pages = target.dynamodb.get_paginator("scan").paginate(TableName=target.tables[OUTBOX_TABLE])
+    return [
+        f"{json.loads(item['body']['S'])['eventType']}#{item['id']['S']}"
+        for page in pages
+        for item in page["Items"]
+        if item["sourceRecord"]["S"] in sources and item["destination"]["S"] in target.relayed_here
+    ]
+
+
+def status(target: Target, record_id: str) -> str | None:
+    item = target.dynamodb.get_item(
+        TableName=target.idempotency_table, Key={"id": {"S": record_id}}, ConsistentRead=True
+    ).get("Item")
+    return item["status"]["S"] if item else None
 
 
 def run_messages(run_id: str) -> list[messages.Outgoing]:
@@ -147,6 +187,9 @@ def run_smoke(
         sender(target, poison, "smoke")
         ended = wait(lambda: all(outcome(target, m) for m in sent), deadline)
         outcomes = {m.event_type: outcome(target, m) for m in sent}
+        # What they emitted onto this queue comes back through the relay: applied before the tables are read.
+        emitted = chained(target, sent)
+        relayed = wait(lambda: all(status(target, record) == "COMPLETED" for record in emitted), deadline)
         parked = wait(lambda: bool(_letters(target, poison)), deadline)
         applied = table_items(target.dynamodb, target.tables)
         for message in sent:  # the producer's resend: the same body, so the same key, as a new message
@@ -161,17 +204,21 @@ def run_smoke(
                 Check(bool(found), f"{event} ends {found or f'neither applied nor dead-lettered in {timeout_s:.0f}s'}")
                 for event, found in outcomes.items()
             ),
+            Check(relayed, f"each message emitted onto the queue ({len(emitted)}) relayed and applied"),
             Check(ended and idle, f"the queue drained within {timeout_s:.0f}s, so every resend was handled"),
             Check(resent == applied, f"the resends changed no item of the declared tables {sorted(target.tables)}"),
             Check(parked, f"the poison message is in the dead-letter queue within {timeout_s:.0f}s"),
             Check(found == POISON_ERROR_TYPE, f"its ErrorType attribute is {POISON_ERROR_TYPE} (found {found})"),
         ]
     finally:
-        clean_up(target, sent, [poison], before)
+        clean_up(target, sent, [poison], before, chained(target, sent))
 
 
-def clean_up(target: Target, sent: list[messages.Outgoing], others: list[str], before: Items) -> None:
-    """Put back each item of the declared tables the run changed, remove its records and dead letters; no more."""
+def clean_up(
+    target: Target, sent: list[messages.Outgoing], others: list[str], before: Items, chained: Sequence[str] = ()
+) -> None:
+    """Put back each item of the declared tables the run changed, remove its records (its relayed messages' too) and
+    dead letters; no more."""
     for table, items in table_items(target.dynamodb, target.tables).items():
         schema = target.dynamodb.describe_table(TableName=target.tables[table])["Table"]["KeySchema"]
         keys = [k["AttributeName"] for k in schema]
@@ -182,9 +229,8 @@ def clean_up(target: Target, sent: list[messages.Outgoing], others: list[str], b
                 target.dynamodb.delete_item(TableName=target.tables[table], Key={k: item[k] for k in keys})
             elif was != item:
                 target.dynamodb.put_item(TableName=target.tables[table], Item=was)
-    for message in sent:
-        key = {"id": {"S": f"{message.event_type}#{message.key}"}}
-        target.dynamodb.delete_item(TableName=target.idempotency_table, Key=key)
+    for record_id in [*(f"{message.event_type}#{message.key}" for message in sent), *chained]:
+        target.dynamodb.delete_item(TableName=target.idempotency_table, Key={"id": {"S": record_id}})
     for body in [*others, *(m.body for m in sent)]:
         for letter in _letters(target, body):
             target.sqs.delete_message(QueueUrl=target.dead_letter_queue_url, ReceiptHandle=letter.receipt_handle)
@@ -216,6 +262,7 @@ def _local(args: argparse.Namespace) -> list[Check]:
         running_stack(stack_name=f"smoke-{int(time.time())}", log_sink=log_sink) as (stack, _sink),
     ):
         stack.pollers(args.pollers)
+        stack.relays()
         target = Target(
             sqs=stack.servers.client("sqs"),
             dynamodb=stack.servers.client("dynamodb"),
@@ -224,6 +271,7 @@ def _local(args: argparse.Namespace) -> list[Check]:
             idempotency_table=stack.table_name("IdempotencyTable"),
             tables={table: stack.table_name(table) for table in declared_tables(HANDLERS)},
             fifo=stack.queue.fifo,
+            relayed_here=relayed_here(stack.relay_fleet.function.environment, stack.queue.url),
         )
         return run_smoke(target, timeout_s=args.timeout)
 

@@ -23,7 +23,6 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import boto3
@@ -39,6 +38,7 @@ from consumer.idempotency.writes import ConditionCheck, Write
 from consumer.outbox import OUTBOX_TABLE, Outgoing, derived_key
 from consumer.outbox import Attr as OutboxAttr
 from consumer.outcome import MessageResult, Outcome
+from local.event_files import sample_bodies
 from testkit import payloads
 from testkit.lambda_sqs import sqs_record
 from testkit.webhook import WebhookSink
@@ -656,25 +656,3 @@ def draws(subject: Subject, rule: str, count: int = 2, samples: bool = True) -> 
 
 def failures(rule: Callable[..., str | None], rig: Rig, subject: Subject, cases: Sequence[Any]) -> list[str]:
     return [found for case in cases if (found := rule(rig, subject, *case)) is not None]
-
-
-EVENTS = Path(__file__).resolve().parents[2] / "events"
-
-
-def sample_bodies(event_type: str, events: Path = EVENTS) -> list[str]:
-    """The bodies of the sample events (``events/*.json``, SQS events as Lambda delivers them) of this event type,
-    in file order; poison samples included (a body the model refuses, a key reused)."""
-    bodies = [
-        record["body"]
-        for path in sorted(events.glob("*.json"))
-        for record in json.loads(path.read_text(encoding="utf-8")).get("Records", [])
-    ]
-    return [body for body in bodies if _event_type(body) == event_type]
-
-
-def _event_type(body: str) -> Any:
-    try:
-        document = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    return document.get("eventType") if isinstance(document, dict) else None

@@ -13,9 +13,9 @@ from moto import mock_aws
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from consumer.handler import Effect, MessageContext, MessageHandler, Mode
+from local.event_files import sample_bodies
 from testkit import payloads
 from testkit.payloads import GeneratorError
-from tests.handler_contract import sample_bodies
 from tests.tooling.template_copies import on_the_cores_own_application
 
 test_on_the_cores_own_application = on_the_cores_own_application(__name__, seconds=15)
