@@ -11,7 +11,6 @@ import json
 from typing import Any
 
 import boto3
-import botocore.client
 import botocore.session
 import pytest
 
@@ -144,14 +143,15 @@ def test_a_standard_queue_gets_the_group_id_as_its_tenant_and_no_deduplication_i
     url, _ = queue(sqs, "receipts")
     (image,) = images(QueueMessage("ReceiptQueue", "ReceiptRequested", {"paymentId": "p-1"}, group_id="acc-1"))
     sent: list[dict[str, Any]] = []
-    real = botocore.client.BaseClient._make_api_call
 
-    def recorded(client: Any, operation: str, params: dict[str, Any]) -> Any:
-        sent.append(params)
-        return real(client, operation, params)
+    def recorded(**event: Any) -> None:
+        sent.append(dict(event["params"]))
 
-    # SQS refuses a deduplication id on a standard queue; moto does not, so the request itself is read.
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", recorded)
+    # SQS refuses a deduplication id on a standard queue; moto does not, so the request itself is read (the relay's
+    # clients come from botocore's default session: this test's own stands in).
+    session = botocore.session.Session()
+    session.register("provide-client-params.sqs.SendMessage", recorded)
+    monkeypatch.setattr(botocore.session, "get_session", lambda: session)
 
     response, _ = relay(capsys, event(image), ReceiptQueue=url)
 
