@@ -23,12 +23,14 @@ from bench.capacity import CapacityMeter
 from bench.chart import draw_batch_latency_chart, draw_cost_chart
 from bench.coldstart import measure_cold_starts
 from bench.costs import Backend, Draws, handler_name, message_costs, moto_backend, timed_handler
+from bench.outbox import WITH, WITHOUT, Outbox, emitter, emitting_batch, measure_chain, relay_batch_size, unit_costs
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.report import TARGET_BATCH, TARGET_LATENCY_MS, TARGET_MEMORY_MB, BenchResults, TimingKey
 from bench.systems import SYSTEM_ENV, SYSTEMS, settings_environment
 from bench.timing import POWERTOOLS_ENV, REPO_ROOT, Samples, Turn, invoke, system_functions, time_batches, time_turns
 from consumer.config import Settings
 from consumer.handler import Mode
+from consumer.outbox import OUTBOX_TABLE
 from testkit.aws import DUMMY_CREDENTIALS_ENV, client
 from testkit.dynamodb_local import DynamoDBLocal, JavaNotFound, jar_directory, java_runtime
 from testkit.lambda_runtime import LambdaEnvironment
@@ -40,6 +42,7 @@ from tests.core.concurrency.racing import CONSUMERS, HOT_MESSAGES, hot_item
 from tests.core.hostile import hostile_family
 
 NARRATIVE = Path(__file__).resolve().parent / "methodology.md"
+SECTIONS = ("cold-start", "hostile", "floor", "hot-item", "outbox")
 _PACKAGES = ("boto3", "botocore", "moto", "aws-lambda-powertools", "pydantic")
 
 
@@ -57,7 +60,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warm-up-batches", type=int, default=20, help="per system, before timing (JVM)")
     parser.add_argument("--cost-messages", type=int, default=10, help="messages per case for calls and units")
     parser.add_argument("--cold-starts", type=int, default=9, help="fresh processes per system and CPU share")
-    parser.add_argument("--only", choices=["cold-start", "hostile", "floor", "hot-item"], help="one section, printed")
+    parser.add_argument("--only", choices=SECTIONS, help="one section, printed")
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--chart", type=Path, default=REPO_ROOT / "docs" / "img" / "batch-latency.png")
     parser.add_argument("--cost-chart", type=Path, default=REPO_ROOT / "docs" / "img" / "cost-per-million.png")
@@ -141,6 +144,8 @@ class _Run:
                         self.time_hostile(functions[report.CONSUMER])
                     if memory_mb == TARGET_MEMORY_MB and only in (None, "floor"):
                         self.time_floors(functions[report.CONSUMER])
+                    if memory_mb == TARGET_MEMORY_MB and only in (None, "outbox") and (emits := emitter(registered())):
+                        self.measure_outbox(functions[report.CONSUMER], server, sqs.endpoint_url, emits)
                     if only:
                         return
                     # At the target share every latency and batch size; elsewhere the cost chart's point.
@@ -187,6 +192,24 @@ class _Run:
                 # Three lock messages whose handlers end together (the webhook answers each alike): their calls.
                 trio = time_batches(ours, functools.partial(draws.bodies, 3), TARGET_LATENCY_MS, self.arguments)
                 self.results.lock_trios[handler_name(handler)] = trio[report.CONSUMER]
+
+    def measure_outbox(
+        self, function: LambdaEnvironment, server: DynamoDBLocal, sqs_url: str, handler: Handler
+    ) -> None:
+        """The emitting handler's batches of 10: their units, their chain through the relay, with against without."""
+        _progress(f"{TARGET_MEMORY_MB} MB: an emitted message's units, its chain through the relay, batches of 10")
+        draws, settings = self.draws(handler), self.settings[0]  # this consumer's tables
+        with _function_output_discarded():
+            units = unit_costs(server, settings, draws, TARGET_BATCH)
+        described = server.client().describe_table(TableName=settings.table_names[OUTBOX_TABLE])["Table"]
+        clients = (client("sqs", sqs_url), client("dynamodbstreams", server.endpoint_url), sqs_url)
+        chain = measure_chain(function, draws, clients, described["LatestStreamArn"], batches=20)
+        turns = {
+            name: Turn(function, functools.partial(emitting_batch, draws, emit))
+            for name, emit in ((WITH, True), (WITHOUT, False))
+        }
+        timed = time_turns(turns, TARGET_LATENCY_MS, self.arguments)
+        self.results.outbox = Outbox(units, chain, timed, relay_batch_size())
 
     def measure_hot_item(self) -> None:
         _progress(f"a hot item: {HOT_MESSAGES} messages on one tally, {CONSUMERS} consumers in this process")
@@ -241,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if only is None:
         with WebhookSink() as webhook, _function_output_discarded():
             run.measure_costs(webhook.url)
-    if only in (None, "hostile", "floor"):
+    if only in (None, "hostile", "floor", "outbox"):
         run.measure_on_dynamodb_local(only)
     if only in (None, "hot-item"):
         run.measure_hot_item()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -155,17 +156,20 @@ def run_batch(system: System, bodies: list[str]) -> None:
         raise RuntimeError(f"{system.name}: {len(failures)} of {len(bodies)} records failed")
 
 
+def batch_cost(system: System, bodies: list[str], probe: RoundTripProbe, meter: CapacityMeter, count: int) -> Cost:
+    """One batch's calls and request units, per ``count`` messages."""
+    before = (probe.calls, meter.write_units, meter.read_units)
+    run_batch(system, bodies)
+    after = (probe.calls, meter.write_units, meter.read_units)
+    return Cost(*((end - start) / count for start, end in zip(before, after, strict=True)))
+
+
 def message_costs(
     system: System, draws: Draws, probe: RoundTripProbe, meter: CapacityMeter, count: int
 ) -> dict[str, Cost]:
     """Each case a batch of ``count`` fresh messages of one handler; a duplicate inside one batch is what a batch
     of pairs costs beyond its new messages, so only the copies are left."""
-
-    def per_message(bodies: list[str]) -> Cost:
-        before = (probe.calls, meter.write_units, meter.read_units)
-        run_batch(system, bodies)
-        after = (probe.calls, meter.write_units, meter.read_units)
-        return Cost(*((end - start) / count for start, end in zip(before, after, strict=True)))
+    per_message = functools.partial(batch_cost, system, probe=probe, meter=meter, count=count)
 
     bodies, paired = draws.bodies(count), draws.bodies(count)
     # Redelivered bodies under new messageIds: the keys are already COMPLETED.

@@ -11,6 +11,8 @@ from bench.coldstart import CONSUMER as COLD_CONSUMER
 from bench.coldstart import FLOOR, FULL_CPU, LAMBDA_SHARES, ColdStarts
 from bench.costs import CASES, NEW, PRICE_TABLE, PRICES_AS_OF, Cost, CostPerMillion, cost_per_million, sqs_requests
 from bench.costs import REGION as PRICES_REGION
+from bench.outbox import MEMORY_MB as RELAY_MB
+from bench.outbox import WITH, WITHOUT, Outbox
 from bench.systems import NAMES, PowertoolsBaseline
 from bench.timing import Samples, median_ci
 from tests.core.concurrency import racing
@@ -30,6 +32,7 @@ FLOOR_TARGET = 0.3
 LOCK_TRIO_CALLS_TARGET = 2
 HOT_RETURNED_TARGET = 0.01
 COLD_START_TARGET = 1.25
+OUTBOX_TARGET = 1.5
 
 
 @dataclass(frozen=True, order=True)
@@ -65,6 +68,7 @@ class BenchResults:
     # This consumer at the target share and latency, per registered lock-mode handler: batches of three.
     lock_trios: dict[str, Samples] = field(default_factory=dict)
     hot_item: list[racing.HotItem] = field(default_factory=list)
+    outbox: Outbox | None = None
 
     def samples(self, memory_mb: int, latency_ms: int, batch_size: int) -> dict[str, Samples]:
         return self.timings.get(TimingKey(memory_mb, latency_ms, batch_size), {})
@@ -257,7 +261,7 @@ def targets(results: BenchResults) -> list[str]:
             f"- {verdict}: CPU per record {_ms(batch[ours].cpu_per_record_s)} ms against "
             f"Powertools' {_ms(batch[theirs].cpu_per_record_s)} ms, {cpu:.2f} of it (target ≤ {CPU_TARGET:g})."
         )
-    verdicts += floor_targets(results)
+    verdicts += floor_targets(results) + outbox_target(results)
     if results.cold_starts:
         verdicts += cold_start_targets(results.cold_starts)
     ours_cost, their_cost = results.cost(ours, TARGET_MEMORY_MB), results.cost(theirs, TARGET_MEMORY_MB)
@@ -273,6 +277,51 @@ def targets(results: BenchResults) -> list[str]:
     return verdicts
 
 
+def ratio_range(top: list[float], bottom: list[float]) -> tuple[float, float, float]:
+    """The ratio of two medians, and its spread from their intervals, each end at its least favourable."""
+    (top_low, top_high), (bottom_low, bottom_high) = median_ci(top), median_ci(bottom)
+    return statistics.median(top) / statistics.median(bottom), top_low / bottom_high, top_high / bottom_low
+
+
+def outbox_target(results: BenchResults) -> list[str]:
+    """A batch of 10 payments that each emit one message against the same batch without, taking turns: wall time."""
+    if not (outbox := results.outbox):
+        return []
+    (ours, base) = (outbox.turns[WITH], outbox.turns[WITHOUT])
+    ratio, low, high = ratio_range(ours.wall_s, base.wall_s)
+    verdict, clause = _against(ratio, OUTBOX_TARGET)
+    return [
+        f"- {verdict}: a batch of 10 payments that each emit a message takes {ratio:.2f}{TIMES} [{low:.2f}-{high:.2f}]"
+        f" the same batch without ({_interval(ours.median_s, ours.ci_s)} ms, n={len(ours.wall_s)}, against "
+        f"{_interval(base.median_s, base.ci_s)} ms, n={len(base.wall_s)}; {clause})."
+    ]
+
+
+def outbox_section(results: BenchResults) -> list[str]:
+    """An emitted message's parts and their cost per million, and its chain's latency (methodology.md)."""
+    if not (outbox := results.outbox):
+        return []
+    chain, parts = outbox.chain, outbox.parts()
+    rows = [[part, f"{count:.3g}", f"{usd:.3f}"] for part, (count, usd) in parts.items()]
+    rows.append(["**total**", "", f"**{sum(usd for _, usd in parts.values()):.3f}**"])
+    per = [f"{getattr(outbox.units[name], unit):g}" for unit in ("calls", "write_units") for name in (WITH, WITHOUT)]
+    records, latencies = chain.relay_records, chain.latencies_s
+    p99 = statistics.quantiles(latencies, n=100, method="inclusive")[98]
+    return [
+        *_table(["per emitted message", "count", "USD per million"], rows),
+        "",
+        f"Per payment, with a message against without: {per[0]} against {per[1]} DynamoDB calls, {per[2]} against "
+        f"{per[3]} write units. Relay: {len(records)} invocations of {sum(records)} records, "
+        f"{sum(records) / len(records):.1f} each [{min(records)}-{max(records)}], as the figures assume (full batches"
+        f" of the mapping's {outbox.relay_batch_size}: {1 / outbox.relay_batch_size:g} invocations), median "
+        f"{_ms(statistics.median(chain.relay_wall_s))} ms each; {chain.sent} sends for {len(latencies)} messages.",
+        "",
+        f"- measured: the chain, from the payment function's invocation to the message's SentTimestamp: median "
+        f"{_ms(statistics.median(latencies))} ms, p99 {_ms(p99)} ms "
+        f"(n={len(latencies)}; 0-250 ms of each is the stream poller's wait for its next poll).",
+    ]
+
+
 def floor_targets(results: BenchResults) -> list[str]:
     """Per registered handler, this consumer's CPU per message in a batch of 10 new messages over botocore's own CPU in
     one message's DynamoDB calls (methodology.md: a lock handler's are its claim and its commit)."""
@@ -280,17 +329,14 @@ def floor_targets(results: BenchResults) -> list[str]:
     for name, floor in results.floors.items():
         batch, single = floor.batch, floor.single.botocore_cpu_s
         floor_s = statistics.median(single)
-        ratio = batch.cpu_per_record_s / floor_s
-        # The ratio's spread from its sides' intervals, each end at its least favourable: the verdict reads the medians.
-        (cpu_low, cpu_high), (floor_low, floor_high) = median_ci(batch.record_cpu_s), median_ci(single)
+        ratio, low, high = ratio_range(batch.record_cpu_s, single)
         verdict, clause = (
             _against(ratio, FLOOR_TARGET)
             if floor.targeted
             else ("measured", "no target: its webhook's call is in it, not in the floor")
         )
         verdicts.append(
-            f"- {verdict}: {name}: CPU per message {ratio:.2f}{TIMES} [{cpu_low / floor_high:.2f}-"
-            f"{cpu_high / floor_low:.2f}] botocore's own in "
+            f"- {verdict}: {name}: CPU per message {ratio:.2f}{TIMES} [{low:.2f}-{high:.2f}] botocore's own in "
             f"one message's calls ({_interval(batch.cpu_per_record_s, median_ci(batch.record_cpu_s))} ms, "
             f"n={len(batch.wall_s)}, against {_interval(floor_s, median_ci(single))} ms; {clause})."
         )
@@ -354,6 +400,9 @@ def benchmarks_markdown(results: BenchResults, charts: list[str], narrative: str
         f"## A hot item ({racing.HOT_MESSAGES} messages on one item, {racing.CONSUMERS} consumers, each its share)": (
             hot_item_targets(results)
         ),
+        f"## An emitted message (the payment example's receipt request through the outbox, {_share(RELAY_MB)})": (
+            outbox_section(results)
+        ),
         "## Cold start (fresh processes from the built artifact: init, then one new message)": (
             cold_start_section(results.cold_starts) if results.cold_starts else []
         ),
@@ -399,4 +448,7 @@ def stdout_report(results: BenchResults) -> str:
     """What this run measured (every section, or the one ``--only`` names), the targets' verdicts last."""
     cold = cold_start_section(results.cold_starts) if results.cold_starts else []
     parts = [_timing_table(results), _cpu_table(results), hostile_section(results), cold, handler_costs(results)]
-    return "\n\n".join("\n".join(part) for part in [*parts, targets(results), hot_item_targets(results)] if part)
+    outbox = [line for line in outbox_section(results) if line not in outbox_target(results)]
+    return "\n\n".join(
+        "\n".join(part) for part in [*parts, outbox, targets(results), hot_item_targets(results)] if part
+    )
