@@ -62,7 +62,17 @@ class Attr(StrEnum):
 
 
 @dataclass(frozen=True)
-class QueueMessage:
+class _Message:
+    destination: str
+    event_type: str
+    payload: Any
+    group_id: str | None = None
+    deduplication_id: str | None = None
+    raw: bool = False
+
+
+@dataclass(frozen=True)
+class QueueMessage(_Message):
     """A message for an SQS queue the handler declares in ``destinations``.
 
     Attributes
@@ -74,7 +84,7 @@ class QueueMessage:
     payload:
         The envelope's ``payload``: anything ``json.dumps`` takes (a model as ``model.model_dump(mode="json")``).
     group_id:
-        A FIFO queue's ``MessageGroupId``; None for a standard queue.
+        A FIFO queue's ``MessageGroupId``; on a standard queue, its fair-queue tenant; None for neither.
     deduplication_id:
         A FIFO queue's ``MessageDeduplicationId``; None derives one from the message's key.
     raw:
@@ -86,25 +96,11 @@ class QueueMessage:
     ``QueueMessage("ReceiptQueue", "ReceiptRequested", {"paymentId": p, "amountCents": 1250})``
     """
 
-    destination: str
-    event_type: str
-    payload: Any
-    group_id: str | None = None
-    deduplication_id: str | None = None
-    raw: bool = False
-
 
 @dataclass(frozen=True)
-class TopicMessage:
+class TopicMessage(_Message):
     """A message for an SNS topic the handler declares in ``destinations``: as ``QueueMessage``, published to the topic
     (``group_id`` and ``deduplication_id`` for a FIFO topic)."""
-
-    destination: str
-    event_type: str
-    payload: Any
-    group_id: str | None = None
-    deduplication_id: str | None = None
-    raw: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,7 +145,7 @@ def _bad(message: Outgoing, position: int, why: str) -> PoisonMessage:
 def _body(message: Outgoing, position: int, key: str) -> str:
     if not _EVENT_TYPE.fullmatch(str(message.event_type)):
         raise _bad(message, position, "its event type must be 1 to 128 letters, digits, '_', '.', ':' or '-'")
-    raw = isinstance(message, QueueMessage | TopicMessage) and message.raw
+    raw = isinstance(message, _Message) and message.raw
     content = (
         message.payload
         if raw

@@ -9,7 +9,6 @@ promise, and this is where it is checked end to end.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from botocore.exceptions import ClientError
 
 from consumer.outbox import Attr, QueueMessage, derived_key, outbox_writes
 from consumer.relay import RelayHandler
+from local.stream_poller import parents_first
 from testkit.aws import client
 from testkit.lambda_sqs import LambdaContext
 from testkit.servers import LocalServers
@@ -43,19 +43,6 @@ def outbox_table(dynamodb: Any) -> tuple[str, str]:
     ttl = {"AttributeName": Attr.EXPIRES_AT.value, "Enabled": True}
     dynamodb.update_time_to_live(TableName=name, TimeToLiveSpecification=ttl)
     return name, dynamodb.describe_table(TableName=name)["Table"]["LatestStreamArn"]
-
-
-def parents_first(shards: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """The shards, each after its parent: a stream's records are in order within a shard and its children."""
-    read: set[str] = set()
-    ids = {shard["ShardId"] for shard in shards}
-    waiting = list(shards)
-    while waiting:
-        ready = [s for s in waiting if s.get("ParentShardId") not in ids or s["ParentShardId"] in read]
-        for shard in ready:
-            read.add(shard["ShardId"])
-            waiting.remove(shard)
-            yield shard
 
 
 def stream_records(streams: Any, stream_arn: str) -> list[dict[str, Any]]:
