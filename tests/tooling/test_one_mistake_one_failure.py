@@ -117,8 +117,8 @@ def table_not_in_the_template(root: Path) -> None:
 def destination_not_in_the_template(root: Path) -> None:
     """A handler's destination, declared as its tables are, that the template lacks: its variable and its grant are
     the relay's checks' to name once it is there."""
-    tables = 'tables: ClassVar[tuple[str, ...]] = ("LedgerTable",)'
-    _edit(root / PAYMENT, tables, tables + '\n    destinations: ClassVar[tuple[str, ...]] = ("ReceiptQueue",)')
+    declared = 'destinations: ClassVar[tuple[str, ...]] = ("ConsumerQueue",)'
+    _edit(root / PAYMENT, declared, declared.replace('"ConsumerQueue",', '"ConsumerQueue", "ReceiptQueue"'))
 
 
 # Each mistake and the one failure it gives: the test's name, and its words.
