@@ -191,7 +191,9 @@ class MessageHandler(ABC, Generic[PayloadT]):
                 )
                 return Effect(result={"added": payload.points}, writes=(add,))
 
-    Then add ``PointsEarnedHandler`` to ``HANDLERS`` in ``src/service/registry.py``. A lock-mode
+    Then add ``PointsEarnedHandler`` to ``HANDLERS`` in ``src/service/registry.py``. A handler that must tell
+    another service declares ``destinations`` and returns ``Effect(..., messages=(QueueMessage(...),))``: they are
+    sent, through the outbox, if and only if its effect commits (docs/outbox.md). A lock-mode
     handler (``Mode.LOCK``) may call outside DynamoDB before returning its writes, through a
     ``WebhookClient``; raise ``PoisonMessage`` for a message that can never succeed, ``TransientError``
     for one that may later. docs/writing-a-handler.md has the rest.

@@ -27,8 +27,9 @@ OUTBOX_TABLE = "OutboxTable"
 # adds the key's attribute (at most about 700 bytes) and, on a bus, the source and detail type.
 MAX_BODY_BYTES = 250_000
 
-# Our envelope's key, at most (consumer.envelope.MAX_KEY_LENGTH): a longer derived key hashes its source's key.
-_MAX_KEY_LENGTH = 512
+# Our envelope's key, at most (consumer.envelope's MAX_KEY_LENGTH and MAX_KEY_BYTES): a longer derived key hashes
+# its source's key.
+_MAX_KEY_LENGTH, _MAX_KEY_BYTES = 512, 1024
 
 # A FIFO message group id or deduplication id: SQS's and SNS's rule.
 _FIFO_ID = re.compile(r"[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}")
@@ -126,10 +127,10 @@ _KINDS: dict[type[Outgoing], Kind] = {QueueMessage: Kind.QUEUE, TopicMessage: Ki
 
 def derived_key(record_id: str, position: int) -> str:
     """The key of the ``position``-th message (from 0) its source emitted: ``<record id>#<position>``, the record id
-    being ``<eventType>#<key>``. Past 512 characters, the source's key is replaced by its SHA-256
-    (``<eventType>#sha256:<hex>#<position>``), so the key always fits the envelope."""
+    being the source's ``<eventType>#<key>``. When that is past 512 characters or 1,024 UTF-8 bytes, the source's key
+    is replaced by its SHA-256 (``<eventType>#sha256:<hex>#<position>``), so the key always fits the envelope."""
     key = f"{record_id}#{position}"
-    if len(key) <= _MAX_KEY_LENGTH:
+    if len(key) <= _MAX_KEY_LENGTH and len(key.encode()) <= _MAX_KEY_BYTES:
         return key
     event_type, _, source_key = record_id.partition("#")
     return f"{event_type}#sha256:{hashlib.sha256(source_key.encode()).hexdigest()}#{position}"

@@ -49,8 +49,8 @@ def test_the_local_form_starts_the_stack_passes_and_stops(tmp_path: Path) -> Non
     assert answer.returncode == 0, answer.stdout + answer.stderr
     lines = answer.stdout.splitlines()
     registered = handlers_statement(application.registry_file(project).read_text())[1]
-    # One per registered handler, then the drain, the resends, the poison and its reason.
-    assert sum(line.startswith("ok ") for line in lines) == len(registered) + 4, answer.stdout
+    # One per registered handler, then their emitted messages, the drain, the resends, the poison and its reason.
+    assert sum(line.startswith("ok ") for line in lines) == len(registered) + 5, answer.stdout
     assert not any(line.startswith("FAIL") for line in lines)
     assert lines[-1] == "smoke test passed"
 

@@ -217,13 +217,17 @@ def test_each_kind_of_message_carries_what_its_destination_needs() -> None:
     assert json.loads(bus["body"])["metadata"] == {"idempotencyKey": "E#k#2"}
 
 
-def test_a_key_past_the_envelopes_limit_hashes_its_sources_key_and_keeps_its_position() -> None:
+def test_a_key_past_the_envelopes_limits_hashes_its_sources_key_and_keeps_its_position() -> None:
     long_key = "k" * 600
     key = derived_key(f"Event#{long_key}", 7)
 
     assert key == f"Event#sha256:{hashlib.sha256(long_key.encode()).hexdigest()}#7"
     assert derived_key(f"Event#{'k' * 500}", 7) == f"Event#{'k' * 500}#7"  # 508 characters: kept as it is
     assert len(derived_key(f"Event#{'k' * 504}", 10)) < 512  # 513 characters otherwise
+    # 254 characters of four bytes each: a key the envelope takes (1,016 bytes), derived past its 1,024 bytes.
+    wide = "\U0001f4e6" * 254
+    digest = hashlib.sha256(wide.encode()).hexdigest()
+    assert derived_key(f"OrderPaid#{wide}", 0) == f"OrderPaid#sha256:{digest}#0"  # 1,028 bytes otherwise
 
 
 @pytest.mark.parametrize(
