@@ -117,6 +117,26 @@ def _make_upgrade(project: Path, template: Path) -> subprocess.CompletedProcess[
     return run_in(project, command, timeout=300, environment=_IDENTITY)
 
 
+def _take_this_releases_steps(project: Path) -> None:
+    """What CHANGELOG.md's Unreleased section asks of a project without the examples, done as it says: the lines
+    marked ``# example: payment`` that the upgrade brings deleted with the lines indented under them, and the outbox's
+    message types added to ``HANDLER_API`` in its own ``tests/app/test_handler_registry.py``."""
+    template = project / "template.yaml"
+    lines, kept, depth = template.read_text().splitlines(keepends=True), [], None
+    for line in lines:
+        indent = len(line) - len(line.lstrip())
+        if depth is not None and (not line.strip() or indent > depth):
+            continue
+        depth = indent if line.rstrip().endswith("# example: payment") else None
+        if depth is None:
+            kept.append(line)
+    template.write_text("".join(kept))
+    registry_test = project / "tests/app/test_handler_registry.py"
+    text = registry_test.read_text()
+    registry_test.write_text(text.replace('"ApiUrl",', '"ApiUrl", "QueueMessage", "TopicMessage", "BusEvent",', 1))
+    _git(project, "commit", "--quiet", "--all", "--message", "CHANGELOG.md's steps for this release")
+
+
 @pytest.fixture
 def trial(tmp_path: Path) -> tuple[Path, Path]:
     """The template (this tree, tagged) and a project on the previous release, examples replaced, a handler added."""
@@ -144,6 +164,7 @@ def test_a_project_on_the_previous_release_with_a_handler_of_its_own_upgrades_an
     registry = application.registry_file(project).read_text()
     assert "ParcelReservedHandler" in registry and "PaymentReceivedHandler" not in registry
     assert "ParcelTable" in (project / "template.yaml").read_text()
+    _take_this_releases_steps(project)
 
     # make test, the user's loop, as written, on the checkout's environments (the upgrade rewrote what they are
     # installed from). Its tests run in one process, beside make proof's workers (with three more workers
