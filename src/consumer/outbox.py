@@ -254,7 +254,11 @@ class OutboxItem:
             return str(value["S"])
 
         created = image.get(Attr.CREATED_AT_MS)
-        return cls(
+        try:
+            created_at_ms = int(created["N"]) if isinstance(created, Mapping) and "N" in created else None
+        except (TypeError, ValueError):
+            raise ValueError(f"outbox item's {Attr.CREATED_AT_MS.value!r} is no number: {created!r:.80}") from None
+        item = cls(
             key=text(Attr.ID) or "",
             destination=text(Attr.DESTINATION) or "",
             kind=Kind(text(Attr.KIND) or ""),
@@ -263,5 +267,8 @@ class OutboxItem:
             deduplication_id=text(Attr.DEDUPLICATION_ID, required=False),
             source=text(Attr.SOURCE, required=False),
             detail_type=text(Attr.DETAIL_TYPE, required=False),
-            created_at_ms=int(created["N"]) if isinstance(created, Mapping) and "N" in created else None,
+            created_at_ms=created_at_ms,
         )
+        if item.kind is Kind.BUS and not (item.source and item.detail_type):
+            raise ValueError("a bus's outbox item has no source or detail type")
+        return item
