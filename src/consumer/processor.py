@@ -63,6 +63,8 @@ from consumer.report import Reporter
 ABANDONED_RELEASED = "the abandoned claim and its reservation were released"
 # What a message met that waits for another message's hold to settle: back to the queue, with backoff.
 BUSY = "held by another message, so not refused"
+# A release that found another record of its key: a newer delivery of the message holds it, or completed it.
+TAKEN_OVER = "taken over by another delivery"
 
 _A = TypeVar("_A")
 # A message's life: it yields each transition it needs, is sent that transition's answer (or has the exception its
@@ -319,12 +321,17 @@ class MessageProcessor:
         undo: Sequence[Write],
         poison: PoisonMessage,
     ) -> Steps:
-        """Dead-letter a claimed message once its claim and reservation are released; retry it while they stand.
+        """Dead-letter a claimed message once its claim and reservation are released; retry it while they stand,
+        or while another delivery of it holds the key.
 
         Dead-lettered with its reservation standing, the message that alone could settle it would sit in the
-        DLQ (or be purged): retried, it comes back after the lease and its takeover releases them.
+        DLQ (or be purged): retried, it comes back after the lease and its takeover releases them. Dead-lettered
+        under a newer owner, it would be in the DLQ while that owner may still apply it, or, if that owner dies,
+        leave its claim with no message to come back to it: retried, it comes back to what that owner left.
         """
         unreleased = yield from self._release_quietly(item, claim, undo)
+        if unreleased == TAKEN_OVER:
+            return self._report.retry(item, f"{TAKEN_OVER}, so not dead-lettered: {poison}")
         if unreleased is not None:
             return self._report.retry(item, f"release failed ({unreleased}), so not yet dead-lettered: {poison}")
         return self._report.dead_letter(item, poison)
@@ -332,13 +339,12 @@ class MessageProcessor:
     def _release_quietly(
         self, item: Prepared, claim: Claimed, undo: Sequence[Write]
     ) -> Generator[Transition[Any], object, str | None]:
-        """Release; the error when the claim and its reservation may still stand, None when nothing of ours does."""
+        """Release; ``TAKEN_OVER`` when another record of the key stands, the error when the claim and its reservation
+        may still stand, None when nothing of ours or anyone's does."""
         try:
             if not (yield from _sent(Release(claim, tuple(undo)))):
-                self._logger.warning(
-                    "release found no claim of ours (taken over, or an earlier release lost its answer)",
-                    extra=item.log_keys(),
-                )
+                self._logger.warning(f"release found the key {TAKEN_OVER}", extra=item.log_keys())
+                return TAKEN_OVER
         except Exception as error:
             # The lease still runs out, so the key frees itself; nothing is stuck.
             reason = bounded(str(error))

@@ -7,7 +7,8 @@ a mistyped name would retry each message until the redrive, with an SDK error as
 The DynamoDB features, in the SDK the runtime loaded.
 
 A duplicate costs one round trip only because a failed condition returns the old item
-(``ReturnValuesOnConditionCheckFailure``), on ``UpdateItem`` and inside ``TransactWriteItems``.
+(``ReturnValuesOnConditionCheckFailure``), on ``UpdateItem``, ``DeleteItem`` (a release told a newer owner's record
+from none) and inside ``TransactWriteItems``.
 An older botocore does not know that parameter: with client-side validation off, it would
 send requests whose failures come back without the item, and every duplicate would look like
 an unreadable message. The Lambda runtime's botocore is not pinned by AWS, so the function
@@ -32,14 +33,18 @@ if TYPE_CHECKING:
 PARAMETER = "ReturnValuesOnConditionCheckFailure"
 # A release known to model the parameter on every operation below (it reached single-item writes in mid-2023).
 MINIMUM_BOTOCORE = "1.31.0"
+_SINGLE_ITEM_WRITES = ("UpdateItem", "DeleteItem")
 _TRANSACTION_ITEMS = ("Update", "Put", "Delete", "ConditionCheck")
 
 
 def missing_features(service_model: Any) -> list[str]:
-    """Where ``service_model`` (DynamoDB's) lacks the parameter: ``UpdateItem``, ``TransactWriteItems.Update``..."""
-    missing = []
-    if PARAMETER not in service_model.operation_model("UpdateItem").input_shape.members:
-        missing.append("UpdateItem")
+    """Where ``service_model`` (DynamoDB's) lacks the parameter: ``UpdateItem``, ``DeleteItem``,
+    ``TransactWriteItems.Update``..."""
+    missing = [
+        operation
+        for operation in _SINGLE_ITEM_WRITES
+        if PARAMETER not in service_model.operation_model(operation).input_shape.members
+    ]
     transact_item = (
         service_model.operation_model("TransactWriteItems").input_shape.members["TransactItems"].member.members
     )

@@ -22,8 +22,10 @@ class Release(Transition[bool]):
     """``IN_PROGRESS --release--> (absent)`` if still ours, so that a retry can claim at once.
 
     ``undo`` (a guard's, taking its reservation back) goes in the same transaction, fenced by the same condition:
-    the reservation goes with the claim, or neither does. Answers False when the claim was already taken over:
-    the newer owner's record, and the reservation it took over with it, are left alone. Raises
+    the reservation goes with the claim, or neither does. Answers True when no record of the key stands after it
+    (this claim deleted now, or by an earlier attempt whose answer was lost), False when another one does: the key
+    was taken over (the newer owner's record, and the reservation it took over with it, are left alone) or
+    completed. The message's outcome is then that record's, not this worker's to give. Raises
     ``BusinessConditionFailed`` when an undo write's condition failed, and ``TransactionConflict`` when conflicts
     outlasted the time (the same request each time, and a reservation left standing costs more than the wait):
     nothing was released, and the lease runs out.
@@ -42,6 +44,8 @@ class Release(Transition[bool]):
                 OWNER: {"S": self.claim.owner_token},
                 ":in_progress": {"S": Status.IN_PROGRESS.value},
             },
+            # A refusal tells a record that stands (another owner's) from none (released already).
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
 
     def items(self, table: Table, now_ms: int) -> list[dict[str, Any]]:
@@ -55,7 +59,7 @@ class Release(Transition[bool]):
 
     def read(self, cancelled: RecordRefused | Refused) -> bool | None:
         # A refused undo is told in its own words by its own transaction.
-        return None if isinstance(cancelled, Refused) else False
+        return None if isinstance(cancelled, Refused) else cancelled.record is None
 
     def alone(self, table: Table, remaining_ms: Callable[[], int] | None) -> bool:
         released = table.absorbing(lambda: self._once(table, self.undo), remaining_ms)
@@ -82,11 +86,9 @@ class Release(Transition[bool]):
             answer = table.transact_with_record({"Delete": delete}, undo, token)
             if isinstance(answer, Refused):
                 raise BusinessConditionFailed(answer.write)
-            return answer is None
+            return answer is None or answer.record is None
         try:
             table.write(table.client.delete_item, **delete)
         except ClientError as error:
-            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
-                raise
-            return False
+            return table.failed_condition_item_or_none(error) is None
         return True

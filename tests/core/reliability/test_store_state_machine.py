@@ -358,7 +358,8 @@ def machine_for(tables: Tables, store_class: type[IdempotencyStore] = Idempotenc
             if isinstance(result, (TransientError, Fenced)):
                 # What the processor does when a commit fails: release, fenced as well.
                 released = worker.store.release(held.claim)
-                assert released is False, "released a record that was committed or taken over"
+                # Fenced: it deletes nothing, and says whether another record of the key stands.
+                assert released is (self.model[held.key] is None), "released a record committed or taken over"
 
         @rule(held=consumes(claims), answer=ANSWERS)
         def release(self, held: HeldClaim, answer: Answer) -> None:
@@ -369,10 +370,11 @@ def machine_for(tables: Tables, store_class: type[IdempotencyStore] = Idempotenc
             if answer is Answer.LOST_ALWAYS:
                 assert isinstance(result, TransientError), result
             elif not owned:
-                assert result is False, "a zombie's release was not fenced"
-            elif answer is Answer.DELIVERED:
+                # Fenced: True only when no record of the key stands (the newer owner released it, or none claimed).
+                assert result is (self.model[held.key] is None), "a zombie's release was not fenced"
+            else:
+                # Released, its answer lost once or not: the retry finds nothing standing, and says so.
                 assert result is True
-            # (Released, answer lost once: the retry finds nothing of ours and says False.)
             if owned:
                 self.model[held.key] = None
 

@@ -780,20 +780,23 @@ def test_commits_and_releases_ready_together_land_in_one_transaction(dynamodb: A
 
 def test_releases_in_a_group_each_answer_as_alone(dynamodb: Any, clock: Clock) -> None:
     # A release whose claim was taken over answers False and leaves the new owner's record; one whose undo is refused
-    # raises, as alone, and releases nothing; the others are released.
+    # raises, as alone, and releases nothing; one whose record is gone already answers True; the others are released.
     tally = Tally()
     store = _store(dynamodb, clock, tally)
     zombie = cast("Claimed", store.claim("CallRequested#k-2", "hash-2", 1_000))
     clock.advance(2)
     owner = cast("Claimed", store.claim("CallRequested#k-2", "hash-2", 30_000))
-    mine = {n: cast("Claimed", store.claim(f"CallRequested#k-{n}", f"hash-{n}", 30_000)) for n in (1, 3, 4)}
+    mine = {n: cast("Claimed", store.claim(f"CallRequested#k-{n}", f"hash-{n}", 30_000)) for n in (1, 3, 4, 5)}
+    assert store.release(mine[5])  # released before: its answer lost, say
     gone = Delete(TALLIES, {"tallyId": "t-4", "entryId": "HOLD"}, condition="attribute_exists(tallyId)")
     tally.take()
     calls = _calls(dynamodb)
 
-    answers = together(store, [Release(mine[1]), Release(zombie), Release(mine[3]), Release(mine[4], (gone,))])
+    answers = together(
+        store, [Release(mine[1]), Release(zombie), Release(mine[3]), Release(mine[4], (gone,)), Release(mine[5])]
+    )
 
-    assert answers[:3] == [True, False, True]
+    assert [answers[n] for n in (0, 1, 2, 4)] == [True, False, True, True]
     assert isinstance(answers[3], BusinessConditionFailed) and answers[3].write == gone
     # The four in one transaction, cancelled on the zombie's record and on the undo; the two others again, together;
     # the refused undo alone, which says it in its own words.

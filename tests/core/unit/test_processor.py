@@ -22,7 +22,7 @@ from consumer.idempotency import Claimed
 from consumer.idempotency.record import Status, reservation_token
 from consumer.idempotency.writes import ConditionCheck
 from consumer.outcome import MessageResult, Outcome
-from consumer.processor import ABANDONED_RELEASED, BUSY
+from consumer.processor import ABANDONED_RELEASED, BUSY, TAKEN_OVER
 from testkit.dead_letters import reasons
 from testkit.lambda_sqs import REGION, sqs_record
 from tests.core.handlers import (
@@ -476,7 +476,7 @@ def test_a_refused_commit_is_dead_lettered_even_when_its_release_fails(
 
 
 FENCED = f"lease on {HOLD_RECORD} lost before commit; record is now held IN_PROGRESS by another owner"
-NO_CLAIM = "release found no claim of ours (taken over, or an earlier release lost its answer)"
+NO_CLAIM = f"release found the key {TAKEN_OVER}"
 
 
 @pytest.mark.parametrize(
@@ -515,6 +515,48 @@ def test_a_message_whose_claim_is_taken_over_during_handle_leaves_the_key_to_its
     assert record is not None and record.owner_token == usurper.owner_token
     assert hold_item(dynamodb) == held_by("hold-h-1")  # the redelivery's now, under the same key
     assert log.of("h") == [*release_lines, ("warning", "will retry", {**hold_keys("h"), "reason": reason})]
+
+
+@pytest.mark.parametrize("usurper_commits", [False, True])
+def test_a_refused_commit_whose_claim_is_taken_over_before_its_release_is_left_to_the_new_owner_not_dead_lettered(
+    dynamodb: Any,
+    sqs: Any,
+    clock: Clock,
+    log: RecordingLog,
+    session: boto3.session.Session,
+    usurper_commits: bool,
+) -> None:
+    # Between the commit DynamoDB refused (the hold cancelled) and the release, the message's redelivery takes the key
+    # over (and may commit it): dead-lettered now, the message would be in the DLQ while its new owner applies it, or
+    # leave the new owner's claim with no message to come back to it.
+    usurpers: list[Claimed] = []
+    transactions = 0
+
+    def take_over_after_the_commit(**_: Any) -> None:
+        nonlocal transactions
+        transactions += 1
+        if transactions != 2:  # the claim with its guard, then the commit
+            return
+        clock.advance(LEASE_MS / 1000 + 1)
+        usurper = consumer.store.claim(HOLD_RECORD, payload_hash({"holdId": "h-1"}), 60_000)
+        assert isinstance(usurper, Claimed)
+        usurpers.append(usurper)
+        if usurper_commits:
+            consumer.store.commit(usurper, {"holdId": "h-1"})
+
+    handler = HoldHandler(settings_for_tests(), lambda _: set_the_hold(dynamodb, "hold-h-1", "CANCELLED"))
+    session.events.register("after-call.dynamodb.TransactWriteItems", take_over_after_the_commit)
+    consumer = holding(dynamodb, sqs, clock, log, handler, session=session)
+
+    (result,) = run(consumer, sqs_record("h", hold_body("h-1")))
+
+    (usurper,) = usurpers
+    assert result.outcome is Outcome.RETRIED
+    assert result.reason == f"{TAKEN_OVER}, so not dead-lettered: BusinessConditionFailed: {HOLD_CANCELLED}"
+    assert reasons(consumer.dead_letters()) == {}
+    record = consumer.store.get(HOLD_RECORD)
+    assert record is not None and record.owner_token == usurper.owner_token
+    assert record.status is (Status.COMPLETED if usurper_commits else Status.IN_PROGRESS)
 
 
 def test_a_release_whose_undo_is_refused_releases_nothing_and_logs_why(

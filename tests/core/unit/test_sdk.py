@@ -42,9 +42,12 @@ def test_installed_botocore_has_everything_the_store_uses() -> None:
     require_botocore()
 
 
-def test_a_model_without_the_parameter_on_update_item_is_refused_with_the_version_needed() -> None:
-    with pytest.raises(ConfigurationError, match=rf"on UpdateItem: bundle botocore>={MINIMUM_BOTOCORE}"):
-        require_botocore(_SessionWith(_drop_from("UpdateItemInput")))  # type: ignore[arg-type]
+@pytest.mark.parametrize("operation", ["UpdateItem", "DeleteItem"])
+def test_a_model_without_the_parameter_on_a_single_item_write_is_refused_with_the_version_needed(
+    operation: str,
+) -> None:
+    with pytest.raises(ConfigurationError, match=rf"on {operation}: bundle botocore>={MINIMUM_BOTOCORE}"):
+        require_botocore(_SessionWith(_drop_from(f"{operation}Input")))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -62,9 +65,10 @@ def test_a_model_without_the_parameter_inside_a_transaction_names_the_item_kind(
 
 
 def test_an_old_model_lists_every_place_it_lacks_the_parameter() -> None:
-    old = _SessionWith(_drop_from("UpdateItemInput", "Update", "Put", "Delete", "ConditionCheck"))
+    old = _SessionWith(_drop_from("UpdateItemInput", "DeleteItemInput", "Update", "Put", "Delete", "ConditionCheck"))
     assert missing_features(old.get_service_model("dynamodb")) == [
         "UpdateItem",
+        "DeleteItem",
         "TransactWriteItems.Update",
         "TransactWriteItems.Put",
         "TransactWriteItems.Delete",

@@ -310,6 +310,23 @@ def test_a_zombie_cannot_release_the_new_owners_claim(store: IdempotencyStore, c
     assert record.owner_token == owner.owner_token
 
 
+@pytest.mark.parametrize("undo", [False, True])
+def test_a_release_that_finds_no_record_standing_says_so_and_one_that_finds_another_owners_does_not(
+    store: IdempotencyStore, dynamodb: Any, clock: Clock, undo: bool
+) -> None:
+    # The processor dead-letters a refused message only when nothing of the key stands: gone (an earlier release of
+    # its own, its answer lost, or the newer owner's) is True; a newer owner's record is False, its outcome to give.
+    writes = credit("t-1", "ENTRY#1", 500) if undo else ()
+    zombie, owner = taken_over(store, clock, "Receipt#1")
+    assert store.release(zombie, writes) is False
+    assert store.release(owner) is True
+
+    assert store.release(owner, writes) is True
+    assert store.release(zombie, writes) is True
+    assert store.get("Receipt#1") is None
+    assert total(dynamodb, "t-1") == 0
+
+
 def test_release_never_deletes_a_completed_record(store: IdempotencyStore) -> None:
     claim = store.claim("Receipt#1", "hash-a", LEASE_MS)
     assert isinstance(claim, Claimed)

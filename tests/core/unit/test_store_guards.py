@@ -100,6 +100,7 @@ def test_a_release_with_undo_is_one_transaction_fenced_on_the_owner(stubbed: tup
         ConditionExpression="#owner = :owner AND #status = :in_progress",
         ExpressionAttributeNames={"#owner": "ownerToken", "#status": "status"},
         ExpressionAttributeValues={OWNER: {"S": "t-1"}, ":in_progress": {"S": "IN_PROGRESS"}},
+        ReturnValuesOnConditionCheckFailure="ALL_OLD",
     )
     items = [delete, *(write.to_transact_item() for write in UNDO)]
     tokens: list[str] = []
