@@ -17,6 +17,14 @@ from chaos.report import render
 from testkit.servers import LocalServers
 
 _DEFAULTS = ChaosConfig()
+# The core's chain of two consumers through the outbox: notices (optimistic and lock mode) whose tally messages the
+# relay sends back to this consumer, and the tally handler that applies them (its table's keys the core tests' own).
+_CHAIN = (
+    "tests.core.handlers:TallyHandler",
+    "tests.core.chaos_handlers:ChainedNotice",
+    "tests.core.chaos_handlers:LockedChainedNotice",
+)
+_CHAIN_TABLES = "tests.core.handlers:TABLE_PROPERTIES"
 
 
 def _rate(text: str) -> tuple[FaultKind, float]:
@@ -67,9 +75,10 @@ def parse(argv: Sequence[str]) -> ChaosConfig:
         help=f"module:callable(settings, session, *, clock) building the consumer (default {_DEFAULTS.consumer})",
     )
     parser.add_argument("--handler", type=_consumer, action="append", default=[], help="module:Class, repeatable")
+    parser.add_argument("--chain", action="store_true", help="add the core's chain through the outbox and its relay")
     arguments = parser.parse_args(argv)
-    if not arguments.registered and not arguments.handler:
-        parser.error("--no-registered runs the --handler classes alone: give one at least")
+    if not arguments.registered and not arguments.handler and not arguments.chain:
+        parser.error("--no-registered runs the --handler classes (or --chain) alone: give one at least")
     scale = 0.0 if arguments.no_faults else arguments.fault_scale
     rates = {kind: min(1.0, rate * scale) for kind, rate in DEFAULT_RATES.items()}
     rates.update(dict(arguments.rate))
@@ -77,7 +86,8 @@ def parse(argv: Sequence[str]) -> ChaosConfig:
         **{name: getattr(arguments, name) for name in options},
         rates=rates,
         consumer=arguments.consumer,
-        handlers=tuple(arguments.handler),
+        handlers=(*(_CHAIN if arguments.chain else ()), *arguments.handler),
+        table_properties=pkgutil.resolve_name(_CHAIN_TABLES) if arguments.chain else {},
     )
 
 

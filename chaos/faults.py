@@ -42,6 +42,7 @@ class FaultKind(StrEnum):
     WEBHOOK_TIMEOUT = "webhook-timeout"
     DEADLINE = "deadline"
     SLOW_HANDLER = "slow-handler"
+    RELAY_CRASH = "relay-crash"
 
     @property
     def description(self) -> str:
@@ -68,6 +69,8 @@ _CATALOGUE: Mapping[FaultKind, tuple[str, float]] = {
     FaultKind.WEBHOOK_TIMEOUT: ("webhook timeout", 0.05),
     FaultKind.DEADLINE: ("invocation deadline reached mid-batch", 0.05),
     FaultKind.SLOW_HANDLER: ("lock handler slower than its neighbours' leases", 0.02),
+    # Per message the relay sends: a crash after the send and before the stream's checkpoint (the batch comes back).
+    FaultKind.RELAY_CRASH: ("relay crash after a send, before its checkpoint", 0.01),
 }
 DEFAULT_RATES: Mapping[FaultKind, float] = {kind: rate for kind, (_, rate) in _CATALOGUE.items()}
 
@@ -86,6 +89,7 @@ _TRANSPORT_FAULTS: Mapping[FaultKind, TransportFault] = {
 # Where an answer lost or timed out matters: a request that changed something. A forced one lands on a write.
 _WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems"})
 _AMBIGUOUS = (FaultKind.LOST_ANSWER, FaultKind.READ_TIMEOUT)
+_SENDS = frozenset({"SendMessage", "Publish", "PutEvents"})  # the relay's, one per outbox item
 # The exit code of a runtime killed by a crash fault; the emulator reports it as Runtime.ExitError.
 _CRASH_EXIT_CODE = 86
 _OWNER_POLL_S = 0.05
@@ -184,6 +188,7 @@ class FaultPolicy:
     forced: Counter[FaultKind] = field(default_factory=Counter)
     # When set, the forced crashes and zombies are taken only on records of this event type.
     forced_on: str | None = None
+    relay: bool = False  # the outbox's relay, whose sends may end in a crash
     # Records this invocation touched: a crash cuts off whatever the other threads were doing to them.
     _touched: set[str] = field(default_factory=set, init=False)
     # This invocation's lock-mode handlers by record: True while running.
@@ -247,7 +252,10 @@ class FaultPolicy:
             plan = self._state_machine_fault(store_call, call.attempt)
             if plan is not None:
                 return plan
-        write = call.service == "dynamodb" and call.operation in _WRITES
+        if self.relay and call.attempt == 1 and call.operation in _SENDS and self.roll(FaultKind.RELAY_CRASH):
+            return TransportPlan(after=self._crash(FaultKind.RELAY_CRASH, None))
+        # The relay's sends are its writes: an answer lost there is a message sent twice.
+        write = (call.service == "dynamodb" and call.operation in _WRITES) or (self.relay and call.operation in _SENDS)
         for kind, fault in _TRANSPORT_FAULTS.items():
             if fault is TransportFault.TRANSACTION_CONFLICT and call.operation != "TransactWriteItems":
                 continue

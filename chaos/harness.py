@@ -16,19 +16,22 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 from chaos.faults import DEFAULT_RATES, FaultKind
-from chaos.invariants import Checker, EndState, History, Verdict, scan
+from chaos.invariants import RELAY_JOURNAL, Checker, EndState, History, Verdict, scan
 from chaos.runtime_handler import PLAN_VARIABLE, WEBHOOK_VARIABLE, Plan, handler_classes
-from consumer.config import Settings, table_variable
+from consumer.config import Settings, destination_variable, table_variable
 from consumer.errors import ErrorType
-from consumer.handler import declared_settings, declared_tables
+from consumer.handler import declared_destinations, declared_settings, declared_tables
+from consumer.outbox import OUTBOX_TABLE
 from local.demo import example_checks
 from local.poller import Poller, PollerGroup
 from local.stack import webhook_parameters
+from local.stream_poller import StreamPoller, StreamPollerStats
 from testkit import application, dead_letters, payloads
 from testkit.conflict_emulation import COMMITS_PATH
 from testkit.lambda_runtime import LambdaEnvironment, check_handler
@@ -48,6 +51,7 @@ _PACKAGES = {
 }
 _APPLICATION = {application.PACKAGE: application.source(REPO_ROOT)}
 _HANDLER = "chaos.runtime_handler.handler"
+_RELAY_HANDLER = "chaos.runtime_handler.relay_handler"
 # The consumer's settings that the run sets, under the same names as in ``ChaosConfig``.
 _SETTINGS_OF_THE_RUN = (
     "lease_max_ms",
@@ -105,6 +109,7 @@ class ChaosReport:
     emulated_conflicts: int  # raised by the local stack's conflict emulation (overlapping transactions)
     verdicts: list[Verdict]
     duration_s: float
+    relay: StreamPollerStats | None = None  # the outbox's relay, when the run's handlers emit
 
     @property
     def violations(self) -> int:
@@ -189,7 +194,7 @@ def _plans(
     return [
         Plan(
             run_dir=str(run_dir),
-            journal=f"env-{index}.jsonl",
+            journal=RELAY_JOURNAL if index == config.pollers else f"env-{index}.jsonl",
             seed=seed,
             settings=settings,
             rates={kind.value: rate for kind, rate in config.rates.items()},
@@ -210,31 +215,59 @@ def _plans(
 
 
 def _environments(
-    servers: LocalServers, function: FunctionSpec, config: ChaosConfig, run_dir: Path, seeds: list[int]
+    servers: LocalServers,
+    function: FunctionSpec,
+    config: ChaosConfig,
+    run_dir: Path,
+    seeds: list[int],
+    relay: FunctionSpec | None = None,
 ) -> list[LambdaEnvironment]:
-    """One execution environment per poller, chaos's handler in place of the function's. Each has a seed
-    and a journal of its own, so that its n-th cold start draws the same faults whatever the others do."""
+    """One execution environment per poller, chaos's handler in place of the function's, then the relay's if one is
+    given. Each has a seed and a journal of its own, so that its n-th cold start draws the same faults whatever the
+    others do."""
     task_root = run_dir / "task"
     task_root.mkdir()
     for name, source in (_PACKAGES | (_APPLICATION if config.registered else {})).items():
         (task_root / name).symlink_to(source, target_is_directory=True)
-    packaged = replace(function, handler=_HANDLER, code_dir=task_root)
-    # The function's environment puts the consumer's clients on the local endpoints (AWS_ENDPOINT_URL_*).
-    shared = {**servers.function_environment(function), "PYTHONPATH": str(task_root)}
     python = venv_python()
-    check_handler(packaged, shared, python)
-    environments = []
-    for index, plan in enumerate(_plans(config, function.environment, run_dir, seeds)):
+    plans = _plans(config, function.environment, run_dir, seeds)
+    functions = [(function, _HANDLER, f"chaos-{index}") for index in range(config.pollers)]
+    functions += [(relay, _RELAY_HANDLER, "chaos-relay")] if relay is not None else []
+    environments: list[LambdaEnvironment] = []
+    for (spec, handler, name), plan in zip(functions, plans, strict=False):
+        packaged = replace(spec, handler=handler, code_dir=task_root)
+        # The function's environment puts its clients on the local endpoints (AWS_ENDPOINT_URL_*).
+        shared = {**servers.function_environment(spec), "PYTHONPATH": str(task_root)}
+        if not environments or spec is relay:
+            check_handler(packaged, shared, python)
         variables = {**shared, PLAN_VARIABLE: json.dumps(asdict(plan))}
-        environments.append(LambdaEnvironment(packaged, variables, python=python, name=f"chaos-{index}"))
+        environments.append(LambdaEnvironment(packaged, variables, python=python, name=name))
     return environments
 
 
-def _wait_until_drained(sqs: Any, queue_url: str, timeout_s: float) -> bool:
+def _relay_of(resources: LocalResources, handlers: Sequence[payloads.Handler], address: str) -> FunctionSpec | None:
+    """The template's relay when the run's handlers emit, every destination they declare being the run's queue: what
+    they emit comes back to the consumer, a chain of two consumers through the outbox."""
+    destinations = declared_destinations(handlers)
+    if not destinations:
+        return None
+    (relay,) = [function for function in resources.functions.values() if function.streams]
+    addresses = {destination_variable(destination): address for destination in destinations}
+    return replace(relay, environment={**relay.environment, **addresses})
+
+
+def _relayed(pollers: Sequence[Poller | StreamPoller], dynamodb: Any, outbox: str) -> bool:
+    """Every outbox item's stream record sent or given up (each item is one record); True with no relay."""
+    relays = [poller.stats for poller in pollers if isinstance(poller, StreamPoller)]
+    return not relays or sum(each.checkpointed + each.given_up for each in relays) >= len(scan(dynamodb, outbox))
+
+
+def _wait_until_drained(sqs: Any, queue_url: str, timeout_s: float, relayed: Callable[[], bool]) -> bool:
     deadline = time.monotonic() + timeout_s
     empty_in_a_row = 0
     while time.monotonic() < deadline:
-        empty_in_a_row = empty_in_a_row + 1 if sum(queue_counts(sqs, queue_url)) == 0 else 0
+        empty = sum(queue_counts(sqs, queue_url)) == 0 and relayed()
+        empty_in_a_row = empty_in_a_row + 1 if empty else 0
         if empty_in_a_row >= 3:
             return True
         time.sleep(0.5)
@@ -297,15 +330,25 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
         trigger = function.triggers[0]
         queue = resources.queues[trigger.queue_logical_id]
         sqs.set_queue_attributes(QueueUrl=queue.url, Attributes={"VisibilityTimeout": str(config.visibility_timeout_s)})
-        seeds = [rng.getrandbits(32) for _ in range(config.pollers)]
-        environments = _environments(servers, function, config, Path(run_dir), seeds)
+        relay = _relay_of(resources, handlers, queue.url)
+        outbox = resources.tables[OUTBOX_TABLE].name
+        # The relay's seed drawn last: a run whose handlers emit nothing draws as it did before the outbox.
+        seeds = [rng.getrandbits(32) for _ in range(config.pollers + (relay is not None))]
+        environments = _environments(servers, function, config, Path(run_dir), seeds, relay)
         emulated_before = _emulated_conflicts(servers)
         try:
-            pollers = [Poller(sqs, queue, trigger, env.start(), on_batch=history.settled) for env in environments]
+            pollers: list[Poller | StreamPoller] = [
+                Poller(sqs, queue, trigger, env.start(), on_batch=history.settled)
+                for env in environments[: config.pollers]
+            ]
+            if relay is not None:
+                streams = servers.client("dynamodbstreams")
+                pollers.append(StreamPoller(streams, sqs, relay.streams[0], environments[-1].start()))
             # Stopped before the runtimes: an invocation under way settles its batch first.
             with PollerGroup(pollers):
                 sent = send_all(sqs, queue.url, workload, max_depth=config.max_queue_depth)
-                drained = _wait_until_drained(sqs, queue.url, config.drain_timeout_s)
+                relayed = partial(_relayed, pollers, dynamodb, outbox)
+                drained = _wait_until_drained(sqs, queue.url, config.drain_timeout_s, relayed)
         finally:
             for environment in environments:
                 environment.stop()
@@ -322,6 +365,7 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
             dead_letters=dead_letters.peek(sqs, resources.dead_letter_queue(queue).url),
             webhook_calls=sink.received(),
             drained=drained,
+            outbox=scan(dynamodb, outbox),
         )
         checker = Checker(sent, end, history)
         # The examples' own checks are the application's: run only with its handlers.
@@ -336,4 +380,5 @@ def run(config: ChaosConfig, servers: LocalServers) -> ChaosReport:
         emulated_conflicts=emulated,
         verdicts=verdicts,
         duration_s=time.monotonic() - started,
+        relay=next((p.stats for p in pollers if isinstance(p, StreamPoller)), None),
     )

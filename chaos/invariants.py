@@ -6,6 +6,7 @@ the handler's; an example's own invariants (the payment ledger's balances) are i
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -20,6 +21,7 @@ from chaos.faults import FaultKind
 from consumer.envelope import payload_hash
 from consumer.errors import ErrorType
 from consumer.idempotency.record import Attr, Status
+from consumer.outbox import Attr as Outbox
 from consumer.outcome import Outcome
 from local.poller import BatchReport, PollerStats
 from testkit.dead_letters import DeadLetter
@@ -35,6 +37,7 @@ _UNFINISHED = (Outcome.RETRIED, Outcome.CONFLICT)
 _OWN_CALL_FAILED = "webhook "
 CUT_OFF = "request cut off by a crash"
 # What may dead-letter a well-formed message of a handler: its business rule, or its key taken by another payload.
+RELAY_JOURNAL = "env-relay.jsonl"  # the outbox relay's environment's
 _REFUSALS = (ErrorType.BUSINESS_CONDITION_FAILED, ErrorType.IDEMPOTENCY_KEY_REUSED)
 
 
@@ -65,6 +68,7 @@ class History:
     # batchItemFailures ids that were not ids of the invocation's batch.
     foreign_failure_ids: list[str] = field(default_factory=list)
     pollers: PollerStats = field(default_factory=PollerStats)
+    relay_faults: Counter[FaultKind] = field(default_factory=Counter)  # those of the outbox's relay (in ``faults`` too)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def settled(self, report: BatchReport) -> None:
@@ -82,6 +86,8 @@ class History:
             self.foreign_failure_ids.extend(foreign)
 
     def read_journals(self, directory: Path) -> None:
+        relay = journal.read([directory / RELAY_JOURNAL])
+        self.relay_faults.update(FaultKind(entry["kind"]) for entry in relay if entry["event"] == "fault")
         for entry in journal.read(sorted(directory.glob("env-*.jsonl"))):
             event, record = entry["event"], entry.get("record")
             if event == "fault":
@@ -116,6 +122,7 @@ class EndState:
     dead_letters: list[DeadLetter]
     webhook_calls: list[ReceivedRequest]
     drained: bool
+    outbox: list[dict[str, Any]] = field(default_factory=list)  # the outbox's items: every message emitted
 
 
 @dataclass(frozen=True)
@@ -149,6 +156,14 @@ class Checker:
         self.dead: defaultdict[str, list[str | None]] = defaultdict(list)
         for letter in end.dead_letters:
             self.dead[letter.original_message_id].append(letter.error_type)
+        emitted = {item[Outbox.ID] for item in end.outbox}
+        # An emitted message's letters, by its key: the harness never sent it, so knows it by its key alone.
+        self.refused_downstream = {
+            letter.original_message_id: key
+            for letter in end.dead_letters
+            if (key := letter.attributes.get("IdempotencyKey", {}).get("StringValue")) in emitted
+            and letter.error_type == ErrorType.BUSINESS_CONDITION_FAILED
+        }
 
     def all(self) -> list[Verdict]:
         checks: dict[str, Callable[[], Iterable[str]]] = {
@@ -162,6 +177,8 @@ class Checker:
             "batchItemFailures name only the batch's ids": self.failures_name_their_batch,
             "webhook: no call repeated that alone would not repeat": self.repeats_as_alone,
             "every webhook call carries a key that was sent": self.calls_carry_their_key,
+            "outbox: what applied messages emitted, applied downstream or refused there": self.emitted_applied,
+            "outbox: nothing emitted or applied downstream for one not applied": self.nothing_from_unapplied,
         }
         found = {name: list(check()) for name, check in checks.items()}
         return [Verdict(name, len(each), each[:_EXAMPLES]) for name, each in found.items()]
@@ -172,8 +189,12 @@ class Checker:
         return record in self.committed and self.committed[record] == payload_hash(message.payload or {})
 
     def applied_payloads(self, event_type: str) -> list[dict[str, Any]]:
-        """The payloads of ``event_type`` applied, one per key: what an example's own checks are given."""
+        """The payloads of ``event_type`` applied, one per key, the emitted ones among them: what an example's own
+        checks are given."""
         applied = {m.key: m.payload for m in self.sent.values() if m.event_type == event_type and self.applied(m)}
+        for record, item in self._emitted().items():
+            if record in self.committed and record.startswith(f"{event_type}#"):
+                applied[item[Outbox.ID]] = json.loads(item[Outbox.BODY]).get("payload")
         return [payload for payload in applied.values() if payload is not None]
 
     # -- the invariants: each yields its violations ------------------------------------
@@ -204,8 +225,10 @@ class Checker:
         for message_id, reasons in self.dead.items():
             message = self.sent.get(message_id)
             for reason in filter(None, reasons):  # moved by the redrive policy: lost only if never applied
-                if message is None:
-                    yield f"{message_id}: dead-lettered ({reason}) but never sent"
+                if message is None and message_id not in self.refused_downstream:
+                    yield f"{message_id}: dead-lettered ({reason}) but neither sent nor emitted"
+                elif message is None:
+                    continue  # an emitted message its handler's rule refused downstream
                 elif message.expected_error is not None and reason != message.expected_error:
                     yield f"{message_id}: dead-lettered as {reason}, not {message.expected_error}"
                 elif message.expected_error is None and (
@@ -217,6 +240,26 @@ class Checker:
         for record in self.end.records:
             if record.get(Attr.STATUS) == Status.IN_PROGRESS:
                 yield f"{record['id']} IN_PROGRESS, lease ended {record.get('leaseExpiresAt')}"
+
+    def _emitted(self) -> dict[str, dict[str, Any]]:
+        """Each outbox item by the record its message claims downstream: its envelope's event type and its key."""
+        return {f"{json.loads(item[Outbox.BODY]).get('eventType')}#{item[Outbox.ID]}": item for item in self.end.outbox}
+
+    def emitted_applied(self) -> Iterator[str]:
+        refused = set(self.refused_downstream.values())
+        for record, item in self._emitted().items():
+            # Applied more than once downstream is a key committed twice, which that invariant counts.
+            if record not in self.committed and item[Outbox.ID] not in refused:
+                yield f"{item[Outbox.ID]} (emitted by {item[Outbox.SOURCE_RECORD]}): neither applied nor refused"
+
+    def nothing_from_unapplied(self) -> Iterator[str]:
+        # The outbox item goes in its source's transaction, and the relay sends nothing else.
+        for item in self.end.outbox:
+            if item[Outbox.SOURCE_RECORD] not in self.committed:
+                yield f"{item[Outbox.ID]}: emitted by {item[Outbox.SOURCE_RECORD]}, which is not applied"
+        known = {record_id(message) for message in self.sent.values()} | self._emitted().keys()
+        for record in self.committed.keys() - known:
+            yield f"{record}: applied, and neither sent nor emitted"
 
     def failures_name_their_batch(self) -> Iterator[str]:
         for message_id in self.history.foreign_failure_ids:

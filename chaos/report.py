@@ -18,6 +18,15 @@ def _row(label: str, value: object) -> str:
     return f"  {label:<{_WIDTH - 14}}{value!s:>10}"
 
 
+def _relay_rows(report: ChaosReport) -> list[tuple[str, int]]:
+    stats = report.relay
+    if stats is None:
+        return []
+    verdicts = [(f"verdict {verdict}", count) for verdict, count in sorted(stats.verdicts.items())]
+    faults = [(f"fault {kind.value}", count) for kind, count in sorted(report.history.relay_faults.items())]
+    return [("invocations", stats.invocations), *verdicts, ("records given up", stats.given_up), *faults]
+
+
 def render(report: ChaosReport) -> str:
     config, history, end = report.config, report.history, report.end
     business = [message for message in report.sent.values() if message.kind == "drawn"]
@@ -58,6 +67,8 @@ def render(report: ChaosReport) -> str:
         _row("webhook calls", len(end.webhook_calls)),
         _row("  keys whose webhook was called more than once", sum(n > 1 for n in webhook_calls_per_key.values())),
         _row("commits DynamoDB accepted (seen at the conflict proxy)", sum(end.commits.values())),
+        _row("messages emitted (outbox items)", len(end.outbox)),
+        *(_row(f"  relay {name}", value) for name, value in _relay_rows(report)),
         *_section("invariants (violations; each must be 0)"),
     ]
     for verdict in report.verdicts:

@@ -1,7 +1,7 @@
 """The chaos function as Lambda's runtime loads it (``_HANDLER=chaos.runtime_handler.handler``): at a
 cold start, the run's fault plan from ``CHAOS_PLAN``, a skewed clock, the fault hooks on a boto3
 session and on the lock-mode handlers, and the consumer built on them (``consumer.app.wire``, or a
-negative control's factory)."""
+negative control's factory). ``relay_handler`` is the outbox's relay, with the fault hooks on its sends."""
 
 from __future__ import annotations
 
@@ -65,6 +65,14 @@ def handler_classes(registered: bool, added: Sequence[str]) -> tuple[type[Messag
     return (*application.registered(), *classes)
 
 
+def _policy(plan: Plan, journal: Journal, rng: random.Random, table: str, zombies: Zombies) -> FaultPolicy:
+    """The runtime's faults: the plan's rates, and what it still owes of the forced ones after its earlier lives."""
+    rates = {FaultKind(kind): rate for kind, rate in plan.rates.items()}
+    forced = Counter({FaultKind(kind): count - journal.injected[kind] for kind, count in plan.forced.items()})
+    relay = not table
+    return FaultPolicy(rates, random.Random(rng.random()), journal, table, zombies, +forced, plan.forced_on, relay)
+
+
 class Environment:
     """One runtime process: its journal, its clock, its faults, its consumer."""
 
@@ -83,11 +91,8 @@ class Environment:
             item = watcher.get_item(TableName=table, Key={Attr.ID: {"S": record_id}}, ConsistentRead=True).get("Item")
             return item[Attr.OWNER_TOKEN]["S"] if item else None
 
-        zombies = Zombies(run_dir, plan.max_paused, plan.max_pause_s, owner_of)
-        rates = {FaultKind(kind): rate for kind, rate in plan.rates.items()}
-        forced = Counter({FaultKind(kind): count - self.journal.injected[kind] for kind, count in plan.forced.items()})
-        self.faults = FaultPolicy(
-            rates, random.Random(self._rng.random()), self.journal, table, zombies, +forced, plan.forced_on
+        self.faults = _policy(
+            plan, self.journal, self._rng, table, Zombies(run_dir, plan.max_paused, plan.max_pause_s, owner_of)
         )
         self._deadline_margin_ms = plan.deadline_margin_ms
         session = boto3.session.Session()
@@ -137,3 +142,26 @@ def _environment() -> Environment:
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return _environment().invoke(event, context)
+
+
+@lru_cache(maxsize=1)
+def _relay() -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+    from consumer.relay import RelayHandler  # noqa: PLC0415 (the consumer's runtimes never build a relay)
+
+    plan = Plan(**json.loads(os.environ[PLAN_VARIABLE]))
+    run_dir = Path(plan.run_dir)
+    journal = Journal(run_dir / plan.journal)
+    rng = random.Random(f"{plan.seed}:{journal.cold_starts}")
+    journal.write("init", skew_ms=0)
+    # No table: the relay writes no record, and its faults are the transport's and the crash after a send.
+    faults = _policy(plan, journal, rng, "", Zombies(run_dir, 0, 0, lambda _: None))
+    session = boto3.session.Session()
+    install_faults(session, faults, services=("sqs", "sns", "events"))
+    relay = RelayHandler(session=session._session)
+    return lambda event, context: dict(relay(event, context))
+
+
+def relay_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """The outbox's relay (``consumer.relay``) with the run's faults on its sends (``_HANDLER`` of the relay's
+    environment)."""
+    return _relay()(event, context)

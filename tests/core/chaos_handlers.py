@@ -7,6 +7,9 @@ calls go to the run's webhook sink, within the run's webhook deadline.
 only moves forward, is checked with the claim, before its outside call (to the run's webhook sink): the guard
 marks the item pending with the message's reservation token, the commit settles it, a release undoes it. Its
 table is not in the template: the harness makes it in the idempotency table's shape (key ``id``).
+
+``ChainedNotice`` and ``LockedChainedNotice``: notices that emit one to three tally messages to ``NoticeQueue``, in
+each mode; a chaos run relays them back to its own queue, where ``TallyHandler`` applies them (a chain of two).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, StrictInt
 
@@ -26,7 +29,7 @@ from consumer.handler import ID_PATTERN, Effect, Guard, MessageContext, MessageH
 from consumer.idempotency import calls as store_module
 from consumer.idempotency.writes import Update
 from consumer.webhook import WebhookClient
-from tests.core.handlers import CallHandler
+from tests.core.handlers import CallHandler, LockedNoticeHandler, NoticeHandler, NoticeRequested
 
 WEBHOOK_VARIABLE = "CHAOS_WEBHOOK_URL"
 
@@ -97,6 +100,26 @@ class GuardedPeriod(MessageHandler[Period]):
             payload, context.reservation_token, "SET through = :through REMOVE pendingToken", "pendingToken = :token"
         )
         return Effect(result={"through": payload.through}, writes=(settle,))
+
+
+class ChainedNoticeRequested(NoticeRequested):
+    """A notice whose draws always emit (one to three tally messages) to the declared queue, unpadded."""
+
+    count: StrictInt = Field(default=1, ge=1, le=3)
+    padding: Literal[0] = 0
+    destination: Literal["NoticeQueue"] = "NoticeQueue"
+
+
+class ChainedNotice(NoticeHandler):
+    """The source of a chain: its notices' tally messages go out through the outbox to the downstream queue."""
+
+    event_type: ClassVar[str] = "ChainedNoticeRequested"
+    payload_model: ClassVar[type[BaseModel]] = ChainedNoticeRequested
+
+
+class LockedChainedNotice(LockedNoticeHandler):
+    event_type: ClassVar[str] = "LockedChainedNoticeRequested"
+    payload_model: ClassVar[type[BaseModel]] = ChainedNoticeRequested
 
 
 # The claim's condition made to hold for any record (its placeholders kept, as DynamoDB wants them all used):

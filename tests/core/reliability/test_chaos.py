@@ -5,6 +5,7 @@ wrong, the same harness reports violations (a harness that cannot fail proves no
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -30,7 +31,7 @@ from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.servers import LocalServers
 from testkit.tables import IDEMPOTENCY_TABLE
 from tests.conftest import SHOWN
-from tests.core.chaos_handlers import CallOnTheSink, GuardedPeriod
+from tests.core.chaos_handlers import CallOnTheSink, ChainedNotice, GuardedPeriod, LockedChainedNotice
 from tests.core.handlers import TABLE_PROPERTIES, TALLY_EVENT, TALLY_TABLE, TallyHandler, tally_total
 
 
@@ -39,6 +40,9 @@ def _named(handler: type[MessageHandler[Any]]) -> str:
 
 
 GUARDED = _named(GuardedPeriod)
+CHAIN = (_named(ChainedNotice), _named(LockedChainedNotice))
+# The relay's own: a crash after a send, and its sends throttled or their answers lost.
+_ON_THE_RELAY = (FaultKind.RELAY_CRASH, FaultKind.THROTTLED, FaultKind.LOST_ANSWER)
 # Short, at the default rates, and every kind of fault forced once in each execution environment (at its first
 # opportunity, whatever the draws): whether the run meets every kind never depends on luck. The crashes, zombies and
 # slow handlers land on the guarded handler's messages: before its call (after the claim) and after it, the forced
@@ -49,7 +53,8 @@ SHORT = ChaosConfig(
     pollers=3,
     forced=dict.fromkeys(FaultKind, 1),
     registered=False,
-    handlers=(_named(TallyHandler), _named(CallOnTheSink), GUARDED),
+    # The chained notices emit tally messages through the outbox, relayed back to the same consumer.
+    handlers=(_named(TallyHandler), _named(CallOnTheSink), GUARDED, *CHAIN),
     table_properties=TABLE_PROPERTIES,
     forced_on=GuardedPeriod.event_type,
     # Generous: under a loaded CI machine (two test workers) draining takes longer, and a timeout proves nothing.
@@ -109,6 +114,10 @@ def test_every_fault_on_and_every_invariant_holds(
     missed = [kind.value for kind in _ON_THE_GUARDED if not any(faults[kind] for faults in guarded)]
     assert not missed, f"the guarded handler never met {missed}\n{table}"
     assert report.history.crashes_in_a_wave > 0, f"no crash while other lock handlers ran\n{table}"
+    # The chain: every emitted message relayed through crashes, throttles and lost answers, and applied downstream.
+    relay_missed = [kind.value for kind in _ON_THE_RELAY if not report.history.relay_faults[kind]]
+    assert not relay_missed, f"the relay never met {relay_missed}\n{table}"
+    assert report.end.outbox and report.relay is not None and report.relay.given_up == 0, table
     assert sum(report.end.commits.values()) > 0, table
     # No reservation outlives its message: once the run drained, every pending mark was settled, whatever the
     # faults (a crash after the mark, a refused takeover, a failed release, a busy item).
@@ -137,6 +146,7 @@ def _built_without_the_application(run_dir: str) -> None:
     function = {**tables, "DEAD_LETTER_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/dlq"}
     for plan in harness._plans(SHORT, function, Path(run_dir), range(SHORT.pollers)):
         Environment(plan)
+    importlib.import_module("consumer.relay")  # what the relay's runtime runs
     print(json.dumps(sorted(handler.event_type for handler in handlers)))
 
 
@@ -151,7 +161,8 @@ def test_the_proofs_run_never_reads_the_application(tmp_path: Path) -> None:
     answer = subprocess.run([sys.executable, "-c", script], env=variables, capture_output=True, text=True, check=False)
     assert answer.returncode == 0, answer.stderr[-3000:]
     built = json.loads(answer.stdout.strip().splitlines()[-1])
-    assert built == sorted(handler.event_type for handler in (TallyHandler, CallOnTheSink, GuardedPeriod))
+    handlers = (TallyHandler, CallOnTheSink, GuardedPeriod, ChainedNotice, LockedChainedNotice)
+    assert built == sorted(handler.event_type for handler in handlers)
 
 
 @pytest.mark.long(30)

@@ -17,6 +17,8 @@ from chaos.journal import Journal
 from consumer.envelope import payload_hash
 from consumer.errors import ErrorType
 from consumer.idempotency.record import Attr, Status
+from consumer.outbox import Attr as Outbox
+from consumer.outbox import derived_key
 from testkit.dead_letters import DeadLetter
 from testkit.messages import Outgoing
 from testkit.webhook import ReceivedRequest
@@ -39,15 +41,35 @@ def _call(key: str, status: int = 200) -> ReceivedRequest:
     return ReceivedRequest("/calls", key, json.dumps(call_payload("c-1")), {"Idempotency-Key": key}, status, 0.0)
 
 
+def _emitted(source: str, position: int, entry: str) -> dict[str, Any]:
+    """The outbox item of the ``position``-th tally message ``source`` emitted, as the run scans it."""
+    key = derived_key(source, position)
+    return {Outbox.ID: key, Outbox.SOURCE_RECORD: source, Outbox.BODY: tally_body(entry, key=key)}
+
+
+def _refused_downstream(message_id: str, key: str) -> DeadLetter:
+    attributes = {"IdempotencyKey": {"StringValue": key, "DataType": "String"}}
+    return DeadLetter(message_id, ErrorType.BUSINESS_CONDITION_FAILED, attributes=attributes)
+
+
+# The tally message emits two: the first applied downstream, the second refused there by its handler's rule.
+APPLIED_DOWNSTREAM, REFUSED_DOWNSTREAM = _emitted(TALLY_RECORD, 0, "e-10"), _emitted(TALLY_RECORD, 1, "e-11")
+DOWNSTREAM_RECORD = f"{TALLY_EVENT}#{APPLIED_DOWNSTREAM[Outbox.ID]}"
 CORRECT = EndState(
-    records=[_completed(TALLY_RECORD, tally_payload("e-1")), _completed(CALL_RECORD, call_payload("c-1"))],
-    commits={TALLY_RECORD: 1, CALL_RECORD: 1},
+    records=[
+        _completed(TALLY_RECORD, tally_payload("e-1")),
+        _completed(CALL_RECORD, call_payload("c-1")),
+        _completed(DOWNSTREAM_RECORD, tally_payload("e-10")),
+    ],
+    commits={TALLY_RECORD: 1, CALL_RECORD: 1, DOWNSTREAM_RECORD: 1},
     dead_letters=[
         DeadLetter("m-reused", ErrorType.IDEMPOTENCY_KEY_REUSED),
         DeadLetter("m-broken", ErrorType.INVALID_JSON),
+        _refused_downstream("m-emitted-1", REFUSED_DOWNSTREAM[Outbox.ID]),
     ],
     webhook_calls=[_call("call-1")],
     drained=True,
+    outbox=[APPLIED_DOWNSTREAM, REFUSED_DOWNSTREAM],
 )
 
 
@@ -73,22 +95,28 @@ def test_a_correct_end_state_has_no_violation() -> None:
 
 
 _LOST_CALL = [record for record in CORRECT.records if record[Attr.ID] != CALL_RECORD]
+_LOST_DOWNSTREAM = [record for record in CORRECT.records if record[Attr.ID] != DOWNSTREAM_RECORD]
+_NO_CALL_COMMIT = {record: n for record, n in CORRECT.commits.items() if record != CALL_RECORD}
+_STRANGER = f"{TALLY_EVENT}#nobody-sent-this"
+# Emitted by a message that is not applied, and applied downstream.
+_UNAPPLIED_SOURCES = _emitted(f"{TALLY_EVENT}#never-applied", 0, "e-12")
+_ITS_DOWNSTREAM = f"{TALLY_EVENT}#{_UNAPPLIED_SOURCES[Outbox.ID]}"
 # name -> (the invariant that must report it, the end state, the history).
 PLANTED: dict[str, tuple[str, EndState, History]] = {
     "not drained": ("queue drained before the time limit", replace(CORRECT, drained=False), History()),
     "a message neither applied nor dead-lettered": (
         "every message applied once, a duplicate, or in the DLQ with a reason",
-        replace(CORRECT, records=_LOST_CALL, commits={TALLY_RECORD: 1}),
+        replace(CORRECT, records=_LOST_CALL, commits=_NO_CALL_COMMIT),
         History(),
     ),
     "a key committed twice": (
         "no key committed twice (commits DynamoDB accepted)",
-        replace(CORRECT, commits={TALLY_RECORD: 2, CALL_RECORD: 1}),
+        replace(CORRECT, commits={**CORRECT.commits, TALLY_RECORD: 2}),
         History(),
     ),
     "a record COMPLETED with no commit seen": (
         "no key committed twice (commits DynamoDB accepted)",
-        replace(CORRECT, commits={TALLY_RECORD: 1}),
+        replace(CORRECT, commits=_NO_CALL_COMMIT),
         History(),
     ),
     "the reused key's payload reported applied": (
@@ -103,12 +131,48 @@ PLANTED: dict[str, tuple[str, EndState, History]] = {
     ),
     "poison dead-lettered for another reason": (
         "no message dead-lettered for a reason it cannot have",
-        replace(CORRECT, dead_letters=[CORRECT.dead_letters[0], DeadLetter("m-broken", ErrorType.SCHEMA_VIOLATION)]),
+        replace(
+            CORRECT,
+            dead_letters=[
+                CORRECT.dead_letters[0],
+                DeadLetter("m-broken", ErrorType.SCHEMA_VIOLATION),
+                CORRECT.dead_letters[2],
+            ],
+        ),
         History(),
     ),
     "a dead letter never sent": (
         "no message dead-lettered for a reason it cannot have",
         replace(CORRECT, dead_letters=[*CORRECT.dead_letters, DeadLetter("m-ghost", ErrorType.INVALID_JSON)]),
+        History(),
+    ),
+    "an emitted message never applied downstream, nor refused there": (
+        "outbox: what applied messages emitted, applied downstream or refused there",
+        replace(CORRECT, records=_LOST_DOWNSTREAM, commits={TALLY_RECORD: 1, CALL_RECORD: 1}),
+        History(),
+    ),
+    "a message emitted by one not applied": (
+        "outbox: nothing emitted or applied downstream for one not applied",
+        replace(
+            CORRECT,
+            outbox=[*CORRECT.outbox, _UNAPPLIED_SOURCES],
+            records=[*CORRECT.records, _completed(_ITS_DOWNSTREAM, tally_payload("e-12"))],
+            commits={**CORRECT.commits, _ITS_DOWNSTREAM: 1},
+        ),
+        History(),
+    ),
+    "a record of a message neither sent nor emitted": (
+        "outbox: nothing emitted or applied downstream for one not applied",
+        replace(
+            CORRECT,
+            records=[*CORRECT.records, _completed(_STRANGER, tally_payload("e-13"))],
+            commits={**CORRECT.commits, _STRANGER: 1},
+        ),
+        History(),
+    ),
+    "a downstream refusal of a message never emitted": (
+        "no message dead-lettered for a reason it cannot have",
+        replace(CORRECT, dead_letters=[*CORRECT.dead_letters, _refused_downstream("m-ghost", "never-emitted")]),
         History(),
     ),
     "a record stuck": (
@@ -174,7 +238,8 @@ def test_a_message_moved_by_the_redrive_policy_is_lost_only_if_never_applied() -
 
 def test_applied_payloads_are_one_per_key_and_only_those_committed() -> None:
     checker = Checker(SENT, CORRECT, History())
-    assert checker.applied_payloads(TALLY_EVENT) == [tally_payload("e-1")]
+    # The emitted message applied downstream among them, and not the one refused there.
+    assert checker.applied_payloads(TALLY_EVENT) == [tally_payload("e-1"), tally_payload("e-10")]
     assert checker.applied_payloads(CALL_EVENT) == [call_payload("c-1")]
     lost = Checker(SENT, replace(CORRECT, records=_LOST_CALL), History())
     assert lost.applied_payloads(CALL_EVENT) == []
