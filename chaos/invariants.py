@@ -36,6 +36,7 @@ _UNFINISHED = (Outcome.RETRIED, Outcome.CONFLICT)
 # How the consumer's WebhookClient words a failed call (5xx, timeout, unreachable) in the message's retry reason.
 _OWN_CALL_FAILED = "webhook "
 CUT_OFF = "request cut off by a crash"
+_CRASHES = {FaultKind.CRASH_AFTER_CLAIM, FaultKind.CRASH_BEFORE_COMMIT, FaultKind.CRASH_AFTER_COMMIT}
 # What may dead-letter a well-formed message of a handler: its business rule, or its key taken by another payload.
 RELAY_JOURNAL = "env-relay.jsonl"  # the outbox relay's environment's
 _REFUSALS = (ErrorType.BUSINESS_CONDITION_FAILED, ErrorType.IDEMPOTENCY_KEY_REUSED)
@@ -237,8 +238,16 @@ class Checker:
                     yield f"{message_id} ({message.kind} {message.key}): dead-lettered as {reason}"
 
     def no_record_stuck(self) -> Iterator[str]:
+        """Excused: a first claim (attempts 1) of a key whose message another delivery dead-lettered, by a delivery
+        a crash then ended. The other delivery, on an older receipt, released the key and deleted the message (SQS may
+        honour an older receipt handle), so nothing comes back to the claim; it holds nothing, its lease over, and a
+        redrive takes it over. A claim taken over (attempts 2 and more) before a dead letter is never excused."""
+        dead = {record_id(message) for message_id, message in self.sent.items() if any(self.dead.get(message_id, []))}
         for record in self.end.records:
-            if record.get(Attr.STATUS) == Status.IN_PROGRESS:
+            if record.get(Attr.STATUS) != Status.IN_PROGRESS:
+                continue
+            died = self.history.faults_by_record.get(record[Attr.ID], Counter()).keys() & {CUT_OFF, *_CRASHES}
+            if not (record.get(Attr.ATTEMPTS) == 1 and record[Attr.ID] in dead and died):
                 yield f"{record['id']} IN_PROGRESS, lease ended {record.get('leaseExpiresAt')}"
 
     def _emitted(self) -> dict[str, dict[str, Any]]:

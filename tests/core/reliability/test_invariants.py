@@ -236,6 +236,35 @@ def test_a_message_moved_by_the_redrive_policy_is_lost_only_if_never_applied() -
     )
 
 
+STUCK = "no record stuck IN_PROGRESS after its lease"
+
+
+@pytest.mark.parametrize(
+    ("attempts", "fault", "violations"),
+    [
+        # Claimed afresh after another delivery released the key, dead-lettered and deleted the message; then died.
+        (1, "request cut off by a crash", 0),
+        (1, FaultKind.CRASH_AFTER_CLAIM, 0),
+        # Taken over before the dead letter: the dead letter went out under a newer owner, never excused.
+        (2, "request cut off by a crash", 1),
+        # No delivery of it died: something left it behind.
+        (1, None, 1),
+    ],
+)
+def test_a_claim_left_after_its_message_was_dead_lettered_is_excused_only_as_a_dead_first_claim(
+    attempts: int, fault: str | None, violations: int
+) -> None:
+    dead_called = [*CORRECT.dead_letters, DeadLetter("m-called", ErrorType.BUSINESS_CONDITION_FAILED)]
+    left = {Attr.ID: CALL_RECORD, Attr.STATUS: Status.IN_PROGRESS, Attr.ATTEMPTS: attempts}
+    end = replace(CORRECT, records=[*_LOST_CALL, left], commits=_NO_CALL_COMMIT, dead_letters=dead_called)
+    history = History()
+    if fault is not None:
+        history.faults_by_record[CALL_RECORD][fault] += 1
+    verdicts = _verdicts(end, history)
+    assert verdicts[STUCK] == violations
+    assert sum(verdicts.values()) == violations, verdicts
+
+
 def test_applied_payloads_are_one_per_key_and_only_those_committed() -> None:
     checker = Checker(SENT, CORRECT, History())
     # The emitted message applied downstream among them, and not the one refused there.
