@@ -1,8 +1,6 @@
 """`python -m bench`: measure, then write docs/benchmarks.md and its two charts and print the table.
 
-Calls and capacity units per message on moto in process; then each system as a Lambda function of
-its own on DynamoDB Local at each memory size's CPU share; a hot item under four consumers; then cold
-starts from the built artifact. ``--only`` runs one section and prints it. Progress goes to stderr.
+Sections in ``main``'s order (methodology.md); ``--only`` runs one section and prints it. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -16,9 +14,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
+from operator import attrgetter
 from pathlib import Path
 
-from bench import report
+from bench import report, timing
 from bench.capacity import CapacityMeter
 from bench.chart import draw_batch_latency_chart, draw_cost_chart
 from bench.coldstart import measure_cold_starts
@@ -26,12 +25,12 @@ from bench.costs import Backend, Draws, handler_name, message_costs, moto_backen
 from bench.outbox import WITH, WITHOUT, Outbox, emitter, emitting_batch, measure_chain, relay_batch_size, unit_costs
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.report import TARGET_BATCH, TARGET_LATENCY_MS, TARGET_MEMORY_MB, BenchResults, TimingKey
-from bench.systems import SYSTEM_ENV, SYSTEMS, settings_environment
-from bench.timing import POWERTOOLS_ENV, REPO_ROOT, Samples, Turn, invoke, system_functions, time_batches, time_turns
+from bench.systems import SYSTEM_ENV, SYSTEMS
+from bench.timing import POWERTOOLS_ENV, REPO_ROOT, Turn, invoke, system_functions, time_batches, time_turns
 from consumer.config import Settings
 from consumer.handler import Mode
 from consumer.outbox import OUTBOX_TABLE
-from testkit.aws import DUMMY_CREDENTIALS_ENV, client
+from testkit.aws import client
 from testkit.dynamodb_local import DynamoDBLocal, JavaNotFound, jar_directory, java_runtime
 from testkit.lambda_runtime import LambdaEnvironment
 from testkit.moto_server import MotoServer
@@ -121,16 +120,9 @@ class _Run:
             self.settings = [backend.settings(system.name, webhook.url) for system in SYSTEMS]
             self.draws = lambda handler: Draws(handler, functools.partial(backend.seed, self.settings, handler))
             self.messages = self.draws(self.messages.handler)
+            endpoints = {"AWS_ENDPOINT_URL_DYNAMODB": server.endpoint_url, "AWS_ENDPOINT_URL_SQS": sqs.endpoint_url}
             variables = {
-                system.name: {
-                    **DUMMY_CREDENTIALS_ENV,
-                    **settings_environment(settings),
-                    SYSTEM_ENV: system.name,
-                    "AWS_ENDPOINT_URL_DYNAMODB": server.endpoint_url,
-                    "AWS_ENDPOINT_URL_SQS": sqs.endpoint_url,
-                    **POWERTOOLS_ENV,
-                    "POWERTOOLS_LOG_LEVEL": "INFO",
-                }
+                system.name: {**timing.function_variables(settings), SYSTEM_ENV: system.name, **endpoints}
                 for system, settings in zip(SYSTEMS, self.settings, strict=True)
             }
             if only:
@@ -181,8 +173,8 @@ class _Run:
             # stretch of the machine's time (one after the other, a drift between them read as the consumer's), each
             # until its own figure of the target is precise: the batch's CPU per message, the single's botocore CPU.
             turns = {
-                "batch": Turn(function, functools.partial(draws.bodies, TARGET_BATCH), _record_cpu),
-                "single": Turn(function, functools.partial(draws.bodies, 1), _botocore_cpu),
+                "batch": Turn(function, functools.partial(draws.bodies, TARGET_BATCH), attrgetter("record_cpu_s")),
+                "single": Turn(function, functools.partial(draws.bodies, 1), attrgetter("botocore_cpu_s")),
             }
             timed = time_turns(turns, TARGET_LATENCY_MS, self.arguments)
             self.results.floors[handler_name(handler)] = report.Floor(
@@ -221,14 +213,6 @@ class _Run:
         self.results.timings[key] = time_batches(
             functions, lambda: self.messages.bodies(key.batch_size), key.latency_ms, self.arguments
         )
-
-
-def _record_cpu(samples: Samples) -> list[float]:
-    return samples.record_cpu_s
-
-
-def _botocore_cpu(samples: Samples) -> list[float]:
-    return samples.botocore_cpu_s
 
 
 def _cpu_model() -> str:

@@ -40,16 +40,9 @@ def draw_batch_latency_chart(results: BenchResults, path: Path) -> None:
                 continue
             medians = [sample.median_s * 1000 for _, sample in points]
             bars = [(m - s.ci_s[0] * 1000, s.ci_s[1] * 1000 - m) for m, (_, s) in zip(medians, points, strict=True)]
-            axis.errorbar(
-                [latency for latency, _ in points],
-                medians,
-                yerr=list(zip(*bars, strict=True)),
-                color=colour,
-                linestyle=style,
-                marker=marker,
-                capsize=3,
-                label=f"{name}, batch of {size}",
-            )
+            label = f"{name}, batch of {size}"
+            line: dict[str, Any] = dict(color=colour, linestyle=style, marker=marker, capsize=3, label=label)
+            axis.errorbar([latency for latency, _ in points], medians, yerr=list(zip(*bars, strict=True)), **line)
     axis.set_yscale("log")
     axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_xlabel("injected DynamoDB latency per request (ms)")

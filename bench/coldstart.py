@@ -1,8 +1,7 @@
 """Cold start as Lambda starts a function: fresh Python 3.13 processes on the artifact of ``sam build``.
 
 Init (the handler module's import) and first invocation (one new message of the timed handler), timed inside
-each process at each CPU setting, the systems taking turns. ``python -m bench --only cold-start`` runs this alone.
-See methodology.md.
+each process at each CPU setting, the systems taking turns (methodology.md).
 """
 
 from __future__ import annotations
@@ -23,10 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.costs import Backend, Draws, timed_handler
-from bench.systems import settings_environment
-from bench.timing import POWERTOOLS_ENV, REPO_ROOT, in_turns
+from bench.timing import REPO_ROOT, function_variables, in_turns
 from testkit import application, cpu_quota
-from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.dynamodb_local import DynamoDBLocal
 from testkit.lambda_sqs import REGION, sqs_event
 from testkit.lambda_venv import find_python, venv_python
@@ -115,20 +112,14 @@ def artifacts() -> Iterator[dict[str, list[Path]]]:
         # The previous runtime's artifact: the build's own recipe (sam build runs it in a copy of src/), on 3.12.
         previous, older = Path(work) / "previous", find_python(PREVIOUS_PYTHON)
         make = ["make", "-s", "-f", str(REPO_ROOT / "Makefile"), "build-ConsumerFunction", f"ARTIFACTS_DIR={previous}"]
-        path = f"{older.parent}:{os.environ['PATH']}"
-        _run(
-            "the 3.12 build",
-            [*make, f"FUNCTION_PYTHON={PREVIOUS_PYTHON}"],
-            env={**environment, "PATH": path},
-            cwd=REPO_ROOT / "src",
-        )
+        older_env = {**environment, "PATH": f"{older.parent}:{os.environ['PATH']}"}
+        _run("the 3.12 build", [*make, f"FUNCTION_PYTHON={PREVIOUS_PYTHON}"], env=older_env, cwd=REPO_ROOT / "src")
         # SAM's pip builder unpacks the wheels and compiles nothing: what a function without a build step ships.
         pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
         _run("pip install", [*pip, "--target", str(unpacked), "-r", str(REPO_ROOT / "src" / "requirements.txt")])
+        cached = shutil.ignore_patterns("__pycache__")
         for package in ("consumer", application.PACKAGE):  # the core and the application, as the artifact holds them
-            shutil.copytree(
-                REPO_ROOT / "src" / package, unpacked / package, ignore=shutil.ignore_patterns("__pycache__")
-            )
+            shutil.copytree(REPO_ROOT / "src" / package, unpacked / package, ignore=cached)
         # The floor's botocore is the runtime's, compiled, as Lambda's runtime ships it. The Powertools function's
         # own code (bench.systems) and the driver come from the repository.
         yield {
@@ -154,16 +145,8 @@ class _Starts:
         """One cold start of ``system`` at ``share``: its init and first invocation in seconds, and its stderr."""
         event = json.dumps(sqs_event(self.draws.bodies(1)))
         procs = str(self.quota.path / "cgroup.procs") if self.quota is not None and share != FULL_CPU else ""
-        options = ["-X", "importtime"] if importtime else []
-        command = [
-            str(self.pythons.get(system, self.pythons[CONSUMER])),
-            *options,
-            "-c",
-            _DRIVER,
-            event,
-            INIT_CODE[system],
-            procs * (share == LAMBDA_SHARES),
-        ]
+        python = [str(self.pythons.get(system, self.pythons[CONSUMER])), *(["-X", "importtime"] if importtime else [])]
+        command = [*python, "-c", _DRIVER, event, INIT_CODE[system], procs * (share == LAMBDA_SHARES)]
         if procs and share != LAMBDA_SHARES:
             command = ["/bin/sh", "-c", _IN_CGROUP, procs, *command]
         variables = {**self.environments[system], "PYTHONPATH": os.pathsep.join(map(str, self.paths[system]))}
@@ -202,10 +185,7 @@ def measure_cold_starts(processes: int, memory_mb: int, profiles: int = 5) -> Co
         environments = {
             system: {
                 **inherited,
-                **DUMMY_CREDENTIALS_ENV,
-                **settings_environment(settings[number]),
-                **POWERTOOLS_ENV,
-                "POWERTOOLS_LOG_LEVEL": "INFO",
+                **function_variables(settings[number]),
                 "AWS_LAMBDA_FUNCTION_NAME": "ColdStart",
                 # Straight to DynamoDB Local: the conflict proxy's hold on transactions is not a cold start's.
                 "AWS_ENDPOINT_URL_DYNAMODB": server.direct_endpoint_url,

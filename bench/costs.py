@@ -58,13 +58,12 @@ class Backend:
         them; each URL a handler's settings declare (``*_url``) is the webhook's."""
         prefix = f"{system.replace(' ', '-').lower()}-{uuid.uuid4().hex[:6]}"
         own = declared_settings(self.handlers)
+        urls = {name.upper(): webhook_url for m in own for name in m.model_fields if name.endswith("_url")}
         settings = Settings(
             idempotency_table_name=f"{prefix}-idempotency",
             table_names={table: f"{prefix}-{table}" for table in declared_tables(self.handlers)},
             dead_letter_queue_url=self.dead_letter_queue_url,
-            handler_variables={
-                name.upper(): webhook_url for m in own for name in m.model_fields if name.endswith("_url")
-            },
+            handler_variables=urls,
         )
         with unobserved():
             names = {IDEMPOTENCY_TABLE: settings.idempotency_table_name, **settings.table_names}
@@ -151,8 +150,7 @@ class Cost(NamedTuple):
 
 def run_batch(system: System, bodies: list[str]) -> None:
     """One batch in process; a benchmark over failed records would measure nothing."""
-    failures = system.handle(sqs_event(bodies), LambdaContext(timeout_s=60.0)).get("batchItemFailures") or []
-    if failures:
+    if failures := system.handle(sqs_event(bodies), LambdaContext(timeout_s=60.0)).get("batchItemFailures") or []:
         raise RuntimeError(f"{system.name}: {len(failures)} of {len(bodies)} records failed")
 
 
@@ -202,10 +200,14 @@ class CostPerMillion:
         return self.lambda_usd + self.dynamodb_usd + self.sqs_usd
 
 
+def billed_s(wall_s: float) -> float:
+    """Lambda's billed duration: rounded up to the millisecond."""
+    return math.ceil(wall_s * 1000) / 1000
+
+
 def cost_per_million(batch_wall_s: float, batch_size: int, memory_mb: int, units: Cost) -> CostPerMillion:
     """A million messages in batches of ``batch_size`` taking ``batch_wall_s`` each, ``units`` per message."""
-    billed_s = math.ceil(batch_wall_s * 1000) / 1000
-    per_batch = billed_s * memory_mb / 1024 * LAMBDA_ARM64_PER_GB_S + LAMBDA_PER_REQUEST
+    per_batch = billed_s(batch_wall_s) * memory_mb / 1024 * LAMBDA_ARM64_PER_GB_S + LAMBDA_PER_REQUEST
     return CostPerMillion(
         lambda_usd=per_batch / batch_size * MILLION,
         dynamodb_usd=(units.write_units * DYNAMODB_PER_WRITE_UNIT + units.read_units * DYNAMODB_PER_READ_UNIT)

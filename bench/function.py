@@ -1,8 +1,6 @@
-"""The Lambda handlers the benchmark deploys: one system (``BENCH_SYSTEM``), or the relay, timed from inside.
-
-Event: ``{"latency_ms": 10, "event": <SQS event>}``. Answer: the wall and CPU seconds around the system's
-handler (so the emulator's hop is left out, as from Lambda's billed duration), the records reported failed.
-"""
+"""The Lambda handlers the benchmark deploys: one system (``BENCH_SYSTEM``), or the relay, timed from inside. Event:
+``{"latency_ms": 10, "event": <SQS event>}``; answer: the wall and CPU seconds around the system's handler (the
+emulator's hop left out, as from Lambda's billed duration) and the records reported failed."""
 
 from __future__ import annotations
 

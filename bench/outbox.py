@@ -4,7 +4,6 @@ in Lambda's runtime under the stream poller (methodology.md)."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 import uuid
@@ -15,7 +14,7 @@ from unittest import mock
 
 from bench import costs
 from bench.capacity import CapacityMeter
-from bench.costs import Cost, Draws, batch_cost
+from bench.costs import Cost, Draws, batch_cost, billed_s
 from bench.probe import RoundTripProbe, on_new_clients
 from bench.systems import ThisConsumer
 from bench.timing import POWERTOOLS_ENV, Samples, bench_function, invoke
@@ -121,10 +120,6 @@ def measure_chain(function: LambdaEnvironment, draws: Draws, clients: Any, strea
         finally:
             group.stop()
     return chain
-
-
-def billed_s(wall_s: float) -> float:
-    return math.ceil(wall_s * 1000) / 1000
 
 
 @dataclass

@@ -75,9 +75,8 @@ class RoundTripProbe:
             ("before-parameter-build.dynamodb", self._on_start),
             ("after-call.dynamodb", self._on_end),
             ("before-call.dynamodb", self._on_call),
-            # On moto's own node, "before-send": botocore runs the handlers of a more
-            # specific name ("before-send.dynamodb") before all of a broader name's, so
-            # only there do first and last bracket moto's stub.
+            # On moto's own node, "before-send": botocore runs the handlers of a more specific name
+            # ("before-send.dynamodb") before all of a broader name's: only there do first and last bracket moto's stub.
             ("before-send", self._on_send_start, botocore_handlers.REGISTER_FIRST),
             ("before-send", self._on_send_end, botocore_handlers.REGISTER_LAST),
             ("needs-retry.dynamodb", self._on_send_end),

@@ -165,10 +165,8 @@ def _cost_table(results: BenchResults) -> list[str]:
         for name in NAMES:
             if cost := results.cost(name, memory):
                 wall = results.samples(memory, TARGET_LATENCY_MS, TARGET_BATCH)[name].median_s
-                usd = (cost.lambda_usd, cost.dynamodb_usd, cost.sqs_usd)
-                rows.append(
-                    [f"{memory} MB", name, _ms(wall), *(f"{value:.3f}" for value in usd), f"**{cost.total_usd:.3f}**"]
-                )
+                usd = [f"{value:.3f}" for value in (cost.lambda_usd, cost.dynamodb_usd, cost.sqs_usd)]
+                rows.append([f"{memory} MB", name, _ms(wall), *usd, f"**{cost.total_usd:.3f}**"])
     return _table(header, rows)
 
 
@@ -192,15 +190,13 @@ def cold_start_section(starts: ColdStarts) -> list[str]:
     lines = [*_table(header, rows), "", f"n = {len(next(iter(starts.init_s.values())))} fresh processes per row."]
     if systems := list(starts.import_ms):
         groups = sorted(set().union(*starts.import_ms.values()), key=lambda g: -starts.import_ms[systems[0]].get(g, 0))
+        imports = [[g, *(f"{starts.import_ms[s].get(g, 0.0):.1f}" for s in systems)] for g in groups]
         lines += [
             "",
             "`python -X importtime` of each init at full CPU: each module's own time summed by top-level "
             "package, median over the profiled processes (importtime's overhead included), ms:",
             "",
-            *_table(
-                ["package", *systems],
-                ([g, *(f"{starts.import_ms[s].get(g, 0.0):.1f}" for s in systems)] for g in groups),
-            ),
+            *_table(["package", *systems], imports),
         ]
     return lines
 
@@ -246,10 +242,8 @@ def targets(results: BenchResults) -> list[str]:
         )
         within = ours_s / single[ours].median_s
         verdict, clause = _against(within, SINGLE_RECORD_TARGET)
-        server, one_s = (
-            [statistics.median(samples[ours].server_s) for samples in (batch, single)],
-            single[ours].median_s,
-        )
+        server = [statistics.median(samples[ours].server_s) for samples in (batch, single)]
+        one_s = single[ours].median_s
         verdicts.append(
             f"- {verdict}: batch of 10 takes {within:.2f}{TIMES} a single record ({_ms(ours_s)} ms against "
             f"{_ms(one_s)} ms; {clause}). DynamoDB Local's own time in the calls: {_ms(server[0])} against "
@@ -330,11 +324,8 @@ def floor_targets(results: BenchResults) -> list[str]:
         batch, single = floor.batch, floor.single.botocore_cpu_s
         floor_s = statistics.median(single)
         ratio, low, high = ratio_range(batch.record_cpu_s, single)
-        verdict, clause = (
-            _against(ratio, FLOOR_TARGET)
-            if floor.targeted
-            else ("measured", "no target: its webhook's call is in it, not in the floor")
-        )
+        untargeted = ("measured", "no target: its webhook's call is in it, not in the floor")
+        verdict, clause = _against(ratio, FLOOR_TARGET) if floor.targeted else untargeted
         verdicts.append(
             f"- {verdict}: {name}: CPU per message {ratio:.2f}{TIMES} [{low:.2f}-{high:.2f}] botocore's own in "
             f"one message's calls ({_interval(batch.cpu_per_record_s, median_ci(batch.record_cpu_s))} ms, "
@@ -370,8 +361,7 @@ def hot_item_targets(results: BenchResults) -> list[str]:
 def hostile_section(results: BenchResults) -> list[str]:
     """Each message at SQS's limits against one valid message: the ratio of medians, with the range their intervals
     allow (the lower end over the valid message's upper end, and the reverse)."""
-    valid = results.hostile.get(VALID)
-    if valid is None:
+    if (valid := results.hostile.get(VALID)) is None:
         return []
     (valid_low, valid_high), rows = valid.ci_s, []
     for name, samples in sorted(results.hostile.items(), key=lambda item: item[1].median_s, reverse=True):

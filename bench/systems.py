@@ -1,8 +1,6 @@
-"""The three systems measured, each a Lambda handler over the same records and table shapes.
-
-The baselines run the consumer's own handlers for the business logic (schema, webhook, ledger writes) and apply the
-writes one call each, as their users would: only the idempotency mechanism differs between the three.
-"""
+"""The three systems measured, each a Lambda handler over the same records and table shapes: the baselines run the
+consumer's own handlers (schema, webhook, ledger writes) and apply the writes one call each, as their users would, so
+only the idempotency mechanism differs."""
 
 from __future__ import annotations
 
@@ -170,15 +168,9 @@ class SeedPattern:
         parsed = self._business.parse(record)
         key = {"id": {"S": parsed.message.record_id}}
         try:
-            self._client.put_item(
-                TableName=self._table,
-                Item={
-                    **key,
-                    "status": {"S": "IN_PROGRESS"},
-                    "expiresAt": {"N": str(int(time.time()) + self._ttl_seconds)},
-                },
-                ConditionExpression="attribute_not_exists(id)",
-            )
+            expires_at = str(int(time.time()) + self._ttl_seconds)
+            item = {**key, "status": {"S": "IN_PROGRESS"}, "expiresAt": {"N": expires_at}}
+            self._client.put_item(TableName=self._table, Item=item, ConditionExpression="attribute_not_exists(id)")
         except ClientError as error:
             if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise

@@ -1,8 +1,5 @@
-"""Batch wall time and CPU per record at Lambda's CPU share, the systems taking turns.
-
-Each system is a Lambda function of its own (``testkit.lambda_runtime``) at the memory size measured;
-the clocks are read inside it (``bench.function``). See methodology.md for the rounds and intervals.
-"""
+"""Batch wall time and CPU per record at Lambda's CPU share, the systems taking turns, each a Lambda function of its
+own at the memory size measured, its clocks read inside it (``bench.function``); rounds, intervals: methodology.md."""
 
 from __future__ import annotations
 
@@ -17,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.systems import settings_environment
+from consumer.config import Settings
+from testkit.aws import DUMMY_CREDENTIALS_ENV
 from testkit.lambda_runtime import LambdaEnvironment, LambdaFleet
 from testkit.lambda_sqs import sqs_event
 from testkit.resources import FunctionSpec
@@ -25,11 +25,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def median_ci(values: Sequence[float]) -> tuple[float, float]:
-    """Distribution-free 95% interval of the median: order statistics chosen by the binomial(n, 1/2).
-
-    The largest ``k`` with P(B < k) <= 2.5% gives [x_(k), x_(n+1-k)] (1-based); exact
-    binomial sums, so it holds for the small ``n`` where a normal approximation does not.
-    """
+    """Distribution-free 95% interval of the median: the largest ``k`` with P(B < k) <= 2.5%, B binomial(n, 1/2), gives
+    [x_(k), x_(n+1-k)] (1-based); exact binomial sums, so it holds for the small ``n`` where a normal approximation
+    does not."""
     ordered = sorted(values)
     n = len(ordered)
     if n < 6:
@@ -79,10 +77,9 @@ def _throttling(function: LambdaEnvironment) -> tuple[int, float]:
         return 0, 0.0
     fields = dict(line.split() for line in (function.quota.path / "cpu.stat").read_text().splitlines())
     # cgroup v1 counts throttled_time in ns, v2 throttled_usec in us.
-    waited_s = (
-        int(fields["throttled_time"]) / 1e9 if "throttled_time" in fields else int(fields["throttled_usec"]) / 1e6
-    )
-    return int(fields["nr_throttled"]), waited_s
+    if "throttled_time" in fields:
+        return int(fields["nr_throttled"]), int(fields["throttled_time"]) / 1e9
+    return int(fields["nr_throttled"]), int(fields["throttled_usec"]) / 1e6
 
 
 def bench_function(memory_mb: int) -> FunctionSpec:
@@ -200,3 +197,8 @@ POWERTOOLS_ENV = {
     "POWERTOOLS_SERVICE_NAME": "idempotent-consumer",
     "POWERTOOLS_METRICS_NAMESPACE": "IdempotentConsumer",
 }
+
+
+def function_variables(settings: Settings) -> dict[str, str]:
+    """A system's function's variables: dummy credentials, ``settings``, and Powertools' as the template sets them."""
+    return {**DUMMY_CREDENTIALS_ENV, **settings_environment(settings), **POWERTOOLS_ENV, "POWERTOOLS_LOG_LEVEL": "INFO"}

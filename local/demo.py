@@ -1,8 +1,5 @@
-"""``make demo``: a realistic workload through the whole local pipeline, then every invariant checked.
-
-The workload (two phases: drawn messages, resends, poison; then late resends and reused keys) and its checks:
-docs/local-stack.md; with ``--fifo`` each group's order too (``local.fifo``).
-"""
+"""``make demo``: a realistic workload through the whole local pipeline, then every invariant checked (with ``--fifo``
+each group's order too); the workload's two phases and the checks: docs/local-stack.md."""
 
 from __future__ import annotations
 
@@ -26,6 +23,7 @@ from local.session import running_stack
 from local.stack import DeployedStack
 from local.state import STATE_DIR
 from testkit import dead_letters, messages, payloads
+from testkit.tables import scan
 from testkit.webhook import WebhookSink
 
 DEMO_LOG = STATE_DIR / "demo-function.log"
@@ -46,11 +44,8 @@ def show_checks(checks: list[Check], say: Callable[[str], None], indent: str = "
 
 
 def _drain(stack: DeployedStack, say: Callable[[str], None], sent: int) -> tuple[float, float]:
-    """Wait until the queue is empty, showing progress.
-
-    Returns the seconds until every message had been handled once (the throughput) and until
-    the queue was empty (retried records wait out their backoff).
-    """
+    """Seconds until every message was handled once (the throughput) and until the queue was empty (retried records
+    wait out their backoff), showing progress."""
     sqs = stack.servers.client("sqs")
     started = time.monotonic()
     received_before, deleted_before = stack.stats.received, stack.stats.deleted
@@ -135,8 +130,7 @@ def _checks(
     dynamodb = stack.servers.client("dynamodb")
     valid = [m for m in sent if m.kind == "drawn"]
     keys = {m.key for m in valid if m.key}
-    pages = dynamodb.get_paginator("scan").paginate(TableName=stack.table_name("IdempotencyTable"))
-    records = [item for page in pages for item in page["Items"]]
+    records = scan(dynamodb, stack.table_name("IdempotencyTable"))
     applied = {r["id"]["S"].split("#", 1)[1] for r in records if r["status"]["S"] == "COMPLETED"}
     by_body = {letter.body: letter for letter in parked}
     refused = {m.key for m in valid if m.body in by_body and by_body[m.body].error_type}
@@ -167,15 +161,9 @@ def _checks(
 
 def _chain_check(stack: DeployedStack, completed: set[str]) -> Check:
     """Every message the outbox holds for the consumer's own queue was relayed and applied there, once."""
-    dynamodb = stack.servers.client("dynamodb")
-    pages = dynamodb.get_paginator("scan").paginate(TableName=stack.table_name(OUTBOX_TABLE))
     relay = stack.relay_fleet.function.environment
-    ours = [
-        item
-        for page in pages
-        for item in page["Items"]
-        if relay.get(destination_variable(item["destination"]["S"])) == stack.queue.url
-    ]
+    outbox = scan(stack.servers.client("dynamodb"), stack.table_name(OUTBOX_TABLE))
+    ours = [item for item in outbox if relay.get(destination_variable(item["destination"]["S"])) == stack.queue.url]
     # Each is applied under its derived key, the record named by its event type (the envelope's).
     missing = [
         i["id"]["S"] for i in ours if f"{json.loads(i['body']['S'])['eventType']}#{i['id']['S']}" not in completed

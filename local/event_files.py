@@ -74,12 +74,4 @@ def sample_bodies(event_type: str, events: Path = EVENTS) -> list[str]:
     """The bodies of the sample events (``events/*.json``, SQS events as Lambda delivers them) of this event type,
     in file order; poison samples included (a body the model refuses, a key reused)."""
     bodies = [record["body"] for path in sorted(events.glob("*.json")) for record in load_event(path)["Records"]]
-    return [body for body in bodies if _event_type(body) == event_type]
-
-
-def _event_type(body: str) -> Any:
-    try:
-        document = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    return document.get("eventType") if isinstance(document, dict) else None
+    return [body for body in bodies if Outgoing(body, "from-file").event_type == event_type]

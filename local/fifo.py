@@ -1,8 +1,5 @@
-"""Per-group order on a FIFO queue, checked from what the pollers completed.
-
-A group's messages must complete in the order sent (``CompletionLog``, ``out_of_order``), the send's own (``send_all``
-keeps it; moto's ``SequenceNumber`` is random): docs/local-stack.md, "A FIFO queue, locally".
-"""
+"""Per-group order on a FIFO queue: a group's messages must complete in the order sent, the send's own (``send_all``
+keeps it; moto's ``SequenceNumber`` is random): docs/local-stack.md, "A FIFO queue, locally"."""
 
 from __future__ import annotations
 

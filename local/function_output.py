@@ -21,10 +21,8 @@ from consumer.outcome import Outcome
 
 
 def command_output(path: Path) -> Callable[[str], None]:
-    """Start ``path`` afresh as ``sys.stdout`` (where the handler logs and prints metrics), and return
-    how the command prints its own lines (to the terminal). Call it before the handler is imported:
-    its logger keeps the stream it found at import.
-    """
+    """Start ``path`` afresh as ``sys.stdout`` (where the handler logs and prints metrics); return how the command
+    prints its own lines (to the terminal). Call it before the handler is imported: its logger keeps its stream."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     terminal = sys.stdout

@@ -1,9 +1,6 @@
-"""A poller that behaves as Lambda's SQS event source mapping.
-
-Receive a batch, invoke the function with the event Lambda would build, then delete every record but the reported
-failures; after an error, a timeout or an invalid response delete nothing. Receive counts and the move to the
-dead-letter queue are the queue's own redrive policy.
-"""
+"""A poller that behaves as Lambda's SQS event source mapping: receive a batch, invoke the function with the event
+Lambda would build, delete every record but the reported failures (after an error, a timeout or an invalid response,
+nothing). Receive counts and the move to the dead-letter queue are the queue's own redrive policy."""
 
 from __future__ import annotations
 
@@ -125,8 +122,7 @@ class Poller:
 
     def poll_once(self) -> BatchReport | None:
         """Receive one batch and invoke the function with it; ``None`` when the queue had nothing."""
-        messages = self.receive()
-        if not messages:
+        if not (messages := self.receive()):
             return None
         event = {"Records": [record_from_message(message, queue_arn=self.queue.arn) for message in messages]}
         report = self._settle(messages, self.runtime.invoke(event))

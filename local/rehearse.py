@@ -131,8 +131,7 @@ def _chain_check(target: Target) -> Check:
         payloads_ = [json.loads(body).get("payload") for body in sample_bodies(handler.event_type)]
         samples = [p for p in payloads_ if payloads.refusal(handler.payload_model, p) is None]
         if samples:
-            richest = max(samples, key=len)
-            sent.append(messages.drawn(handler, f"{run}-{handler.event_type}", richest))
+            sent.append(messages.drawn(handler, f"{run}-{handler.event_type}", max(samples, key=len)))
             smoke.send(target, sent[-1].body, sent[-1].group_id)
     if not sent:
         return Check(True, "no registered handler emits onto the consumer's queue: no chain to follow")

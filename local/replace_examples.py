@@ -57,9 +57,8 @@ def _delete_with_indented(path: Path, block: str) -> None:
     for wanted in filter(str.strip, block.splitlines()):
         found = [i for i, line in enumerate(lines) if line.rstrip("\n") == wanted]
         assert len(found) == 1, f"{wanted!r} is {len(found)} times in {path.name}: update the page's list"
-        start = end = found[0]
+        start, end = found[0], found[0] + 1
         depth = len(wanted) - len(wanted.lstrip())
-        end += 1
         while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > depth):
             end += 1
         del lines[start:end]

@@ -1,7 +1,5 @@
-"""``make smoke``: a message of each registered handler, its resend and one poison message through a stack, checked.
-
-What it sends, checks and cleans up, and the permissions it needs: docs/deploying.md (``make smoke``).
-"""
+"""``make smoke``: a message of each registered handler, its resend and one poison message through a stack, checked;
+what it cleans up, and the permissions it needs: docs/deploying.md (``make smoke``)."""
 
 from __future__ import annotations
 
@@ -22,8 +20,8 @@ from local.demo import Check, show_checks
 from local.state import STATE_DIR
 from service.registry import HANDLERS
 from testkit import dead_letters, messages, payloads
+from testkit.tables import scan
 
-# The template's Outputs the smoke test needs, by the role they play here.
 OUTPUTS = {
     "queue_url": "ConsumerQueueUrl",
     "dead_letter_queue_url": "DeadLetterQueueUrl",
@@ -68,8 +66,7 @@ def target_from_stack(
     except ClientError as error:
         raise SmokeError(f"cannot describe stack {stack_name!r}: {error}") from error
     outputs = {o["OutputKey"]: o["OutputValue"] for o in (stacks[0].get("Outputs") or [])} if stacks else {}
-    missing = [name for name in (*OUTPUTS.values(), "ConsumerFunctionName") if name not in outputs]
-    if missing:
+    if missing := [name for name in (*OUTPUTS.values(), "ConsumerFunctionName") if name not in outputs]:
         raise SmokeError(f"stack {stack_name!r} has no output {', '.join(missing)} (is it this project's template?)")
     function = lambda_.get_function_configuration(FunctionName=outputs["ConsumerFunctionName"])
     variables = (function.get("Environment") or {}).get("Variables") or {}
@@ -79,11 +76,8 @@ def target_from_stack(
     values = {role: outputs[name] for role, name in OUTPUTS.items()}
     tables = {table: variables[table_variable(table)] for table in declared_tables(handlers)}
     relay = outputs.get("RelayFunctionName")
-    relay_variables = (
-        (lambda_.get_function_configuration(FunctionName=relay).get("Environment") or {}).get("Variables") or {}
-        if relay
-        else {}
-    )
+    relay_function = lambda_.get_function_configuration(FunctionName=relay) if relay else {}
+    relay_variables = (relay_function.get("Environment") or {}).get("Variables") or {}
     values["relayed_here"] = relayed_here(relay_variables, values["queue_url"], handlers)
     return Target(sqs=sqs, dynamodb=dynamodb, tables=tables, fifo=values["queue_url"].endswith(".fifo"), **values)
 
@@ -99,20 +93,22 @@ def chained(target: Target, sent: list[messages.Outgoing]) -> list[str]:
     """The records of what the run's messages emitted onto this queue: each relayed message's, under its key."""
     if not target.relayed_here:
         return []
-    sources = {f"{m.event_type}#{m.key}" for m in sent}
-    pages = target.dynamodb.get_paginator("scan").paginate(TableName=target.tables[OUTBOX_TABLE])
+    sources = set(map(_record_id, sent))
     return [
         f"{json.loads(item['body']['S'])['eventType']}#{item['id']['S']}"
-        for page in pages
-        for item in page["Items"]
+        for item in scan(target.dynamodb, target.tables[OUTBOX_TABLE])
         if item["sourceRecord"]["S"] in sources and item["destination"]["S"] in target.relayed_here
     ]
 
 
+def _record_id(message: messages.Outgoing) -> str:
+    """The id of the message's idempotency record, as the consumer names it: event type and key."""
+    return f"{message.event_type}#{message.key}"
+
+
 def status(target: Target, record_id: str) -> str | None:
-    item = target.dynamodb.get_item(
-        TableName=target.idempotency_table, Key={"id": {"S": record_id}}, ConsistentRead=True
-    ).get("Item")
+    key = {"id": {"S": record_id}}
+    item = target.dynamodb.get_item(TableName=target.idempotency_table, Key=key, ConsistentRead=True).get("Item")
     return item["status"]["S"] if item else None
 
 
@@ -136,15 +132,7 @@ def send(target: Target, body: str, group: str) -> None:
 
 
 def table_items(dynamodb: Any, tables: Mapping[str, str]) -> Items:
-    pages = {table: dynamodb.get_paginator("scan").paginate(TableName=name) for table, name in tables.items()}
-    return {table: sorted((i for p in found for i in p["Items"]), key=repr) for table, found in pages.items()}
-
-
-def _record(target: Target, message: messages.Outgoing) -> str | None:
-    """The status of the message's idempotency record (the consumer's id: event type and key)."""
-    key = {"id": {"S": f"{message.event_type}#{message.key}"}}
-    item = target.dynamodb.get_item(TableName=target.idempotency_table, Key=key, ConsistentRead=True).get("Item")
-    return item["status"]["S"] if item else None
+    return {table: sorted(scan(dynamodb, name), key=repr) for table, name in tables.items()}
 
 
 def _letters(target: Target, body: str) -> list[dead_letters.DeadLetter]:
@@ -161,7 +149,7 @@ def wait(condition: Callable[[], bool], deadline: float) -> bool:
 
 def outcome(target: Target, message: messages.Outgoing) -> str | None:
     """Applied (its record completed), dead-lettered with a reason, or ``None`` while neither."""
-    if _record(target, message) == "COMPLETED":
+    if status(target, _record_id(message)) == "COMPLETED":
         return "applied once"
     letters = _letters(target, message.body)
     return f"dead-lettered: {letters[0].reason}" if letters and letters[0].error_type else None
@@ -229,8 +217,8 @@ def clean_up(
                 target.dynamodb.delete_item(TableName=target.tables[table], Key={k: item[k] for k in keys})
             elif was != item:
                 target.dynamodb.put_item(TableName=target.tables[table], Item=was)
-    for record_id in [*(f"{message.event_type}#{message.key}" for message in sent), *chained]:
-        target.dynamodb.delete_item(TableName=target.idempotency_table, Key={"id": {"S": record_id}})
+    for record in [*map(_record_id, sent), *chained]:
+        target.dynamodb.delete_item(TableName=target.idempotency_table, Key={"id": {"S": record}})
     for body in [*others, *(m.body for m in sent)]:
         for letter in _letters(target, body):
             target.sqs.delete_message(QueueUrl=target.dead_letter_queue_url, ReceiptHandle=letter.receipt_handle)

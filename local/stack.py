@@ -1,7 +1,5 @@
-"""The template deployed on the local servers, its function ready in Lambda's own runtime.
-
-Each poller invokes an execution environment of its own, as Lambda runs one per concurrent invocation.
-"""
+"""The template deployed on the local servers, its function ready in Lambda's own runtime: each poller invokes an
+execution environment of its own, as Lambda runs one per concurrent invocation."""
 
 from __future__ import annotations
 
@@ -23,11 +21,7 @@ from testkit.webhook import WebhookSink
 
 
 class DeployedStack:
-    """The template deployed, built by ``deploy_stack``.
-
-    ``pollers(n)`` feeds the queue to the function as Lambda's event source mapping would;
-    ``runtime.invoke(event)`` invokes it directly.
-    """
+    """The template deployed, built by ``deploy_stack``."""
 
     def __init__(self, servers: LocalServers, resources: LocalResources, fleet: LambdaFleet) -> None:
         self.servers = servers
@@ -70,14 +64,9 @@ class DeployedStack:
 
     def relay_poller(self, runtime: Invoker | None = None) -> StreamPoller:
         """The relay's stream mapping, invoking ``runtime`` (an environment of the relay's own unless given)."""
-        function = self.relay_fleet.function
-        return StreamPoller(
-            self.servers.client("dynamodbstreams"),
-            self._sqs,
-            function.streams[0],
-            runtime or self.relay_fleet.add(),
-            stats=self.relay_stats,
-        )
+        trigger = self.relay_fleet.function.streams[0]
+        streams = self.servers.client("dynamodbstreams")
+        return StreamPoller(streams, self._sqs, trigger, runtime or self.relay_fleet.add(), stats=self.relay_stats)
 
     def outbox_items(self) -> int:
         """How many items the outbox holds (each one record of its stream)."""
@@ -126,11 +115,9 @@ def deploy_stack(
     memory_mb: int | None = None,
     log_sink: TextIO | None = None,
 ) -> DeployedStack:
-    """Create the template's resources and make its function ready against them.
-
-    With a ``webhook`` sink, its ``webhook_parameters`` and each parameter of SecretArn's pattern (any name) at a secret
-    holding the sink's, unless overridden; ``memory_mb`` overrides ``MemorySize`` (and with it the CPU share).
-    """
+    """Create the template's resources and make its function ready against them. With a ``webhook`` sink, its
+    ``webhook_parameters`` and each parameter of SecretArn's pattern (any name) at a secret holding the sink's, unless
+    overridden; ``memory_mb`` overrides ``MemorySize`` (and with it the CPU share)."""
     overrides = {**(webhook_parameters(webhook, template_path) if webhook else {}), **(parameter_overrides or {})}
     if webhook is not None:
         for name in [name for name in secret_parameters(load_template(template_path)) if name not in overrides]:

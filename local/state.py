@@ -1,8 +1,5 @@
-"""The running stack's address book: ``.local-stack/state.json``, written by ``make run``.
-
-``make send``, ``invoke``, ``dlq`` and ``redrive`` read it to find the stack; a file whose
-process is gone is stale and is removed on read.
-"""
+"""The running stack's address book (``STATE_FILE``), written by ``make run``, read by ``make send``, ``invoke``,
+``dlq`` and ``redrive`` to find the stack; a file whose process is gone is stale and is removed on read."""
 
 from __future__ import annotations
 

@@ -82,8 +82,7 @@ def adopt(project: Path, template: Path) -> None:
 
 
 def _ownership(project: Path) -> dict[str, list[str]]:
-    columns: dict[str, list[str]] = tomllib.loads((project / "ownership.toml").read_text(encoding="utf-8"))
-    return columns
+    return tomllib.loads((project / "ownership.toml").read_text(encoding="utf-8"))
 
 
 def holds(entries: Iterable[str], path: str) -> bool:
@@ -132,8 +131,7 @@ def upgrade(project: Path, template: Path, version: str | None) -> int:
         why = f": {error.stderr.strip()}" if error.stderr else " (above)"
         print(f"make upgrade stopped: {step} failed{why}", file=sys.stderr)
         return error.returncode
-    conflicts = _git(project, "diff", "--name-only", "--diff-filter=U").split()
-    if conflicts:
+    if conflicts := _git(project, "diff", "--name-only", "--diff-filter=U").split():
         print(
             "The upgrade stopped on conflicts, your lines against the core's new ones, in: " + ", ".join(conflicts)
             + ".\nIn each, keep what both need between <<<<<<< before updating and >>>>>>> after updating, then"

@@ -20,8 +20,7 @@ ENTRY = f"{PACKAGE}.lambda_function"
 
 def registered() -> tuple[Any, ...]:
     """The registered handler classes (``HANDLERS`` of the registry), imported now."""
-    handlers: tuple[Any, ...] = importlib.import_module(REGISTRY).HANDLERS
-    return handlers
+    return importlib.import_module(REGISTRY).HANDLERS
 
 
 def source(project: Path) -> Path:

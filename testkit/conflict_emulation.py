@@ -1,12 +1,11 @@
-"""The conflict proxy as a child server of the local stack, and the settings that shape it.
-
-On by default. ``LOCAL_DYNAMODB_CONFLICTS=off`` forwards everything, as DynamoDB Local alone behaves (to measure what
-the emulation changes, never to prove anything); ``LOCAL_DYNAMODB_TRANSACTION_HOLD_MS`` sets a transaction's prepare
-time (default 5) and ``LOCAL_DYNAMODB_LATENCY_MS`` the round-trip latency added to every call (default 0).
-"""
+"""The conflict proxy as a child server of the local stack, on by default: ``LOCAL_DYNAMODB_CONFLICTS=off`` forwards
+everything, as DynamoDB Local alone behaves (to measure what the emulation changes, never to prove anything);
+``LOCAL_DYNAMODB_TRANSACTION_HOLD_MS`` sets a transaction's prepare time (default 5) and ``LOCAL_DYNAMODB_LATENCY_MS``
+the round-trip latency added to every call (default 0)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import urllib.request
@@ -57,11 +56,9 @@ def _milliseconds(env: Mapping[str, str], name: str, default: float) -> float:
     raw = env.get(name, "").strip()
     if not raw:
         return default
-    try:
+    with contextlib.suppress(ValueError):
         if float(raw) >= 0:  # NaN is not
             return float(raw)
-    except ValueError:
-        pass
     raise EmulationSettingError(f"{name} must be a number of milliseconds >= 0, got {raw!r}")
 
 
@@ -83,5 +80,4 @@ class ConflictProxy(LoopbackServer):
         """What the proxy has seen: ``transactions``, ``transactions_cancelled``, ``writes_refused``; or at
         ``COMMITS_PATH``, the commits DynamoDB accepted per idempotency record (``table/id``)."""
         with urllib.request.urlopen(f"{self.endpoint_url}{path}", timeout=10) as answer:
-            counts: dict[str, int] = json.load(answer)
-        return counts
+            return json.load(answer)

@@ -78,8 +78,7 @@ class ConflictProxyServer(ThreadingHTTPServer):
 
     def key_names(self, table: str, authorization: str | None) -> tuple[str, ...] | None:
         """The table's key attribute names (DescribeTable once, forgotten when the table changes)."""
-        names = self.key_schemas.get(table)
-        if names is None:
+        if (names := self.key_schemas.get(table)) is None:
             headers = [("X-Amz-Target", "DynamoDB_20120810.DescribeTable"), ("Content-Type", _JSON)]
             if authorization is not None:
                 # DynamoDB Local wants credentials present; it does not check the signature.

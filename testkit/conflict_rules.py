@@ -63,8 +63,7 @@ def item_key(action: Mapping[str, Any], key_names: KeyNames) -> ItemKey | None:
     """The item one write names: its ``Key``, or the key attributes of a put's ``Item``; ``None`` for a malformed
     request (forwarded as it is: DynamoDB Local refuses it itself)."""
     table = action.get("TableName")
-    key = action.get("Key")
-    if isinstance(key, Mapping):
+    if isinstance(key := action.get("Key"), Mapping):
         return _canonical(table, key)
     item = action.get("Item")
     if not isinstance(item, Mapping) or not isinstance(table, str):

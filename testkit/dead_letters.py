@@ -64,8 +64,7 @@ def _take_all(sqs: Any, queue_url: str) -> list[DeadLetter]:
     taken: dict[str, DeadLetter] = {}
     while True:
         received = receive(sqs, queue_url, VisibilityTimeout=30, WaitTimeSeconds=0)
-        fresh = {letter.message_id: letter for letter in received if letter.message_id not in taken}
-        if not fresh:
+        if not (fresh := {letter.message_id: letter for letter in received if letter.message_id not in taken}):
             return list(taken.values())
         taken.update(fresh)
 

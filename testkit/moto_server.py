@@ -1,9 +1,7 @@
-"""SQS from moto's server, in a child process on 127.0.0.1 (``python -m testkit.moto_server PORT``).
-
-A child rather than a thread: moto answers in pure Python, and in our process it would hold the GIL against the
-handler's worker threads, skewing every timing the tests care about (leases, deadlines, throughput). A child also keeps
-moto's state apart from the unit tests' ``mock_aws`` and puts a network boundary between the consumer and its queue.
-"""
+"""SQS from moto's server, in a child process on 127.0.0.1 rather than a thread: moto answers in pure Python, and in our
+process it would hold the GIL against the handler's worker threads, skewing every timing the tests care about (leases,
+deadlines, throughput). A child also keeps moto's state apart from the unit tests' ``mock_aws`` and puts a network
+boundary between the consumer and its queue."""
 
 from __future__ import annotations
 

@@ -101,12 +101,10 @@ def seeds_file(event_type: str, root: Path = REPO) -> Path | None:
 
 def seed_items(handler: Handler, payload: Mapping[str, Any], root: Path = REPO) -> list[SeedItem]:
     """The items to write before this payload is sent, so that it can apply; none without a seeds file."""
-    path = seeds_file(handler.event_type, root)
-    if path is None:
+    if (path := seeds_file(handler.event_type, root)) is None:
         return []
     items = list(load_module(path).seed_items(dict(payload)))
-    undeclared = {table for table, _ in items} - set(handler.tables)
-    if undeclared:
+    if undeclared := {table for table, _ in items} - set(handler.tables):
         raise GeneratorError(f"{path} seeds {sorted(undeclared)}, not among {handler.event_type}'s tables")
     return items
 

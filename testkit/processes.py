@@ -1,8 +1,6 @@
-"""Child processes of the local stack: loopback ports, readiness, and a stop that always happens.
-
-Each child's stdin is a pipe that only we hold: the servers exit when it closes, so even a parent killed with SIGKILL
-leaves none behind. ``stop`` and ``atexit`` cover the ordinary paths; only a PID we started is ever signalled.
-"""
+"""Child processes of the local stack: loopback ports, readiness, and a stop that always happens. Each child's stdin is
+a pipe only we hold: the servers exit when it closes, so even a parent killed with SIGKILL leaves none behind; ``stop``
+and ``atexit`` cover the ordinary paths. Only a PID we started is ever signalled."""
 
 from __future__ import annotations
 

@@ -45,16 +45,11 @@ class LocalServers(Lifecycle):
             self.dynamodb.stop()
 
     def client(self, service: str, **options: Any) -> Any:
-        moto = self.sqs_endpoint_url
-        dynamodb = self.dynamodb_endpoint_url
-        endpoints = {
-            "dynamodb": dynamodb,
-            "dynamodbstreams": dynamodb,
-            **{service: moto for service in ("sqs", "secretsmanager", "sns", "events")},
-        }
-        if service not in endpoints:
-            raise ValueError(f"the local stack has no {service}")
-        return client(service, endpoints[service], **options)
+        if service in ("dynamodb", "dynamodbstreams"):
+            return client(service, self.dynamodb_endpoint_url, **options)
+        if service in ("sqs", "secretsmanager", "sns", "events"):
+            return client(service, self.sqs_endpoint_url, **options)
+        raise ValueError(f"the local stack has no {service}")
 
     def deploy(
         self,
@@ -72,18 +67,13 @@ class LocalServers(Lifecycle):
         return create_resources(template, self.client("sqs"), self.client("dynamodb"))
 
     def function_environment(self, function: FunctionSpec) -> dict[str, str]:
-        """The function's own variables, its clients pointed at these servers (Lambda's: ``lambda_variables``).
-
-        The endpoints reach the code through boto3's own ``AWS_ENDPOINT_URL_*`` variables:
-        the function has no local code path.
-        """
+        """The function's own variables, its clients pointed at these servers (Lambda's: ``lambda_variables``) through
+        boto3's own ``AWS_ENDPOINT_URL_*`` variables: the function has no local code path."""
+        # Besides SQS and Secrets Manager, the relay's destinations (SNS, EventBridge): moto's server answers for all.
+        moto = ("SQS", "SECRETS_MANAGER", "SNS", "EVENTBRIDGE")
         return {
             **DUMMY_CREDENTIALS_ENV,
             **function.environment,
             "AWS_ENDPOINT_URL_DYNAMODB": self.dynamodb_endpoint_url,
-            "AWS_ENDPOINT_URL_SQS": self.sqs_endpoint_url,
-            "AWS_ENDPOINT_URL_SECRETS_MANAGER": self.sqs_endpoint_url,
-            # The relay's destinations besides queues: moto's server answers for every service.
-            "AWS_ENDPOINT_URL_SNS": self.sqs_endpoint_url,
-            "AWS_ENDPOINT_URL_EVENTBRIDGE": self.sqs_endpoint_url,
+            **{f"AWS_ENDPOINT_URL_{service}": self.sqs_endpoint_url for service in moto},
         }

@@ -1,9 +1,6 @@
-"""DynamoDB tables made from ``template.yaml``'s own definitions, so no test or benchmark types a schema out.
-
-The table's name is the caller's (tests and benchmarks need several per server); keys, billing,
-indexes and TTL come from the template. SSE, point-in-time recovery and deletion protection have
-no meaning on DynamoDB Local or moto and are left out.
-"""
+"""DynamoDB tables made from ``template.yaml``'s own definitions, so no test or benchmark types a schema out: the name
+is the caller's (tests and benchmarks need several per server); SSE, point-in-time recovery and deletion protection
+have no meaning on DynamoDB Local or moto and are left out."""
 
 from __future__ import annotations
 
@@ -31,12 +28,16 @@ def ttl_attribute(properties: Mapping[str, Any]) -> str | None:
     return ttl.get("AttributeName") if str(ttl.get("Enabled", "")).lower() == "true" else None
 
 
+def scan(dynamodb: Any, table: str) -> list[dict[str, Any]]:
+    """Every item of ``table``, every page of a ``Scan``, as the low-level client returns them."""
+    return [item for page in dynamodb.get_paginator("scan").paginate(TableName=table) for item in page["Items"]]
+
+
 def create_table(dynamodb: Any, name: str, properties: Mapping[str, Any]) -> None:
     """Create ``name`` from a table's resolved template properties; an existing table is kept as it is."""
     request: dict[str, Any] = {"BillingMode": "PAY_PER_REQUEST"}  # unless given: LocalTables gives keys alone
     request |= {key: properties[key] for key in _CREATE_TABLE_PARAMETERS if key in properties}
-    stream = properties.get("StreamSpecification")
-    if stream:
+    if stream := properties.get("StreamSpecification"):
         request["StreamSpecification"] = {"StreamEnabled": True, **stream}
     try:
         dynamodb.create_table(TableName=name, **request)
@@ -45,8 +46,7 @@ def create_table(dynamodb: Any, name: str, properties: Mapping[str, Any]) -> Non
         if error.response["Error"]["Code"] != "ResourceInUseException":
             raise
     dynamodb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 0.2})
-    attribute = ttl_attribute(properties)
-    if attribute:
+    if attribute := ttl_attribute(properties):
         current = dynamodb.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
         if current.get("TimeToLiveStatus") != "ENABLED":
             ttl = {"AttributeName": attribute, "Enabled": True}

@@ -6,9 +6,8 @@ disagree about what the template means.
 Parsing is cfn-lint's decoder (the one ``make validate`` lints with); the infrastructure tests transform what it reads
 with aws-sam-translator (tests/deployment/lookups.py). Neither library evaluates intrinsic functions for given
 parameters, so that part is here: parameters (defaults, overrides, allowed values and bounds), ``Rules``, pseudo
-parameters, conditions, ``Ref``, ``Fn::GetAtt``, ``Fn::Sub``, ``Fn::If``, ``Fn::FindInMap``, ``Fn::Join``,
-``Fn::Select``, ``Fn::Split``, ``Fn::Equals``, ``Fn::Not``, ``Fn::And`` and ``Fn::Or``; SAM's ``Globals`` are merged as
-the translator merges them. What a resource is called is supplied by the caller (``PhysicalIds``): the local stack
+parameters, conditions and the intrinsic functions (``Template._functions``); SAM's ``Globals`` are merged as the
+translator merges them. What a resource is called is supplied by the caller (``PhysicalIds``): the local stack
 creates the resource on first reference, the tests keep it symbolic (``SYMBOLIC``).
 """
 
@@ -68,9 +67,6 @@ def _decoded(text: str, name: str) -> str:
     return json.dumps(cfn_yaml.loads(text, name))
 
 
-# -- physical ids ------------------------------------------------------------------------
-
-
 class PhysicalIds(Protocol):
     """Where resolution learns what a resource is called (``Ref``) and its attributes (``GetAtt``)."""
 
@@ -109,9 +105,6 @@ class _NoValue:
 NO_VALUE = _NoValue()
 
 
-# -- resolution --------------------------------------------------------------------------
-
-
 @dataclass
 class Template:
     """A loaded template with its parameters fixed; ``resolve`` evaluates intrinsic functions."""
@@ -143,8 +136,7 @@ class Template:
 
     def properties(self, logical_id: str, ids: PhysicalIds = SYMBOLIC) -> dict[str, Any]:
         """The resource's properties with every intrinsic function resolved."""
-        resource = self.resources.get(logical_id)
-        if resource is None:
+        if (resource := self.resources.get(logical_id)) is None:
             raise TemplateError(f"no resource {logical_id!r} in the template")
         properties = dict(resource.get("Properties") or {})
         if "Globals" in self.document:
@@ -175,12 +167,9 @@ class Template:
         resolved = self._evaluate(value, ids)
         return None if resolved is NO_VALUE else resolved
 
-    # -- internals -------------------------------------------------------------------
-
     def _parameters(self) -> dict[str, Any]:
         declared = self.document.get("Parameters") or {}
-        unknown = set(self.parameter_overrides) - set(declared)
-        if unknown:
+        if unknown := set(self.parameter_overrides) - set(declared):
             raise TemplateError(f"unknown parameter(s): {', '.join(sorted(unknown))}")
         # A table given by a parameter is, locally, the one made from its LocalTables keys, named as a resource is.
         local = {table_parameter(table): f"{self.stack_name}-{table}" for table in self.local(LOCAL_TABLES)}
@@ -222,8 +211,7 @@ class Template:
             return value
         if len(value) == 1:
             ((key, argument),) = value.items()
-            function = self._functions().get(key)
-            if function is not None:
+            if (function := self._functions().get(key)) is not None:
                 return function(argument, ids)
         entries = {key: self._evaluate(item, ids) for key, item in value.items()}
         return {key: item for key, item in entries.items() if item is not NO_VALUE}
@@ -262,10 +250,8 @@ class Template:
         return ids.get_att(logical_id, attribute)
 
     def _sub(self, argument: Any, ids: PhysicalIds) -> str:
-        if isinstance(argument, list):
-            text, variables = argument[0], {k: self._evaluate(v, ids) for k, v in (argument[1] or {}).items()}
-        else:
-            text, variables = argument, {}
+        text, given = (argument[0], argument[1] or {}) if isinstance(argument, list) else (argument, {})
+        variables = {k: self._evaluate(v, ids) for k, v in given.items()}
 
         def replace(match: re.Match[str]) -> str:
             name = match.group(1)

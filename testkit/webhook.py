@@ -187,7 +187,6 @@ def _handler_for(sink: WebhookSink) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(payload)
 
         def log_message(self, format: str, *args: Any) -> None:
-            # Quiet: requests are recorded, not printed over the pollers' output.
-            return
+            """Quiet: requests are recorded, not printed over the pollers' output."""
 
     return Handler
