@@ -69,6 +69,7 @@ class History:
     # batchItemFailures ids that were not ids of the invocation's batch.
     foreign_failure_ids: list[str] = field(default_factory=list)
     pollers: PollerStats = field(default_factory=PollerStats)
+    keys: dict[str, str | None] = field(default_factory=dict)  # messageId -> the key its body carried, as delivered
     relay_faults: Counter[FaultKind] = field(default_factory=Counter)  # those of the outbox's relay (in ``faults`` too)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -106,6 +107,7 @@ class History:
                 self.cold_starts += 1
             elif event == "invoked":
                 self.redelivered_records += entry["redelivered"]
+                self.keys.update(entry.get("keys") or {})
             elif event == "results":
                 self.conflicts_absorbed += entry["conflicts_absorbed"]
                 for message_id, outcome, reason in entry["results"]:
@@ -177,7 +179,7 @@ class Checker:
             "no zombie commit or release over a newer owner": lambda: self.history.zombie_writes_accepted,
             "batchItemFailures name only the batch's ids": self.failures_name_their_batch,
             "webhook: no call repeated that alone would not repeat": self.repeats_as_alone,
-            "every webhook call carries a key that was sent": self.calls_carry_their_key,
+            "every webhook call carries a key that was sent or emitted": self.calls_carry_their_key,
             "outbox: what applied messages emitted, applied downstream or refused there": self.emitted_applied,
             "outbox: nothing emitted or applied downstream for one not applied": self.nothing_from_unapplied,
         }
@@ -285,23 +287,30 @@ class Checker:
         out while it waited on another message's handler would, alone, have committed and its resend be a duplicate.
         """
         accepted = Counter(call.idempotency_key for call in self.end.webhook_calls if 200 <= call.status < 300)
-        by_key: defaultdict[str, list[str]] = defaultdict(list)
+        by_key: defaultdict[str, set[str]] = defaultdict(set)
         for message_id, message in self.sent.items():
             if message.key is not None:
-                by_key[message.key].append(message_id)
+                by_key[message.key].add(message_id)
+        # An emitted message's deliveries, known by the key they carried, and its record downstream.
+        emitted = {item[Outbox.ID]: record for record, item in self._emitted().items()}
+        for message_id, key in self.history.keys.items():
+            if key is not None and key in emitted:
+                by_key[key].add(message_id)
         for key, calls in accepted.items():
-            records = {record_id(self.sent[message_id]) for message_id in by_key.get(key or "", [])}
+            own = by_key.get(key or "", set())
+            records = {record_id(self.sent[message_id]) for message_id in own if message_id in self.sent}
+            records |= {emitted[key]} if key in emitted else set()
             faults = sum((self.history.faults_by_record.get(record or "", Counter()) for record in records), Counter())
             failed_attempts = (
                 sum(faults.values())
                 - faults[FaultKind.TRANSACTION_CONFLICT]
-                + sum(self.history.failed_alone[message_id] for message_id in by_key.get(key or "", []))
+                + sum(self.history.failed_alone[message_id] for message_id in own)
             )
             if calls > 1 + failed_attempts:
                 yield f"{key}: {calls} calls accepted, {failed_attempts} failed attempts of its own"
 
     def calls_carry_their_key(self) -> Iterator[str]:
-        keys = {message.key for message in self.sent.values()}
+        keys = {message.key for message in self.sent.values()} | {item[Outbox.ID] for item in self.end.outbox}
         for call in self.end.webhook_calls:
             if call.idempotency_key not in keys:
-                yield f"a call to {call.path} with key {call.idempotency_key!r}, never sent"
+                yield f"a call to {call.path} with key {call.idempotency_key!r}, neither sent nor emitted"

@@ -5,6 +5,7 @@ negative control's factory). ``relay_handler`` is the outbox's relay, with the f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pkgutil
@@ -120,7 +121,9 @@ class Environment:
     def invoke(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
         records = event.get("Records") or []
         receives = [int((record.get("attributes") or {}).get("ApproximateReceiveCount", "1")) for record in records]
-        self.journal.write("invoked", redelivered=sum(count > 1 for count in receives))
+        # Each delivery's key: the only name the harness has for a message the relay sent.
+        keys = {record.get("messageId"): _key(record.get("body")) for record in records}
+        self.journal.write("invoked", redelivered=sum(count > 1 for count in receives), keys=keys)
         self.faults.new_invocation()
         early = self.faults.roll(FaultKind.DEADLINE)
         batch = self.consumer.process(
@@ -132,6 +135,12 @@ class Environment:
         )
         response: dict[str, Any] = batch.response()
         return response
+
+
+def _key(body: object) -> str | None:
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        return str(json.loads(str(body))["metadata"]["idempotencyKey"])
+    return None
 
 
 @lru_cache(maxsize=1)

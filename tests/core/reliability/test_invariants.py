@@ -196,7 +196,7 @@ PLANTED: dict[str, tuple[str, EndState, History]] = {
         History(),
     ),
     "a call with a key never sent": (
-        "every webhook call carries a key that was sent",
+        "every webhook call carries a key that was sent or emitted",
         replace(CORRECT, webhook_calls=[_call("call-1"), _call("someone-else", status=503)]),
         History(),
     ),
@@ -361,3 +361,28 @@ def test_a_crash_beside_running_lock_handlers_is_counted_inside_a_lock_wave(tmp_
 def test_a_failed_call_is_not_counted_as_an_accepted_one() -> None:
     end = replace(CORRECT, webhook_calls=[_call("call-1", status=503), _call("call-1")])
     assert set(_verdicts(end).values()) == {0}
+
+
+EMITTED_KEY = APPLIED_DOWNSTREAM[Outbox.ID]
+CALLED_TWICE_DOWNSTREAM = replace(
+    CORRECT, webhook_calls=[*CORRECT.webhook_calls, _call(EMITTED_KEY), _call(EMITTED_KEY)]
+)
+
+
+def test_an_emitted_messages_calls_carry_its_key_and_a_repeat_is_explained_by_a_failed_delivery_of_its_own(
+    tmp_path: Path,
+) -> None:
+    # The relay sent it: the harness knows its deliveries by the key they carried, and its record downstream.
+    for name in ("none", "failed", "faulted", "other"):
+        (tmp_path / name).mkdir()
+    assert _verdicts(CALLED_TWICE_DOWNSTREAM)[REPEAT] == 1
+    relayed = ("invoked", {"redelivered": 0, "keys": {"m-relayed": EMITTED_KEY}})
+    failed = ("results", {"results": [["m-relayed", "retried", "webhook answered HTTP 503"]], "conflicts_absorbed": 0})
+    assert _verdicts(CALLED_TWICE_DOWNSTREAM, _journaled(tmp_path / "none", relayed))[REPEAT] == 1
+    history = _journaled(tmp_path / "failed", relayed, failed)
+    assert set(_verdicts(CALLED_TWICE_DOWNSTREAM, history).values()) == {0}
+    crash = ("fault", {"kind": FaultKind.CRASH_BEFORE_COMMIT, "record": DOWNSTREAM_RECORD})
+    assert set(_verdicts(CALLED_TWICE_DOWNSTREAM, _journaled(tmp_path / "faulted", crash)).values()) == {0}
+    # Another delivery's failure explains nothing of this key's calls.
+    other = ("invoked", {"redelivered": 0, "keys": {"m-relayed": "another-key"}})
+    assert _verdicts(CALLED_TWICE_DOWNSTREAM, _journaled(tmp_path / "other", other, failed))[REPEAT] == 1
