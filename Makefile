@@ -104,7 +104,7 @@ PROOF_TESTS := tests/core/reliability tests/core/concurrency tests/core/integrat
 	$(FUZZ_SAMPLE) tests/tooling
 
 .PHONY: static
-static: venv ## [proof] the static checks' tests alone, short messages (TEMPLATE=<a copy> checks another template)
+static: venv $(SAM_VENV)/.installed ## [proof] the static checks' tests alone, short messages (TEMPLATE=<a copy> checks another template)
 	$(if $(TEMPLATE),STATIC_CHECKS_TEMPLATE=$(TEMPLATE)) $(PY) -m pytest -p no:xdist -q --tb=short \
 		$(STATIC_TESTS) $(addprefix --ignore=,$(DEPLOYMENT_ON_THE_STACK))
 
