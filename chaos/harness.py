@@ -39,7 +39,7 @@ from testkit.lambda_venv import venv_python
 from testkit.messages import Outgoing, drawn, envelope, queue_counts, send_all, with_resends
 from testkit.resources import FunctionSpec, LocalResources
 from testkit.servers import LocalServers
-from testkit.tables import IDEMPOTENCY_TABLE, create_table
+from testkit.tables import IDEMPOTENCY_TABLE, count, create_table
 from testkit.template import REPO_ROOT, Template
 from testkit.webhook import Answer, WebhookSink
 
@@ -259,7 +259,7 @@ def _relay_of(resources: LocalResources, handlers: Sequence[payloads.Handler], a
 def _relayed(pollers: Sequence[Poller | StreamPoller], dynamodb: Any, outbox: str) -> bool:
     """Every outbox item's stream record sent or given up (each item is one record); True with no relay."""
     relays = [poller.stats for poller in pollers if isinstance(poller, StreamPoller)]
-    return not relays or sum(each.checkpointed + each.given_up for each in relays) >= len(scan(dynamodb, outbox))
+    return not relays or sum(each.checkpointed + each.given_up for each in relays) >= count(dynamodb, outbox)
 
 
 def _wait_until_drained(sqs: Any, queue_url: str, timeout_s: float, relayed: Callable[[], bool]) -> bool:

@@ -159,6 +159,11 @@ class Checker:
         self.dead: defaultdict[str, list[str | None]] = defaultdict(list)
         for letter in end.dead_letters:
             self.dead[letter.original_message_id].append(letter.error_type)
+        # Each outbox item by the record its message claims downstream (its envelope's event type and its key): read
+        # once, by every check of the chain.
+        self.emitted = {
+            f"{json.loads(item[Outbox.BODY]).get('eventType')}#{item[Outbox.ID]}": item for item in end.outbox
+        }
         emitted = {item[Outbox.ID] for item in end.outbox}
         # An emitted message's letters, by its key: the harness never sent it, so knows it by its key alone.
         self.refused_downstream = {
@@ -195,7 +200,7 @@ class Checker:
         """The payloads of ``event_type`` applied, one per key, the emitted ones among them: what an example's own
         checks are given."""
         applied = {m.key: m.payload for m in self.sent.values() if m.event_type == event_type and self.applied(m)}
-        for record, item in self._emitted().items():
+        for record, item in self.emitted.items():
             if record in self.committed and record.startswith(f"{event_type}#"):
                 applied[item[Outbox.ID]] = json.loads(item[Outbox.BODY]).get("payload")
         return [payload for payload in applied.values() if payload is not None]
@@ -252,13 +257,9 @@ class Checker:
             if not (record.get(Attr.ATTEMPTS) == 1 and record[Attr.ID] in dead and died):
                 yield f"{record['id']} IN_PROGRESS, lease ended {record.get('leaseExpiresAt')}"
 
-    def _emitted(self) -> dict[str, dict[str, Any]]:
-        """Each outbox item by the record its message claims downstream: its envelope's event type and its key."""
-        return {f"{json.loads(item[Outbox.BODY]).get('eventType')}#{item[Outbox.ID]}": item for item in self.end.outbox}
-
     def emitted_applied(self) -> Iterator[str]:
         refused = set(self.refused_downstream.values())
-        for record, item in self._emitted().items():
+        for record, item in self.emitted.items():
             # Applied more than once downstream is a key committed twice, which that invariant counts.
             if record not in self.committed and item[Outbox.ID] not in refused:
                 yield f"{item[Outbox.ID]} (emitted by {item[Outbox.SOURCE_RECORD]}): neither applied nor refused"
@@ -268,7 +269,7 @@ class Checker:
         for item in self.end.outbox:
             if item[Outbox.SOURCE_RECORD] not in self.committed:
                 yield f"{item[Outbox.ID]}: emitted by {item[Outbox.SOURCE_RECORD]}, which is not applied"
-        known = {record_id(message) for message in self.sent.values()} | self._emitted().keys()
+        known = {record_id(message) for message in self.sent.values()} | self.emitted.keys()
         for record in self.committed.keys() - known:
             yield f"{record}: applied, and neither sent nor emitted"
 
@@ -292,7 +293,7 @@ class Checker:
             if message.key is not None:
                 by_key[message.key].add(message_id)
         # An emitted message's deliveries, known by the key they carried, and its record downstream.
-        emitted = {item[Outbox.ID]: record for record, item in self._emitted().items()}
+        emitted = {item[Outbox.ID]: record for record, item in self.emitted.items()}
         for message_id, key in self.history.keys.items():
             if key is not None and key in emitted:
                 by_key[key].add(message_id)

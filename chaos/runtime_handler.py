@@ -66,11 +66,12 @@ def handler_classes(registered: bool, added: Sequence[str]) -> tuple[type[Messag
     return (*application.registered(), *classes)
 
 
-def _policy(plan: Plan, journal: Journal, rng: random.Random, table: str, zombies: Zombies) -> FaultPolicy:
+def _policy(
+    plan: Plan, journal: Journal, rng: random.Random, table: str, zombies: Zombies, *, relay: bool = False
+) -> FaultPolicy:
     """The runtime's faults: the plan's rates, and what it still owes of the forced ones after its earlier lives."""
     rates = {FaultKind(kind): rate for kind, rate in plan.rates.items()}
     forced = Counter({FaultKind(kind): count - journal.injected[kind] for kind, count in plan.forced.items()})
-    relay = not table
     return FaultPolicy(rates, random.Random(rng.random()), journal, table, zombies, +forced, plan.forced_on, relay)
 
 
@@ -163,7 +164,7 @@ def _relay() -> Callable[[dict[str, Any], Any], dict[str, Any]]:
     rng = random.Random(f"{plan.seed}:{journal.cold_starts}")
     journal.write("init", skew_ms=0)
     # No table: the relay writes no record, and its faults are the transport's and the crash after a send.
-    faults = _policy(plan, journal, rng, "", Zombies(run_dir, 0, 0, lambda _: None))
+    faults = _policy(plan, journal, rng, "", Zombies(run_dir, 0, 0, lambda _: None), relay=True)
     session = boto3.session.Session()
     install_faults(session, faults, services=("sqs", "sns", "events"))
     relay = RelayHandler(session=session._session)

@@ -16,6 +16,7 @@ from testkit.invocation import Invoker
 from testkit.lambda_runtime import LambdaEnvironment, LambdaFleet
 from testkit.resources import LocalResources, QueueResource
 from testkit.servers import LocalServers
+from testkit.tables import count
 from testkit.template import TEMPLATE_PATH, load_template, secret_parameters, url_parameters
 from testkit.webhook import WebhookSink
 
@@ -70,9 +71,7 @@ class DeployedStack:
 
     def outbox_items(self) -> int:
         """How many items the outbox holds (each one record of its stream)."""
-        table = self.table_name(OUTBOX_TABLE)
-        pages = self.servers.client("dynamodb").get_paginator("scan").paginate(TableName=table, Select="COUNT")
-        return sum(int(page["Count"]) for page in pages)
+        return count(self.servers.client("dynamodb"), self.table_name(OUTBOX_TABLE))
 
     def relays(self) -> PollerGroup:
         """The relay fed by the outbox's stream, as Lambda's mapping feeds it (one invocation at a time per shard);

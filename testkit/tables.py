@@ -33,6 +33,11 @@ def scan(dynamodb: Any, table: str) -> list[dict[str, Any]]:
     return [item for page in dynamodb.get_paginator("scan").paginate(TableName=table) for item in page["Items"]]
 
 
+def count(dynamodb: Any, table: str) -> int:
+    """How many items ``table`` holds, counted by the server (``Select=COUNT``): nothing of them is sent back."""
+    return sum(int(page["Count"]) for page in dynamodb.get_paginator("scan").paginate(TableName=table, Select="COUNT"))
+
+
 def create_table(dynamodb: Any, name: str, properties: Mapping[str, Any]) -> None:
     """Create ``name`` from a table's resolved template properties; an existing table is kept as it is."""
     request: dict[str, Any] = {"BillingMode": "PAY_PER_REQUEST"}  # unless given: LocalTables gives keys alone
