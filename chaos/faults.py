@@ -232,17 +232,23 @@ class FaultPolicy:
 
         return handle_watched
 
+    def _owes_on(self, record_id: str | None) -> bool:
+        """Whether a forced fault may be taken on ``record_id``: any record, or one of ``forced_on``'s."""
+        return record_id is None or self.forced_on is None or record_id.startswith(f"{self.forced_on}#")
+
     def roll(self, kind: FaultKind, forcible: bool = True, record_id: str | None = None) -> bool:
-        on_its_records = self.forced_on is None or (record_id or "").startswith(f"{self.forced_on}#")
-        if forcible and self.forced[kind] > 0 and (record_id is None or on_its_records):
+        if forcible and self.forced[kind] > 0 and self._owes_on(record_id):
             return True  # owed until injected: an opportunity that comes to nothing (no free pause slot) passes it on
         rate = self.rates.get(kind, 0.0)
         return rate > 0 and self._draw() < rate
 
     def inject(self, kind: FaultKind, record_id: str | None = None, **detail: Any) -> None:
+        # A drawn fault on another handler's record pays nothing of what is owed to ``forced_on``'s: paid by it, a
+        # draw could leave the forced handler without the fault.
         with self._lock:
-            self.forced[kind] -= min(1, self.forced[kind])
-        self.journal.write("fault", kind=kind, record=record_id, **detail)
+            paid = self.forced[kind] > 0 and self._owes_on(record_id)
+            self.forced[kind] -= paid
+        self.journal.write("fault", kind=kind, record=record_id, paid=paid, **detail)
 
     def __call__(self, call: TransportCall) -> TransportPlan | None:
         store_call = classify(call, self.idempotency_table)

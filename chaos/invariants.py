@@ -63,6 +63,8 @@ class History:
     failed_alone: Counter[str] = field(default_factory=Counter)
     # messageId -> the outcomes of its deliveries.
     results: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    # messageId -> why its unfinished deliveries (retried, conflict) ended so: what a repeated call's report shows.
+    unfinished: defaultdict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     crashed: int = 0
     # Crashes injected while other lock-mode handlers of the invocation were running: inside a lock wave.
     crashes_in_a_wave: int = 0
@@ -115,6 +117,8 @@ class History:
                     own = entry.get("deadline") or (reason or "").startswith(_OWN_CALL_FAILED)
                     self.failed_alone[message_id] += outcome in _UNFINISHED and bool(own)
                     self.results[message_id].add(outcome)
+                    if outcome in _UNFINISHED:
+                        self.unfinished[message_id].append(f"{outcome}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -308,7 +312,11 @@ class Checker:
                 + sum(self.history.failed_alone[message_id] for message_id in own)
             )
             if calls > 1 + failed_attempts:
-                yield f"{key}: {calls} calls accepted, {failed_attempts} failed attempts of its own"
+                ended = [reason for message_id in sorted(own) for reason in self.history.unfinished[message_id]]
+                yield (
+                    f"{key}: {calls} calls accepted, {failed_attempts} failed attempts of its own; deliveries"
+                    f" unfinished: {'; '.join(ended) or 'none'}"
+                )
 
     def calls_carry_their_key(self) -> Iterator[str]:
         keys = {message.key for message in self.sent.values()} | {item[Outbox.ID] for item in self.end.outbox}

@@ -19,8 +19,8 @@ class Journal:
         before = list(read([path]))
         # The environment's cold starts before this one: with its seed, what this process draws its faults from.
         self.cold_starts = sum(entry["event"] == "init" for entry in before)
-        # The faults its earlier processes injected: a forced one is owed once per environment, not per process.
-        self.injected = Counter(str(entry["kind"]) for entry in before if entry["event"] == "fault")
+        # The forced faults its earlier processes paid: one is owed once per environment, not per process.
+        self.paid = Counter(str(entry["kind"]) for entry in before if entry["event"] == "fault" and entry.get("paid"))
         self._descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     def write(self, event: str, **fields: Any) -> None:

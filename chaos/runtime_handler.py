@@ -71,7 +71,7 @@ def _policy(
 ) -> FaultPolicy:
     """The runtime's faults: the plan's rates, and what it still owes of the forced ones after its earlier lives."""
     rates = {FaultKind(kind): rate for kind, rate in plan.rates.items()}
-    forced = Counter({FaultKind(kind): count - journal.injected[kind] for kind, count in plan.forced.items()})
+    forced = Counter({FaultKind(kind): count - journal.paid[kind] for kind, count in plan.forced.items()})
     return FaultPolicy(rates, random.Random(rng.random()), journal, table, zombies, +forced, plan.forced_on, relay)
 
 

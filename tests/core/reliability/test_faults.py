@@ -15,11 +15,20 @@ from chaos.store_calls import Step, StoreCall
 from consumer.handler import Effect, MessageContext
 
 
-def _owing(tmp_path: Path, kind: FaultKind) -> FaultPolicy:
+def _owing(
+    tmp_path: Path, kind: FaultKind, *, drawn: float = 0.0, forced_on: str | None = None, owed: int = 1
+) -> FaultPolicy:
     zombies = Zombies(tmp_path, max_paused=1, max_pause_s=1.0, owner_of=lambda record: None)
-    rates = dict.fromkeys(FaultKind, 0.0)  # nothing drawn: what lands is what was forced
+    rates = {**dict.fromkeys(FaultKind, 0.0), kind: drawn}  # by default nothing drawn: what lands was forced
+    journal = Journal(tmp_path / "journal")
     return FaultPolicy(
-        rates, random.Random(1), Journal(tmp_path / "journal"), "idempotency", zombies, Counter({kind: 1})
+        rates,
+        random.Random(1),
+        journal,
+        "idempotency",
+        zombies,
+        Counter({kind: owed - journal.paid[kind.value]}),
+        forced_on,
     )
 
 
@@ -71,3 +80,18 @@ def test_a_forced_slow_handler_waits_for_a_neighbour_still_running_not_one_that_
     policy._handlers["Other#2"] = True
     slowed({}, context)
     assert policy.forced[FaultKind.SLOW_HANDLER] == 0
+
+
+def test_a_fault_drawn_on_another_handlers_record_leaves_the_forced_one_owed_to_its_handler(tmp_path: Path) -> None:
+    # Paid by a draw on another record, the forced handler went without it in some short runs.
+    policy = _owing(tmp_path, FaultKind.CRASH_AFTER_CLAIM, drawn=1.0, forced_on="Guarded")
+    assert policy._state_machine_fault(StoreCall(Step.CLAIM, "Other#1", "token"), attempt=1) is not None
+    policy.inject(FaultKind.CRASH_AFTER_CLAIM, "Other#1")  # what the crash would journal
+    assert policy.forced[FaultKind.CRASH_AFTER_CLAIM] == 1
+
+    # Still owed to the runtime process that follows a crash, which reads what was paid from the journal.
+    after_the_crash = _owing(tmp_path, FaultKind.CRASH_AFTER_CLAIM, forced_on="Guarded")
+    assert after_the_crash.forced[FaultKind.CRASH_AFTER_CLAIM] == 1
+    after_the_crash.inject(FaultKind.CRASH_AFTER_CLAIM, "Guarded#2")
+    assert after_the_crash.forced[FaultKind.CRASH_AFTER_CLAIM] == 0
+    assert _owing(tmp_path, FaultKind.CRASH_AFTER_CLAIM, forced_on="Guarded").forced[FaultKind.CRASH_AFTER_CLAIM] == 0

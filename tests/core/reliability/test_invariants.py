@@ -326,7 +326,11 @@ def test_a_repeat_call_is_allowed_after_a_failed_attempt_of_its_own(tmp_path: Pa
 )
 def test_a_repeat_call_after_a_failure_not_its_own_is_a_violation(tmp_path: Path, results: dict[str, Any]) -> None:
     history = _journaled(tmp_path, ("results", results), ("results", _results("applied")))
-    assert _verdicts(TWICE, history=history)[REPEAT] == 1
+    (verdict,) = (verdict for verdict in Checker(SENT, TWICE, history).all() if verdict.name == REPEAT)
+    assert verdict.violations == 1
+    # Named with why its deliveries ended unfinished: what a run that fails shows of the cause.
+    ((_, outcome, reason),) = results["results"]
+    assert verdict.examples[0].endswith(f"unfinished: {outcome}: {reason}" if reason else "unfinished: none")
 
 
 @pytest.mark.parametrize("kind", [FaultKind.SLOW_HANDLER, FaultKind.CRASH_BEFORE_COMMIT, FaultKind.ZOMBIE])
