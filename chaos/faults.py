@@ -12,7 +12,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -149,15 +149,19 @@ class Zombies:
         if (descriptor := self._holds.pop(record_id, None)) is not None:
             os.close(descriptor)
 
-    def wait_for(self, record_id: str) -> None:
+    def wait_for(self, record_id: str) -> bool:
+        """Until no zombie holds ``record_id`` (or the pause's bound); whether it waited at all."""
         if not self._held(record_id).exists():
-            return  # no zombie ever held this key: no lock file made for every commit of the run
+            return False  # no zombie ever held this key: no lock file made for every commit of the run
         deadline = time.monotonic() + self.max_pause_s
+        waited = False
         while (held := _flock(self._held(record_id), fcntl.LOCK_SH | fcntl.LOCK_NB)) is None:
             if time.monotonic() > deadline:
-                return
+                return True
+            waited = True
             time.sleep(_OWNER_POLL_S)
         os.close(held)
+        return waited
 
     def pause_until_taken_over(self, record_id: str, token: str) -> bool:
         """Block this worker until another owner holds ``record_id`` (True), or give up (False)."""
@@ -242,12 +246,15 @@ class FaultPolicy:
         rate = self.rates.get(kind, 0.0)
         return rate > 0 and self._draw() < rate
 
-    def inject(self, kind: FaultKind, record_id: str | None = None, **detail: Any) -> None:
+    def inject(self, kind: FaultKind, record_id: str | None = None, others: Sequence[str] = (), **detail: Any) -> None:
+        """Journal a fault on ``record_id`` (and ``others``, the records sharing its request), paying what is owed."""
         # A drawn fault on another handler's record pays nothing of what is owed to ``forced_on``'s: paid by it, a
         # draw could leave the forced handler without the fault.
         with self._lock:
             paid = self.forced[kind] > 0 and self._owes_on(record_id)
             self.forced[kind] -= paid
+        if others:
+            detail["others"] = list(others)
         self.journal.write("fault", kind=kind, record=record_id, paid=paid, **detail)
 
     def __call__(self, call: TransportCall) -> TransportPlan | None:
@@ -266,7 +273,8 @@ class FaultPolicy:
             if fault is TransportFault.TRANSACTION_CONFLICT and call.operation != "TransactWriteItems":
                 continue
             if self.roll(kind, forcible=call.attempt == 1 and (write or kind not in _AMBIGUOUS)):
-                self.inject(kind, store_call.record_id)
+                # A shared transaction's fault is each of its records' own: alone, each would have met it.
+                self.inject(kind, store_call.record_id, others=store_call.others)
                 return TransportPlan(fault=fault)
         return None
 
@@ -277,8 +285,9 @@ class FaultPolicy:
     def _state_machine_fault(self, call: StoreCall, attempt: int) -> TransportPlan | None:
         if call.step in (Step.COMMIT, Step.RELEASE) and call.owner_token in self.zombies.overtaken:
             return self._zombie_write(call)
-        if call.step is Step.COMMIT and call.record_id is not None:
-            self.zombies.wait_for(call.record_id)
+        if call.step is Step.COMMIT and call.record_id is not None and self.zombies.wait_for(call.record_id):
+            for other in call.others:  # held back with it, by a fault not theirs alone: they may lose their leases
+                self.journal.write("held_back", record=other)
         if attempt > 1:
             return None  # one decision per call; its retries go through untouched
         for kind, when in _CRASH_POINTS.get(call.step, ()):

@@ -36,6 +36,7 @@ _UNFINISHED = (Outcome.RETRIED, Outcome.CONFLICT)
 # How the consumer's WebhookClient words a failed call (5xx, timeout, unreachable) in the message's retry reason.
 _OWN_CALL_FAILED = "webhook "
 CUT_OFF = "request cut off by a crash"
+HELD_BACK = "request held back with a zombie's record"
 _CRASHES = {FaultKind.CRASH_AFTER_CLAIM, FaultKind.CRASH_BEFORE_COMMIT, FaultKind.CRASH_AFTER_COMMIT}
 # What may dead-letter a well-formed message of a handler: its business rule, or its key taken by another payload.
 RELAY_JOURNAL = "env-relay.jsonl"  # the outbox relay's environment's
@@ -97,10 +98,12 @@ class History:
             if event == "fault":
                 self.faults[FaultKind(entry["kind"])] += 1
                 self.crashes_in_a_wave += entry.get("beside", 0) > 0
-                if record is not None:
-                    self.faults_by_record[record][entry["kind"]] += 1
+                for each in (record, *entry.get("others", ())) if record is not None else ():
+                    self.faults_by_record[each][entry["kind"]] += 1
             elif event == "cut_off":
                 self.faults_by_record[entry["record"]][CUT_OFF] += 1
+            elif event == "held_back":
+                self.faults_by_record[entry["record"]][HELD_BACK] += 1
             elif event == "zombie_write_accepted":
                 self.zombie_writes_accepted.append(entry["description"])
             elif event == "zombie_without_takeover":
@@ -284,8 +287,9 @@ class Checker:
     def repeats_as_alone(self) -> Iterator[str]:
         """A key's accepted webhook calls beyond its first, each explained by a failed attempt of its own messages,
         one that would repeat the call had each message run alone: a fault injected on its record (a crash, a
-        request a crash cut off, a zombie, a transport fault, its own slow handler), or a delivery in
-        ``failed_alone`` (its webhook call failed, its invocation's deadline came early).
+        request a crash cut off, a zombie or one held back with a zombie's, a transport fault on a request carrying
+        it, its own slow handler), or a delivery in ``failed_alone`` (its webhook call failed, its invocation's
+        deadline came early).
 
         Not explained: a transaction conflict absorbed in process (the consumer retries the fenced commit, never the
         call), and a delivery fenced out of its commit or retried with no fault of its own: a message whose lease ran

@@ -4,15 +4,19 @@ opportunity, whatever the draws (chaos/faults.py)."""
 from __future__ import annotations
 
 import random
+import threading
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from chaos.faults import FaultKind, FaultPolicy, Zombies
-from chaos.journal import Journal
+from chaos.journal import Journal, read
 from chaos.store_calls import Step, StoreCall
+from chaos.transport_faults import TransportCall
 from consumer.handler import Effect, MessageContext
+from consumer.idempotency.calls import COMMIT_UPDATE
 
 
 def _owing(
@@ -95,3 +99,40 @@ def test_a_fault_drawn_on_another_handlers_record_leaves_the_forced_one_owed_to_
     after_the_crash.inject(FaultKind.CRASH_AFTER_CLAIM, "Guarded#2")
     assert after_the_crash.forced[FaultKind.CRASH_AFTER_CLAIM] == 0
     assert _owing(tmp_path, FaultKind.CRASH_AFTER_CLAIM, forced_on="Guarded").forced[FaultKind.CRASH_AFTER_CLAIM] == 0
+
+
+def _commits(*records: str) -> TransportCall:
+    """A group's commits of ``records`` in one transaction, as the store sends them."""
+    items = [
+        {"Update": {"TableName": "idempotency", "Key": {"id": {"S": record}}, "UpdateExpression": COMMIT_UPDATE}}
+        for record in records
+    ]
+    return TransportCall("dynamodb", "TransactWriteItems", {"TransactItems": items}, attempt=1)
+
+
+def _journaled(tmp_path: Path) -> list[dict[str, Any]]:
+    return list(read([tmp_path / "journal"]))
+
+
+def test_a_transport_fault_on_a_shared_transaction_is_journaled_on_each_of_its_records(tmp_path: Path) -> None:
+    policy = _owing(tmp_path, FaultKind.THROTTLED)
+
+    assert policy(_commits("Call#1", "Call#2")) is not None
+
+    (fault,) = (entry for entry in _journaled(tmp_path) if entry["event"] == "fault")
+    assert (fault["kind"], fault["record"], fault["others"]) == ("throttled", "Call#1", ["Call#2"])
+
+
+def test_a_commit_held_back_while_a_zombie_holds_its_first_record_journals_the_others_it_held_back(
+    tmp_path: Path,
+) -> None:
+    policy = _owing(tmp_path, FaultKind.THROTTLED, owed=0)
+    policy.zombies.hold("Call#1")
+    threading.Timer(0.2, policy.zombies.let_go, args=("Call#1",)).start()
+
+    assert policy(_commits("Call#1", "Call#2")) is None
+
+    assert [(entry["event"], entry["record"]) for entry in _journaled(tmp_path)] == [("held_back", "Call#2")]
+    # Once no zombie holds it, a commit goes through unheld, and nothing is journaled.
+    assert policy(_commits("Call#1", "Call#3")) is None
+    assert len(_journaled(tmp_path)) == 1

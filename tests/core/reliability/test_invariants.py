@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from chaos.faults import FaultKind
-from chaos.invariants import Checker, EndState, History
+from chaos.invariants import HELD_BACK, Checker, EndState, History
 from chaos.journal import Journal
 from consumer.envelope import payload_hash
 from consumer.errors import ErrorType
@@ -249,6 +249,8 @@ STUCK = "no record stuck IN_PROGRESS after its lease"
         (2, "request cut off by a crash", 1),
         # No delivery of it died: something left it behind.
         (1, None, 1),
+        # Held back with a zombie's record, not cut off: its delivery went on.
+        (1, HELD_BACK, 1),
     ],
 )
 def test_a_claim_left_after_its_message_was_dead_lettered_is_excused_only_as_a_dead_first_claim(
@@ -342,6 +344,23 @@ def test_a_repeat_call_is_allowed_after_a_fault_on_its_record(tmp_path: Path, ki
     # Not after one on another record: a slow neighbour explains nothing of this key's calls.
     other = _journaled(tmp_path / "other", ("fault", {"kind": kind, "record": TALLY_RECORD}))
     assert _verdicts(TWICE, history=other)[REPEAT] == 1
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        # A transport fault on a shared transaction is each of its records' own, not only its first record's.
+        ("fault", {"kind": FaultKind.THROTTLED, "record": TALLY_RECORD, "others": [CALL_RECORD]}),
+        # Held back while a zombie held the transaction's first record: its lease ran out by a fault on its request.
+        ("held_back", {"record": CALL_RECORD}),
+    ],
+    ids=["fault on a shared transaction", "held back with a zombie's record"],
+)
+def test_a_repeat_call_is_allowed_after_a_fault_on_a_request_carrying_its_record(
+    tmp_path: Path, entry: tuple[str, dict[str, Any]]
+) -> None:
+    history = _journaled(tmp_path, entry)
+    assert set(_verdicts(TWICE, history=history).values()) == {0}
 
 
 def test_a_repeat_call_after_an_absorbed_conflict_is_a_violation(tmp_path: Path) -> None:
