@@ -1,7 +1,8 @@
 """Transitions of several messages packed into shared transactions, and each one's part of the answer read.
 
 Transitions whose items are disjoint share a ``TransactWriteItems`` (first fit over the packs opened last, within its
-100 items and 4 MB); ones that meet never do. When DynamoDB cancels a shared transaction, its reasons name the failing
+100 items and 4 MB); ones that meet never do, and one packed alone goes at once to its own write, never behind a
+shared transaction's send. When DynamoDB cancels a shared transaction, its reasons name the failing
 items: each transition reads its own (``Transition.read``) and the others are sent again without it. Whatever a shared
 transaction cannot settle (a conflict, a reason that says nothing, an error naming no item, items that meet or cannot
 be built) is left to the transition's own write, with the reason; a transition that raises while reading its part
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,94 +95,100 @@ class _Pack:
         self.size += size
 
 
-def send_shared(table: Table, transitions: Sequence[Transition[Any]]) -> list[Shared]:
-    """Each transition's outcome in as few shared transactions as fit, or ``Own`` where only its own write can tell."""
-    outcomes: list[Shared | None] = [None] * len(transitions)
-    built: dict[int, list[dict[str, Any]]] = {}
-    packs: list[_Pack] = []
-    now_ms = table.now_ms()
-    for index, transition in enumerate(transitions):
-        try:
-            items = transition.items(table, now_ms)
-            keys = {item_key(item) for item in items}
-            size = size_of(items)
-        except Exception:  # a value DynamoDB has no type for: the message's own error, which its own write raises
-            outcomes[index] = Own(FallBack.UNBUILT)
-            continue
-        if len(keys) < len(items) or len(items) > MAX_TRANSACTION_ITEMS:
-            # Two actions on one item, or too many: the message's own write says why, in its own words.
-            outcomes[index] = Own(FallBack.UNBUILT)
-            continue
-        pack = next((pack for pack in packs[-_OPEN_PACKS:] if pack.fits(keys, len(items), size)), None)
-        if pack is None:
-            pack = _Pack()
-            packs.append(pack)
-        pack.add(index, keys, len(items), size)
-        built[index] = items
-    packs_naming: Counter[tuple[str, object]] | None = None  # counted once, and only if a pack goes alone
-    for pack in packs:
-        if len(pack.indexes) > 1:
-            _send(table, transitions, pack.indexes, built, outcomes)
-        elif len(transitions) == 1:
-            outcomes[pack.indexes[0]] = Own(FallBack.ALONE)
-        else:
-            packs_naming = packs_naming or Counter(key for each in packs for key in each.keys)
-            outcomes[pack.indexes[0]] = Own(_alone_because(pack, packs_naming))
-    assert all(outcome is not None for outcome in outcomes), "every transition gets its outcome"
-    return [outcome for outcome in outcomes if outcome is not None]
+class Packed:
+    """A group's transitions packed: those that go alone, settled at once (``alone``), and the shared transactions
+    (``packs``, each two transitions or more, by index), each sent by ``send`` on whichever thread its group picks."""
+
+    def __init__(self, table: Table, transitions: Sequence[Transition[Any]]) -> None:
+        self._table = table
+        self._transitions = transitions
+        self.alone: dict[int, Shared] = {}
+        self._built: dict[int, list[dict[str, Any]]] = {}
+        packs: list[_Pack] = []
+        now_ms = table.now_ms()
+        for index, transition in enumerate(transitions):
+            try:
+                items = transition.items(table, now_ms)
+                keys = {item_key(item) for item in items}
+                size = size_of(items)
+            except Exception:  # a value DynamoDB has no type for: the message's own error, which its own write raises
+                self.alone[index] = Own(FallBack.UNBUILT)
+                continue
+            if len(keys) < len(items) or len(items) > MAX_TRANSACTION_ITEMS:
+                # Two actions on one item, or too many: the message's own write says why, in its own words.
+                self.alone[index] = Own(FallBack.UNBUILT)
+                continue
+            pack = next((pack for pack in packs[-_OPEN_PACKS:] if pack.fits(keys, len(items), size)), None)
+            if pack is None:
+                pack = _Pack()
+                packs.append(pack)
+            pack.add(index, keys, len(items), size)
+            self._built[index] = items
+        self.packs = [pack.indexes for pack in packs if len(pack.indexes) > 1]
+        packs_naming: Counter[tuple[str, object]] | None = None  # counted once, and only if a pack goes alone
+        for pack in packs:
+            if len(pack.indexes) > 1:
+                continue
+            if len(transitions) == 1:
+                self.alone[pack.indexes[0]] = Own(FallBack.ALONE)
+            else:
+                packs_naming = packs_naming or Counter(key for each in packs for key in each.keys)
+                self.alone[pack.indexes[0]] = Own(_alone_because(pack, packs_naming))
+
+    def send(self, indexes: Sequence[int], settle: Callable[[Mapping[int, Shared]], None]) -> None:
+        """Send one of ``packs`` as one transaction, again without each one its cancellation settles: ``settle`` is
+        given each transition's outcome, by index, as soon as it is known (one a cancellation names, before the others
+        are sent again)."""
+        table, transitions = self._table, self._transitions
+        pending = list(indexes)
+        reason = FallBack.ALONE  # the others settled, one is left: its own write is as cheap
+        while len(pending) > 1:
+            now_ms = table.now_ms()
+            # Built for the packing, sent once; an attempt after a cancellation builds them at its own time.
+            parts = [self._built.pop(index, []) or transitions[index].items(table, now_ms) for index in pending]
+            try:
+                # A token per request: botocore's own retries of it are idempotent at DynamoDB.
+                table.transact([item for part in parts for item in part], table.new_token(), messages=len(pending))
+            except ClientError as error:
+                reasons = list(error.response.get("CancellationReasons") or [])
+                if error.response["Error"]["Code"] != "TransactionCanceledException" or len(reasons) != sum(
+                    len(part) for part in parts
+                ):
+                    reason = FallBack.UNNAMED
+                    break
+                rest, named = [], {}
+                for index, part in zip(pending, parts, strict=True):
+                    mine, reasons = reasons[: len(part)], reasons[len(part) :]
+                    outcome = _read(transitions[index], mine)
+                    if outcome is None:
+                        rest.append(index)
+                    else:
+                        named[index] = outcome
+                if len(rest) == len(pending):
+                    # No item named: the same transaction would be cancelled again. Alone, each meets it in its own
+                    # words.
+                    reason = FallBack.UNNAMED
+                    break
+                settle(named)
+                pending = rest
+            except Exception:  # an error naming no item: each message's own write finds what landed
+                reason = FallBack.UNNAMED
+                break
+            else:
+                settle(
+                    {
+                        index: Settled(transitions[index].landed(part))
+                        for index, part in zip(pending, parts, strict=True)
+                    }
+                )
+                return
+        settle(dict.fromkeys(pending, Own(reason)))
 
 
 def _alone_because(pack: _Pack, packs_naming: Mapping[tuple[str, object], int]) -> str:
     """Why a transition packed alone, beside others, goes alone: its items meet another's (an item another pack names
     too: ``packs_naming`` counts the packs naming each), or no room."""
     return FallBack.SHARES_AN_ITEM if any(packs_naming[key] > 1 for key in pack.keys) else FallBack.NO_ROOM
-
-
-def _send(
-    table: Table,
-    transitions: Sequence[Transition[Any]],
-    pending: list[int],
-    built: dict[int, list[dict[str, Any]]],
-    outcomes: list[Shared | None],
-) -> None:
-    """Send ``pending``'s transitions as one transaction, again without each one its cancellation settles."""
-    reason = FallBack.ALONE  # the others settled, one is left: its own write is as cheap
-    while len(pending) > 1:
-        now_ms = table.now_ms()
-        # Built for the packing, sent once; an attempt after a cancellation builds them at its own time.
-        parts = [built.pop(index, []) or transitions[index].items(table, now_ms) for index in pending]
-        try:
-            # A token per request: botocore's own retries of it are idempotent at DynamoDB.
-            table.transact([item for part in parts for item in part], table.new_token(), messages=len(pending))
-        except ClientError as error:
-            reasons = list(error.response.get("CancellationReasons") or [])
-            if error.response["Error"]["Code"] != "TransactionCanceledException" or len(reasons) != sum(
-                len(part) for part in parts
-            ):
-                reason = FallBack.UNNAMED
-                break
-            rest = []
-            for index, part in zip(pending, parts, strict=True):
-                mine, reasons = reasons[: len(part)], reasons[len(part) :]
-                outcome = _read(transitions[index], mine)
-                if outcome is None:
-                    rest.append(index)
-                else:
-                    outcomes[index] = outcome
-            if len(rest) == len(pending):
-                # No item named: the same transaction would be cancelled again. Alone, each meets it in its own words.
-                reason = FallBack.UNNAMED
-                break
-            pending = rest
-        except Exception:  # an error naming no item: each message's own write finds what landed
-            reason = FallBack.UNNAMED
-            break
-        else:
-            for index, part in zip(pending, parts, strict=True):
-                outcomes[index] = Settled(transitions[index].landed(part))
-            return
-    for index in pending:
-        outcomes[index] = Own(reason)
 
 
 def _read(transition: Transition[Any], reasons: Sequence[Mapping[str, Any]]) -> Shared | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from consumer.conflicts import ConflictRetry
@@ -44,7 +45,7 @@ from consumer.idempotency.claim import Claim
 from consumer.idempotency.commit import Commit
 from consumer.idempotency.group_commit import GroupCommit
 from consumer.idempotency.observer import FallBack, Observer, Unobserved
-from consumer.idempotency.packing import Own, Settled, send_shared
+from consumer.idempotency.packing import Own, Packed, Settled
 from consumer.idempotency.record import IdempotencyRecord
 from consumer.idempotency.release import Release
 from consumer.idempotency.transition import Transition
@@ -86,7 +87,7 @@ class IdempotencyStore:
         self._group = (
             None
             if group_commit_wait_ms is None
-            else GroupCommit(lambda transitions: send_shared(self._table, transitions), wait_ms=group_commit_wait_ms)
+            else GroupCommit(partial(Packed, self._table), wait_ms=group_commit_wait_ms)
         )
 
     def run(self, transition: Transition[_A], remaining_ms: Callable[[], int] | None = None) -> _A:

@@ -30,7 +30,7 @@ from consumer.idempotency.claim import Claim
 from consumer.idempotency.commit import Commit
 from consumer.idempotency.group_commit import GroupCommit, _Waiting
 from consumer.idempotency.observer import FallBack, Tally
-from consumer.idempotency.packing import MAX_TRANSACTION_BYTES, Own, Settled, Shared, send_shared, size_of
+from consumer.idempotency.packing import MAX_TRANSACTION_BYTES, Own, Packed, Settled, Shared, size_of
 from consumer.idempotency.record import IdempotencyRecord, Status
 from consumer.idempotency.release import Release
 from consumer.idempotency.transition import Transition
@@ -45,6 +45,15 @@ from tests.utils import IDEMPOTENCY_TABLE, lines_run, together
 # share a transaction is the test's to say), with a lease ten times that.
 WAIT_MS = 1_000
 GROUPED: dict[str, Any] = {"max_workers": 10, "group_commit_wait_ms": WAIT_MS, "lease_min_ms": 10 * WAIT_MS}
+
+
+def _send_shared(table: Table, transitions: Sequence[Transition[Any]]) -> list[Shared]:
+    """Each transition's outcome from its group's packing, its shared transactions sent one after another."""
+    packed = Packed(table, transitions)
+    outcomes = dict(packed.alone)
+    for pack in packed.packs:
+        packed.send(pack, outcomes.update)
+    return [outcomes[index] for index in range(len(transitions))]
 
 
 def _counting(calls: Counter[str]) -> boto3.session.Session:
@@ -289,15 +298,76 @@ def _sizes(client: Any) -> list[int]:
     return seen
 
 
+def _two_meeting_and_one_free() -> list[ApplyRequest]:
+    """Three applies: the first two check one item (they never share a transaction), the third is on its own."""
+    check = ConditionCheck(TALLIES, {"tallyId": "t-1", "entryId": "ENTRY#e-1"}, "attribute_not_exists(entryId)")
+    return [*(ApplyRequest(f"TallyAdded#k-{n}", "h", None, (check,)) for n in range(1, 3)), _tally_request(3)]
+
+
 def test_messages_that_share_an_item_are_never_in_one_transaction(dynamodb: Any, clock: Clock) -> None:
     seen = _sizes(dynamodb)
-    store = _store(dynamodb, clock)
-    check = ConditionCheck(TALLIES, {"tallyId": "t-1", "entryId": "ENTRY#e-1"}, "attribute_not_exists(entryId)")
-    shared = [ApplyRequest(f"TallyAdded#k-{n}", "h", None, (check,)) for n in range(1, 3)]
-    answers = _applied(store, [*shared, _tally_request(3)])
+    answers = _applied(_store(dynamodb, clock), _two_meeting_and_one_free())
     assert [type(answer) for answer in answers] == [Applied] * 3
-    # The first two meet on one item: the first goes with the third, the second alone.
-    assert seen == [4, 2]
+    # The first two meet on one item: the first goes with the third, the second alone (each from its own thread).
+    assert sorted(seen) == [2, 4]
+
+
+class _SharedWaitsForAlone:
+    """A client on which a shared transaction (four items) is sent only once a transition's own write (two) has
+    landed, or after five seconds: whether it found that write landed, in ``saw_alone``."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._alone_landed = threading.Event()
+        self.saw_alone: list[bool] = []
+
+    def transact_write_items(self, **params: Any) -> Any:
+        if len(params["TransactItems"]) > 2:
+            self.saw_alone.append(self._alone_landed.wait(5))
+            return self._client.transact_write_items(**params)
+        answer = self._client.transact_write_items(**params)
+        self._alone_landed.set()
+        return answer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_a_message_packed_alone_goes_to_its_own_write_at_once_not_after_the_shared_transaction(
+    dynamodb: Any, clock: Clock
+) -> None:
+    # Its items meet another's: it was handed back only once the group's shared transaction had been sent, so a lock
+    # commit packed alone waited for a send not its own (a stalled one, past its lease).
+    client = _SharedWaitsForAlone(dynamodb)
+    answers = _applied(_store(client, clock), _two_meeting_and_one_free())
+    assert [type(answer) for answer in answers] == [Applied] * 3
+    assert client.saw_alone == [True]
+
+
+class _ConflictThenSharedWaitsForAlone(_SharedWaitsForAlone):
+    """The first shared transaction cancelled by a conflict on its second message's record; then as its parent."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self._cancelled = False
+
+    def transact_write_items(self, **params: Any) -> Any:
+        if not self._cancelled:
+            self._cancelled = True
+            reasons = [{"Code": "None"}] * len(params["TransactItems"])
+            reasons[2] = {"Code": "TransactionConflict"}
+            raise _cancellation(reasons)
+        return super().transact_write_items(**params)
+
+
+def test_a_message_a_cancellation_names_goes_to_its_own_write_before_the_rest_are_sent_again(
+    dynamodb: Any, clock: Clock
+) -> None:
+    client = _ConflictThenSharedWaitsForAlone(dynamodb)
+    store = _store(client, clock)
+    answers = _applied(store, [_tally_request(n) for n in range(1, 4)])
+    assert [type(answer) for answer in answers] == [Applied] * 3
+    assert client.saw_alone == [True]
 
 
 def test_a_message_whose_items_cannot_be_built_fails_alone_and_the_others_are_grouped(
@@ -319,7 +389,8 @@ def test_a_group_past_transact_write_items_limit_is_split(dynamodb: Any, clock: 
     store = _store(dynamodb, clock)
     answers = _applied(store, [_tally_request(n) for n in range(60)])
     assert all(isinstance(answer, Applied) for answer in answers)
-    assert seen == [100, 20]
+    # Two shared transactions, each sent from a thread of its own: in either order.
+    assert sorted(seen) == [20, 100]
 
 
 class _TwoItems(Transition[object]):
@@ -367,7 +438,7 @@ def test_a_transition_is_tried_against_the_four_packs_opened_last_oldest_first()
     # (its work bounded whatever the batch), and joins the oldest of them that fits.
     table = _Accepts()
     transitions: list[Transition[object]] = [_Meets(f"m{i}") for i in range(10)]
-    send_shared(cast("Table", table), [*transitions, _TwoItems("free")])
+    _send_shared(cast("Table", table), [*transitions, _TwoItems("free")])
     assert ["m6", "hot", "free", "free"] in table.sent
 
 
@@ -377,7 +448,7 @@ def test_packing_a_batchs_transitions_is_linear_work_in_their_number() -> None:
     def work_for(count: int) -> int:
         transitions = [_TwoItems(f"m{i}") for i in range(count)]
         outcomes: list[Shared] = []
-        lines = lines_run(lambda: outcomes.extend(send_shared(cast("Table", _Accepts()), transitions)))
+        lines = lines_run(lambda: outcomes.extend(_send_shared(cast("Table", _Accepts()), transitions)))
         assert outcomes == [Settled(f"m{i}") for i in range(count)]
         return lines
 
@@ -422,7 +493,7 @@ def test_a_group_past_four_megabytes_is_split_below_it(clock: Clock) -> None:
     answers = _applied(store, big)
     assert all(isinstance(answer, Applied) for answer in answers)
     sizes = [len(json.dumps(items)) for items in client.sent]
-    assert [len(items) for items in client.sent] == [27, 3] and max(sizes) <= 4 * 1024 * 1024
+    assert sorted(len(items) for items in client.sent) == [3, 27] and max(sizes) <= 4 * 1024 * 1024
     # The tenth went alone for want of room, and the operator is told so.
     assert tally.take().fell_back == {FallBack.NO_ROOM: 1}
 
@@ -467,6 +538,23 @@ class _Sends:
         return [Settled(len(self.sent)) for _ in transitions]
 
 
+class _InOnePack:
+    """A group's packing into one transaction of all its transitions, which ``send`` settles."""
+
+    def __init__(self, send: Callable[[Sequence[Transition[Any]]], list[Shared]], transitions: Sequence[Any]) -> None:
+        self._send = send
+        self._transitions = transitions
+        self.alone: dict[int, Shared] = {}
+        self.packs = [list(range(len(transitions)))]
+
+    def send(self, indexes: Sequence[int], settle: Callable[[dict[int, Shared]], None]) -> None:
+        settle(dict(zip(indexes, self._send([self._transitions[index] for index in indexes]), strict=True)))
+
+
+def _in_one_pack(send: Callable[[Sequence[Transition[Any]]], list[Shared]]) -> Callable[[Sequence[Any]], _InOnePack]:
+    return lambda transitions: _InOnePack(send, transitions)
+
+
 class _Named(Transition[object]):
     """A transition that is only its name: what the group commit is given, never sent anywhere."""
 
@@ -501,7 +589,7 @@ def _submit_on_threads(group: GroupCommit, names: Sequence[str]) -> dict[str, ob
 
 def test_transitions_of_every_thread_taking_part_are_sent_together() -> None:
     sends = _Sends()
-    group = GroupCommit(sends, wait_ms=10_000)
+    group = GroupCommit(_in_one_pack(sends), wait_ms=10_000)
     group.join(3)
     answers = _submit_on_threads(group, ["a", "b", "c"])
     assert [sorted(sent) for sent in sends.sent] == [["a", "b", "c"]]
@@ -512,7 +600,7 @@ def test_a_thread_that_submits_several_transitions_is_one_of_those_waited_for() 
     # The thread that interleaves optimistic lanes hands in each lane's transition at once: it is one thread waiting,
     # so the send goes when the other thread taking part is waiting too, with all four transitions.
     sends = _Sends()
-    group = GroupCommit(sends, wait_ms=10_000)
+    group = GroupCommit(_in_one_pack(sends), wait_ms=10_000)
     group.join(2)
     answers = _submit_on_threads(group, ["a+b+c", "d"])
     assert [sorted(sent) for sent in sends.sent] == [["a", "b", "c", "d"]]
@@ -521,7 +609,7 @@ def test_a_thread_that_submits_several_transitions_is_one_of_those_waited_for() 
 
 def test_a_thread_with_nothing_to_submit_waits_for_nothing() -> None:
     sends = _Sends()
-    group = GroupCommit(sends, wait_ms=10_000)
+    group = GroupCommit(_in_one_pack(sends), wait_ms=10_000)
     group.join(2)
     assert group.submit([]) == []
     assert sends.sent == []
@@ -531,7 +619,7 @@ def test_a_thread_that_leaves_without_submitting_is_no_longer_waited_for() -> No
     # Three threads take part and one leaves at once (its lanes ended before any transition): the other two are sent
     # together as soon as both wait, not at the bound, and not one by one.
     sends = _Sends()
-    group = GroupCommit(sends, wait_ms=10_000)
+    group = GroupCommit(_in_one_pack(sends), wait_ms=10_000)
     group.join(3)
     group.leave()
     started = time.monotonic()
@@ -557,7 +645,7 @@ def test_a_bound_of_nothing_sends_at_once_though_the_clock_stands_still() -> Non
     # The bound is reached when the time left is nothing, not only below it: with a clock that does not move, a send
     # that waited for the time left to go negative would never go.
     sends = _Sends()
-    group = GroupCommit(sends, wait_ms=0, clock=lambda: 100.0)
+    group = GroupCommit(_in_one_pack(sends), wait_ms=0, clock=lambda: 100.0)
     group.join(2)  # the other thread never submits
     sent = _submitted_alone(group, "a")
     assert sent.wait(5)
@@ -574,7 +662,7 @@ def test_the_bound_is_wait_ms_to_the_millisecond_on_the_group_commits_clock() ->
         return reading
 
     sends = _Sends()
-    group = GroupCommit(sends, wait_ms=20, clock=clock)
+    group = GroupCommit(_in_one_pack(sends), wait_ms=20, clock=clock)
     group.join(2)  # the other thread never submits
     sent = _submitted_alone(group, "a")
 
@@ -590,7 +678,7 @@ def test_threads_joined_add_up() -> None:
     # Joined one thread, a lone submit is all that is waited for: it goes at once, not at the bound. Joined one and
     # one more, the next send waits for both.
     sends = _Sends()
-    group = GroupCommit(sends, wait_ms=10_000)
+    group = GroupCommit(_in_one_pack(sends), wait_ms=10_000)
     group.join(1)
     started = time.monotonic()
     assert _submit_on_threads(group, ["a"]) == {"a": Settled(1)}
@@ -623,7 +711,7 @@ def test_a_waiting_thread_takes_each_wake_once() -> None:
 
 def test_a_transition_waits_for_a_thread_busy_elsewhere_no_longer_than_the_bound() -> None:
     sends = _Sends()
-    group = GroupCommit(sends, wait_ms=200)
+    group = GroupCommit(_in_one_pack(sends), wait_ms=200)
     group.join(2)  # the second thread takes part, and never submits
     started = time.monotonic()
     _submit_on_threads(group, ["a"])
@@ -636,7 +724,7 @@ def test_lock_messages_whose_handlers_end_together_commit_together() -> None:
     # Three lock messages' handlers end at one moment: each thread, back from its handler, submits its commit, and
     # the first waits for the other two (every thread taking part is then waiting): one transaction.
     sends = _Sends()
-    group = GroupCommit(sends, wait_ms=10_000)
+    group = GroupCommit(_in_one_pack(sends), wait_ms=10_000)
     group.join(3)
     handlers_end = threading.Barrier(3, timeout=5)
 
@@ -668,7 +756,7 @@ def test_a_transition_never_waits_for_another_send_in_flight() -> None:
             quick_went.set()
         return [Settled(names) for _ in transitions]
 
-    group = GroupCommit(send, wait_ms=200)
+    group = GroupCommit(_in_one_pack(send), wait_ms=200)
     group.join(1)
     stalled = threading.Thread(target=_submit_on_threads, args=(group, ["stalled"]))
     stalled.start()
@@ -682,11 +770,68 @@ def test_a_transition_never_waits_for_another_send_in_flight() -> None:
     assert stalled_saw_quick_go == [True]
 
 
+class _ByLetter:
+    """A group's packing by the first letter of each name: "x" and "y" transactions, a name of "a" alone."""
+
+    def __init__(self, transitions: Sequence[Any], send: Callable[[list[str]], None]) -> None:
+        self._names = [cast("_Named", transition).name for transition in transitions]
+        self._send = send
+        self.alone: dict[int, Shared] = {
+            i: Own(FallBack.SHARES_AN_ITEM) for i, n in enumerate(self._names) if n[0] == "a"
+        }
+        self.packs = [[i for i, n in enumerate(self._names) if n[0] == letter] for letter in "xy"]
+
+    def send(self, indexes: Sequence[int], settle: Callable[[dict[int, Shared]], None]) -> None:
+        names = [self._names[index] for index in indexes]
+        self._send(names)
+        settle(dict.fromkeys(indexes, Settled(sorted(names))))
+
+
+def test_each_shared_transaction_is_sent_by_a_thread_it_carries_and_none_waits_for_another() -> None:
+    # Five threads, one transition each: "x" stalls in its send until "y" has been sent and "a" (alone) answered.
+    # Sent by the leader one after another, "y" waited for "x" and "a" for both.
+    y_sent, a_answered = threading.Event(), threading.Event()
+    senders: dict[str, str] = {}
+    stalled_saw: list[bool] = []
+
+    def send(names: list[str]) -> None:
+        senders[names[0][0]] = threading.current_thread().name
+        if names[0][0] == "x":
+            stalled_saw.append(y_sent.wait(5) and a_answered.wait(5))
+        else:
+            y_sent.set()
+
+    group = GroupCommit(lambda transitions: _ByLetter(transitions, send), wait_ms=10_000)
+    group.join(5)
+    answers: dict[str, object] = {}
+
+    def submit(name: str) -> None:
+        try:
+            (answers[name],) = group.submit([_Named(name)])
+            if name == "a":
+                a_answered.set()
+        finally:
+            group.leave()
+
+    threads = [threading.Thread(target=submit, args=(name,), name=name) for name in ("a", "x1", "x2", "y1", "y2")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert stalled_saw == [True]
+    assert senders["x"] in ("x1", "x2") and senders["y"] in ("y1", "y2")
+    assert answers == {
+        "a": Own(FallBack.SHARES_AN_ITEM),
+        **dict.fromkeys(("x1", "x2"), Settled(["x1", "x2"])),
+        **dict.fromkeys(("y1", "y2"), Settled(["y1", "y2"])),
+    }
+
+
 def test_a_send_that_raises_leaves_each_transition_to_its_own_write() -> None:
     def fails(transitions: Sequence[Transition[Any]]) -> list[Shared]:
         raise RuntimeError("lost")
 
-    group = GroupCommit(fails, wait_ms=10_000)
+    group = GroupCommit(_in_one_pack(fails), wait_ms=10_000)
     group.join(2)
     answers = _submit_on_threads(group, ["a", "b"])
     assert answers == {"a": Own(FallBack.UNNAMED), "b": Own(FallBack.UNNAMED)}
@@ -1072,7 +1217,7 @@ def test_what_cannot_go_in_a_shared_transaction_is_left_to_its_own_write_and_the
     requests = [_tally_request(1), twice, _tally_request(3), broken, _tally_request(5), full]
     seen = _sizes(dynamodb)
 
-    outcomes = send_shared(Table(dynamodb, IDEMPOTENCY_TABLE, 3600, clock=clock), [Apply(r, "t") for r in requests])
+    outcomes = _send_shared(Table(dynamodb, IDEMPOTENCY_TABLE, 3600, clock=clock), [Apply(r, "t") for r in requests])
 
     unbuilt, no_room = Own(FallBack.UNBUILT), Own(FallBack.NO_ROOM)
     assert _answers(outcomes) == [Applied, unbuilt, Applied, unbuilt, Applied, no_room]
@@ -1086,7 +1231,7 @@ def test_puts_of_two_items_with_lists_share_a_transaction(dynamodb: Any, clock: 
         return Apply(ApplyRequest(f"TallyAdded#k-{n}", f"hash-{n}", None, (Put(TALLIES, item),)), f"t-{n}")
 
     seen = _sizes(dynamodb)
-    outcomes = send_shared(Table(dynamodb, IDEMPOTENCY_TABLE, 3600, clock=clock), [marker(1), marker(2)])
+    outcomes = _send_shared(Table(dynamodb, IDEMPOTENCY_TABLE, 3600, clock=clock), [marker(1), marker(2)])
     assert _answers(outcomes) == [Applied, Applied]
     assert seen == [4]
 
@@ -1102,7 +1247,7 @@ def test_puts_of_one_item_never_share_a_transaction_whatever_the_order_of_their_
     same_item = {"by": by, "entryId": "MARK", "tallyId": "t-1"}
     seen = _sizes(dynamodb)
 
-    outcomes = send_shared(
+    outcomes = _send_shared(
         Table(dynamodb, IDEMPOTENCY_TABLE, 3600, clock=clock),
         [marker(1, item), marker(2, same_item), Apply(_tally_request(3), "t-3")],
     )
