@@ -25,7 +25,7 @@ from consumer.outbox import Attr as Outbox
 from consumer.outcome import Outcome
 from local.poller import BatchReport, PollerStats
 from testkit.dead_letters import DeadLetter
-from testkit.messages import Outgoing
+from testkit.messages import EMITTED, Outgoing
 from testkit.webhook import ReceivedRequest
 
 _deserializer = TypeDeserializer()
@@ -148,13 +148,6 @@ def scan(client: Any, table: str) -> list[dict[str, Any]]:
     return [{name: _deserializer.deserialize(value) for name, value in item.items()} for item in items]
 
 
-def record_id(message: Outgoing) -> str | None:
-    """The idempotency record a well-formed message claims; ``None`` for poison that never reaches one."""
-    if message.payload is None or message.event_type is None or message.key is None:
-        return None
-    return f"{message.event_type}#{message.key}"
-
-
 class Checker:
     def __init__(self, sent: Mapping[str, Outgoing], end: EndState, history: History):
         self.sent = sent
@@ -169,7 +162,9 @@ class Checker:
         # Each outbox item by the record its message claims downstream (its envelope's event type and its key): read
         # once, by every check of the chain.
         self.emitted = {
-            f"{json.loads(item[Outbox.BODY]).get('eventType')}#{item[Outbox.ID]}": item for item in end.outbox
+            record: item
+            for item in end.outbox
+            if (record := Outgoing(item[Outbox.BODY], EMITTED, item[Outbox.ID]).record_id) is not None
         }
         emitted = {item[Outbox.ID] for item in end.outbox}
         # An emitted message's letters, by its key: the harness never sent it, so knows it by its key alone.
@@ -200,7 +195,7 @@ class Checker:
 
     def applied(self, message: Outgoing) -> bool:
         """Its record is COMPLETED with its payload: applied by it, or by an earlier copy (it is a duplicate)."""
-        record = record_id(message)
+        record = message.record_id
         return record in self.committed and self.committed[record] == payload_hash(message.payload or {})
 
     def applied_payloads(self, event_type: str) -> list[dict[str, Any]]:
@@ -233,7 +228,7 @@ class Checker:
     def no_key_applied_twice(self) -> Iterator[str]:
         for message_id, message in self.sent.items():
             succeeded = self.history.results[message_id] & {Outcome.APPLIED, Outcome.DUPLICATE}
-            if record_id(message) is not None and succeeded and not self.applied(message):
+            if message.record_id is not None and succeeded and not self.applied(message):
                 yield f"{message_id}: {'/'.join(sorted(succeeded))} under {message.key}, committed with another payload"
 
     def dead_letters_explained(self) -> Iterator[str]:
@@ -256,7 +251,7 @@ class Checker:
         a crash then ended. The other delivery, on an older receipt, released the key and deleted the message (SQS may
         honour an older receipt handle), so nothing comes back to the claim; it holds nothing, its lease over, and a
         redrive takes it over. A claim taken over (attempts 2 and more) before a dead letter is never excused."""
-        dead = {record_id(message) for message_id, message in self.sent.items() if any(self.dead.get(message_id, []))}
+        dead = {message.record_id for message_id, message in self.sent.items() if any(self.dead.get(message_id, []))}
         for record in self.end.records:
             if record.get(Attr.STATUS) != Status.IN_PROGRESS:
                 continue
@@ -276,7 +271,7 @@ class Checker:
         for item in self.end.outbox:
             if item[Outbox.SOURCE_RECORD] not in self.committed:
                 yield f"{item[Outbox.ID]}: emitted by {item[Outbox.SOURCE_RECORD]}, which is not applied"
-        known = {record_id(message) for message in self.sent.values()} | self.emitted.keys()
+        known = {message.record_id for message in self.sent.values()} | self.emitted.keys()
         for record in self.committed.keys() - known:
             yield f"{record}: applied, and neither sent nor emitted"
 
@@ -307,7 +302,7 @@ class Checker:
                 by_key[key].add(message_id)
         for key, calls in accepted.items():
             own = by_key.get(key or "", set())
-            records = {record_id(self.sent[message_id]) for message_id in own if message_id in self.sent}
+            records = {self.sent[message_id].record_id for message_id in own if message_id in self.sent}
             records |= {emitted[key]} if key in emitted else set()
             faults = sum((self.history.faults_by_record.get(record or "", Counter()) for record in records), Counter())
             failed_attempts = (

@@ -4,7 +4,6 @@ each group's order too); the workload's two phases and the checks: docs/local-st
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from collections import Counter
@@ -166,7 +165,9 @@ def _chain_check(stack: DeployedStack, completed: set[str]) -> Check:
     ours = [item for item in outbox if relay.get(destination_variable(item["destination"]["S"])) == stack.queue.url]
     # Each is applied under its derived key, the record named by its event type (the envelope's).
     missing = [
-        i["id"]["S"] for i in ours if f"{json.loads(i['body']['S'])['eventType']}#{i['id']['S']}" not in completed
+        i["id"]["S"]
+        for i in ours
+        if messages.Outgoing(i["body"]["S"], messages.EMITTED, i["id"]["S"]).record_id not in completed
     ]
     return Check(
         not missing,

@@ -4,7 +4,6 @@ what it cleans up, and the permissions it needs: docs/deploying.md (``make smoke
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import uuid
@@ -95,7 +94,7 @@ def chained(target: Target, sent: list[messages.Outgoing]) -> list[str]:
         return []
     sources = set(map(_record_id, sent))
     return [
-        f"{json.loads(item['body']['S'])['eventType']}#{item['id']['S']}"
+        str(messages.Outgoing(item["body"]["S"], messages.EMITTED, item["id"]["S"]).record_id)
         for item in scan(target.dynamodb, target.tables[OUTBOX_TABLE])
         if item["sourceRecord"]["S"] in sources and item["destination"]["S"] in target.relayed_here
     ]
@@ -103,7 +102,7 @@ def chained(target: Target, sent: list[messages.Outgoing]) -> list[str]:
 
 def _record_id(message: messages.Outgoing) -> str:
     """The id of the message's idempotency record, as the consumer names it: event type and key."""
-    return f"{message.event_type}#{message.key}"
+    return str(message.record_id)
 
 
 def status(target: Target, record_id: str) -> str | None:

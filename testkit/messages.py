@@ -18,6 +18,7 @@ from consumer.handler import MessageHandler
 _SEND_BATCH = 10
 # The FIFO group of a message with neither a group nor a key (poison that is not an envelope).
 NO_KEY_GROUP = "no-key"
+EMITTED = "emitted"  # the kind of a message the outbox emitted: its key is its item's id
 
 
 def envelope(event_type: str, key: str | None, payload: Mapping[str, Any]) -> str:
@@ -58,6 +59,14 @@ class Outgoing:
         """The payload of a well-formed body; ``None`` for a body that is not an envelope."""
         payload = self._envelope.get("payload")
         return payload if isinstance(payload, dict) else None
+
+    @property
+    def record_id(self) -> str | None:
+        """The idempotency record a well-formed message claims (its event type and key); ``None`` for poison that
+        never reaches one. A message the outbox emitted is ``Outgoing(body, EMITTED, item id)``."""
+        if self.payload is None or self.event_type is None or self.key is None:
+            return None
+        return f"{self.event_type}#{self.key}"
 
     @property
     def group_id(self) -> str:
