@@ -246,12 +246,22 @@ class FaultPolicy:
         rate = self.rates.get(kind, 0.0)
         return rate > 0 and self._draw() < rate
 
-    def inject(self, kind: FaultKind, record_id: str | None = None, others: Sequence[str] = (), **detail: Any) -> None:
-        """Journal a fault on ``record_id`` (and ``others``, the records sharing its request), paying what is owed."""
+    def inject(
+        self,
+        kind: FaultKind,
+        record_id: str | None = None,
+        others: Sequence[str] = (),
+        *,
+        anywhere: bool = False,
+        **detail: Any,
+    ) -> None:
+        """Journal a fault on ``record_id`` (and ``others``, the records sharing its request), paying what is owed:
+        ``anywhere``, a kind forced on any record (rolled with none), else one forced on ``forced_on``'s alone."""
         # A drawn fault on another handler's record pays nothing of what is owed to ``forced_on``'s: paid by it, a
-        # draw could leave the forced handler without the fault.
+        # draw could leave the forced handler without the fault. Paid by nothing, a kind forced anywhere would be
+        # forced again at every call until one landed on the forced handler.
         with self._lock:
-            paid = self.forced[kind] > 0 and self._owes_on(record_id)
+            paid = self.forced[kind] > 0 and (anywhere or self._owes_on(record_id))
             self.forced[kind] -= paid
         if others:
             detail["others"] = list(others)
@@ -274,7 +284,7 @@ class FaultPolicy:
                 continue
             if self.roll(kind, forcible=call.attempt == 1 and (write or kind not in _AMBIGUOUS)):
                 # A shared transaction's fault is each of its records' own: alone, each would have met it.
-                self.inject(kind, store_call.record_id, others=store_call.others)
+                self.inject(kind, store_call.record_id, others=store_call.others, anywhere=True)
                 return TransportPlan(fault=fault)
         return None
 

@@ -136,3 +136,13 @@ def test_a_commit_held_back_while_a_zombie_holds_its_first_record_journals_the_o
     # Once no zombie holds it, a commit goes through unheld, and nothing is journaled.
     assert policy(_commits("Call#1", "Call#3")) is None
     assert len(_journaled(tmp_path)) == 1
+
+
+def test_a_kind_forced_on_any_record_is_paid_by_its_first_fault_whatever_the_record(tmp_path: Path) -> None:
+    # A transport fault is forced at any first attempt: unpaid on another handler's record, every call that followed
+    # was given one, until one came to the forced handler.
+    policy = _owing(tmp_path, FaultKind.THROTTLED, forced_on="Guarded")
+
+    assert policy(_commits("Call#1")) is not None
+    assert policy.forced[FaultKind.THROTTLED] == 0
+    assert policy(_commits("Call#2")) is None
