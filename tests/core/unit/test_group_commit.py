@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -827,6 +827,48 @@ def test_each_shared_transaction_is_sent_by_a_thread_it_carries_and_none_waits_f
     }
 
 
+def test_a_transaction_never_waits_for_another_though_a_thread_carries_a_transition_of_each() -> None:
+    # The thread that interleaves lanes carries "x1" and "y1"; "x2" and "y2" run on threads of their own. Each shared
+    # transaction is sent by its thread of one transition: sent both by the interleaving thread, "y" waited for "x".
+    y_sent = threading.Event()
+    senders: dict[str, str] = {}
+    stalled_saw: list[bool] = []
+
+    def send(names: list[str]) -> None:
+        senders[names[0][0]] = threading.current_thread().name
+        if names[0][0] == "x":
+            stalled_saw.append(y_sent.wait(5))
+        else:
+            y_sent.set()
+
+    group = GroupCommit(lambda transitions: _ByLetter(transitions, send), wait_ms=10_000)
+    group.join(3)
+
+    def submit(names: str) -> None:
+        try:
+            group.submit([_Named(name) for name in names.split("+")])
+        finally:
+            group.leave()
+
+    threads = [threading.Thread(target=submit, args=(names,), name=names) for names in ("x1+y1", "x2", "y2")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert stalled_saw == [True]
+    assert senders == {"x": "x2", "y": "y2"}
+
+
+def test_a_packing_that_raises_leaves_each_transition_to_its_own_write() -> None:
+    def fails(transitions: Sequence[Transition[Any]]) -> Any:
+        raise RuntimeError("a packing's bug")
+
+    group = GroupCommit(fails, wait_ms=10_000)
+    group.join(2)
+    answers = _submit_on_threads(group, ["a+b", "c"])
+    assert answers == dict.fromkeys("abc", Own(FallBack.UNNAMED))
+
+
 def test_a_send_that_raises_leaves_each_transition_to_its_own_write() -> None:
     def fails(transitions: Sequence[Transition[Any]]) -> list[Shared]:
         raise RuntimeError("lost")
@@ -1107,6 +1149,33 @@ def test_a_message_settled_in_one_send_of_a_group_keeps_its_answer_when_the_next
     assert [type(answer) for answer in answers[1:]] == [TransientError] * 2
     assert [len(items) for items in client.sent] == [6, 4, 2, 2]
     assert tally.take().fell_back == {FallBack.UNNAMED: 2}
+
+
+def _throttled(items: list[dict[str, Any]]) -> Any:
+    error = {"Code": "ThrottlingException", "Message": "Rate exceeded"}
+    raise ClientError(cast("Any", {"Error": error, "ResponseMetadata": {"HTTPStatusCode": 400}}), "TransactWriteItems")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [_nothing_named, _no_reasons, _throttled, _connection_lost],
+    ids=["nothing-named", "no-reasons", "throttled", "connection-lost"],
+)
+def test_a_shared_transaction_that_settles_nothing_hands_each_transition_to_its_own_write_itself(
+    clock: Clock, answer: Callable[[list[dict[str, Any]]], Any]
+) -> None:
+    # The packing's own answer, not the group commit's fall-back for a send that settles nothing: each transition is
+    # handed back once, for the reason, and the transaction is not sent again.
+    client = _Scripted(answer)
+    packed = Packed(
+        Table(cast("Any", client), IDEMPOTENCY_TABLE, 3600, clock=clock),
+        [Apply(_tally_request(n), str(n)) for n in range(1, 4)],
+    )
+    settled: list[Mapping[int, Shared]] = []
+    assert (packed.alone, packed.packs) == ({}, [[0, 1, 2]])
+    packed.send(packed.packs[0], settled.append)
+    assert settled == [dict.fromkeys(range(3), Own(FallBack.UNNAMED))]
+    assert len(client.sent) == 1
 
 
 def test_a_cancellation_whose_reasons_do_not_match_the_items_one_to_one_is_read_for_no_message(clock: Clock) -> None:
