@@ -257,7 +257,13 @@ class Checker:
                 continue
             died = self.history.faults_by_record.get(record[Attr.ID], Counter()).keys() & {CUT_OFF, *_CRASHES}
             if not (record.get(Attr.ATTEMPTS) == 1 and record[Attr.ID] in dead and died):
-                yield f"{record['id']} IN_PROGRESS, lease ended {record.get('leaseExpiresAt')}"
+                ids = sorted(m for m, message in self.sent.items() if message.record_id == record[Attr.ID])
+                faults = dict(self.history.faults_by_record.get(record[Attr.ID], {}))
+                yield (
+                    f"{record['id']} IN_PROGRESS, lease ended {record.get('leaseExpiresAt')}, attempts"
+                    f" {record.get(Attr.ATTEMPTS)}, faults {faults};"
+                    f" deliveries {[(m, sorted(self.history.results[m]), self.dead.get(m)) for m in ids]}"
+                )
 
     def emitted_applied(self) -> Iterator[str]:
         refused = set(self.refused_downstream.values())

@@ -65,6 +65,8 @@ ABANDONED_RELEASED = "the abandoned claim and its reservation were released"
 BUSY = "held by another message, so not refused"
 # A release that found another record of its key: a newer delivery of the message holds it, or completed it.
 TAKEN_OVER = "taken over by another delivery"
+# Another payload's claim of the key: applied, this message is a reuse; released, the key is this one's.
+OTHER_CONTENT = "a message of another payload under its key, which settles whether this one is a reuse"
 
 _A = TypeVar("_A")
 # A message's life: it yields each transition it needs, is sent that transition's answer (or has the exception its
@@ -267,10 +269,13 @@ class MessageProcessor:
                 result = self._report.done(item, Outcome.APPLIED)
             case Duplicate():
                 result = self._report.done(item, Outcome.DUPLICATE)
+            case InFlight(of_another_content=True):
+                # Its lease's end says nothing of when that content's own message settles it: the backoff does.
+                result = self._report.in_flight(item, None, held_by=OTHER_CONTENT)
             case InFlight():
                 result = self._report.in_flight(item, answer.record.lease_expires_at_ms)
             case PayloadMismatch():
-                reason = f"key {item.idempotency_key!r} was used before for a different payload"
+                reason = f"key {item.idempotency_key!r} was applied before with a different payload"
                 result = self._report.dead_letter(item, PoisonMessage(ErrorType.IDEMPOTENCY_KEY_REUSED, reason))
             case Refused(busy=True):
                 # Held by another message still at work (or a dead one whose lease will end): it settles soon.

@@ -31,9 +31,9 @@ class Reporter:
         self._logger.warning("will retry", extra={**item.log_keys(), "reason": reason})
         return MessageResult(item.message_id, Outcome.RETRIED, reason)
 
-    def in_flight(self, item: Prepared, until_ms: int | None) -> MessageResult:
-        self._logger.info("in flight elsewhere", extra=item.log_keys())
-        return MessageResult(item.message_id, Outcome.IN_FLIGHT, "claimed by another worker", retry_at_ms=until_ms)
+    def in_flight(self, item: Prepared, until_ms: int | None, held_by: str = "another worker") -> MessageResult:
+        self._logger.info("in flight elsewhere", extra={**item.log_keys(), "held_by": held_by})
+        return MessageResult(item.message_id, Outcome.IN_FLIGHT, f"claimed by {held_by}", retry_at_ms=until_ms)
 
     def conflicted(self, item: Prepared, reason: str, absorbed: int) -> MessageResult:
         self._logger.warning("transaction conflict not absorbed", extra={**item.log_keys(), "absorbed": absorbed})

@@ -36,14 +36,16 @@ class Duplicate:
 
 @dataclass(frozen=True)
 class InFlight:
-    """Another worker holds an unexpired lease: retry this record later."""
+    """Another worker holds the key: a claim of this payload whose lease has not ended, or a claim of another payload
+    (``of_another_content``), ended or not, which only its own message settles. Retry this record later."""
 
     record: IdempotencyRecord
+    of_another_content: bool = False
 
 
 @dataclass(frozen=True)
 class PayloadMismatch:
-    """The key was used before with a different payload: the message is poison."""
+    """The key was applied with a different payload: the message is poison."""
 
     record: IdempotencyRecord
 

@@ -128,12 +128,13 @@ def cancelled(
 
 
 def existing(current: IdempotencyRecord, payload_hash: str) -> Existing:
-    """What the key's existing record says of a refused message: done, held, or used for another payload."""
-    if current.payload_hash != payload_hash:
-        return PayloadMismatch(current)
+    """What the key's existing record says of a refused message: done, applied with another payload, or held.
+
+    Another payload's claim is not yet a reuse: refused or a poison, it is released and the key is this payload's.
+    Told reused while it stood, this message would be in the DLQ while another delivery of it applies it."""
     if current.status is Status.COMPLETED:
-        return Duplicate(current)
-    return InFlight(current)
+        return Duplicate(current) if current.payload_hash == payload_hash else PayloadMismatch(current)
+    return InFlight(current, of_another_content=current.payload_hash != payload_hash)
 
 
 def committed_by(claim: Claimed, current: IdempotencyRecord | None) -> Committed | Fenced:

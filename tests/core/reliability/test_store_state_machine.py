@@ -225,9 +225,9 @@ def machine_for(tables: Tables, store_class: type[IdempotencyStore] = Idempotenc
         def conflict(self, key: str, payload_hash: str) -> type:
             record = self.model[key]
             assert record is not None
-            if record.payload_hash != payload_hash:
-                return PayloadMismatch
-            return Duplicate if record.status is Status.COMPLETED else InFlight
+            if record.status is Status.COMPLETED:
+                return Duplicate if record.payload_hash == payload_hash else PayloadMismatch
+            return InFlight  # another payload's claim too: released, it leaves the key to this one
 
         def owns(self, held: HeldClaim) -> bool:
             record = self.model[held.key]

@@ -25,7 +25,7 @@ from consumer.processor import Life, MessageProcessor, Steps
 from testkit.dead_letters import reasons
 from testkit.lambda_sqs import FIFO_QUEUE_ARN, sqs_record
 from testkit.webhook import Answer, WebhookSink
-from tests.core.handlers import TALLY_EVENT, TALLY_TABLE, call_body, recorded_call, tally_body
+from tests.core.handlers import CALL_EVENT, TALLY_EVENT, TALLY_TABLE, call_body, recorded_call, tally_body
 from tests.core.unit.conftest import CALLS, TALLIES, Clock, Consumer, entries, make_consumer, total
 from tests.kit import Remaining
 from tests.utils import settings_for_tests
@@ -109,6 +109,25 @@ def test_a_key_reused_for_a_call_with_another_payload_goes_to_the_dlq(calls: Con
 
     assert failed == []
     assert reasons(calls.dead_letters()) == {"reuse": "IdempotencyKeyReused"}
+
+
+def test_a_key_reused_while_its_first_content_is_claimed_waits_and_is_applied_once_that_claim_is_released(
+    calls: Consumer,
+) -> None:
+    # Claimed, the first content may still be refused or a poison, and released: dead-lettered as reused then, this
+    # message would be in the DLQ while another delivery of it applies it. It waits, for its backoff (the other
+    # content's lease end says nothing of when its own message settles it), and is applied once the key is free.
+    first_body = call_body("1", key="shared-key")
+    first = calls.store.claim(f"{CALL_EVENT}#shared-key", payload_hash(json.loads(first_body)["payload"]), 120_000)
+    assert isinstance(first, Claimed)
+    reuse = sqs_record("reuse", call_body("2", key="shared-key"))
+
+    (waiting,) = calls.batch.process([reuse], calls.remaining).results
+
+    assert (waiting.outcome, waiting.retry_at_ms, calls.dead_letters()) == (Outcome.IN_FLIGHT, None, [])
+    assert calls.store.release(first) is True
+    (applied,) = calls.batch.process([reuse], calls.remaining).results
+    assert (applied.outcome, calls.dead_letters()) == (Outcome.APPLIED, [])
 
 
 def test_a_key_reused_for_a_different_entry_goes_to_the_dlq_and_adds_nothing(consumer: Consumer) -> None:
