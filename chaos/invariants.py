@@ -255,13 +255,13 @@ class Checker:
         for record in self.end.records:
             if record.get(Attr.STATUS) != Status.IN_PROGRESS:
                 continue
-            died = self.history.faults_by_record.get(record[Attr.ID], Counter()).keys() & {CUT_OFF, *_CRASHES}
+            faults = self.history.faults_by_record.get(record[Attr.ID], Counter())
+            died = faults.keys() & {CUT_OFF, *_CRASHES}
             if not (record.get(Attr.ATTEMPTS) == 1 and record[Attr.ID] in dead and died):
                 ids = sorted(m for m, message in self.sent.items() if message.record_id == record[Attr.ID])
-                faults = dict(self.history.faults_by_record.get(record[Attr.ID], {}))
                 yield (
                     f"{record['id']} IN_PROGRESS, lease ended {record.get('leaseExpiresAt')}, attempts"
-                    f" {record.get(Attr.ATTEMPTS)}, faults {faults};"
+                    f" {record.get(Attr.ATTEMPTS)}, faults {dict(faults)};"
                     f" deliveries {[(m, sorted(self.history.results[m]), self.dead.get(m)) for m in ids]}"
                 )
 

@@ -568,8 +568,8 @@ class _Named(Transition[object]):
 
 
 def _submit_on_threads(group: GroupCommit, names: Sequence[str]) -> dict[str, object]:
-    """Each name submitted from a thread of its own (which leaves the group commit when done), or names joined by
-    "+" together from one thread; the answers, by name."""
+    """Each name submitted from a thread of its own (which leaves the group commit when done, and is named after
+    what it submits), or names joined by "+" together from one thread; the answers, by name."""
     answers: dict[str, object] = {}
 
     def submit(names: str) -> None:
@@ -579,7 +579,7 @@ def _submit_on_threads(group: GroupCommit, names: Sequence[str]) -> dict[str, ob
         finally:
             group.leave()
 
-    threads = [threading.Thread(target=submit, args=(name,)) for name in names]
+    threads = [threading.Thread(target=submit, args=(name,), name=name) for name in names]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -843,18 +843,7 @@ def test_a_transaction_never_waits_for_another_though_a_thread_carries_a_transit
 
     group = GroupCommit(lambda transitions: _ByLetter(transitions, send), wait_ms=10_000)
     group.join(3)
-
-    def submit(names: str) -> None:
-        try:
-            group.submit([_Named(name) for name in names.split("+")])
-        finally:
-            group.leave()
-
-    threads = [threading.Thread(target=submit, args=(names,), name=names) for names in ("x1+y1", "x2", "y2")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _submit_on_threads(group, ["x1+y1", "x2", "y2"])
     assert stalled_saw == [True]
     assert senders == {"x": "x2", "y": "y2"}
 
